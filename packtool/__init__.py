@@ -1,0 +1,7 @@
+"""packtool: offline tokenization and whole-dataset bin packing of LLM training data."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

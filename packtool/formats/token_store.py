@@ -1,0 +1,220 @@
+"""The token store: every byte of `tokens.bin`, `tokens.boundaries`, `tokens.loss`, `manifest.json`.
+
+A headerless binary is only safe when its reader checks it against a manifest (datatrove's
+reader trusts a dtype in a text file it never checks). Ours checks format name, version,
+dtype, sizes and, on request, sha256 of every file before handing out a memory map.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from packtool.errors import FormatError
+from packtool.formats.atomic import sha256_file, write_bytes_atomic
+
+FORMAT_NAME = "packtool.tokens"
+FORMAT_VERSION = 1
+TOKENS_BIN = "tokens.bin"
+BOUNDARIES = "tokens.boundaries"
+LOSS = "tokens.loss"
+MANIFEST = "manifest.json"
+REJECTS = "rejects.jsonl"
+BOUNDARY_DTYPE = np.dtype("<i8")
+LOSS_DTYPE = np.dtype("u1")
+_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+
+
+def dtype_for_max_id(max_id: int) -> np.dtype:
+    """`uint16` when every id the tokenizer can emit fits, else `uint32`."""
+    if max_id < 0 or max_id >= 2**32:
+        raise FormatError(f"token id {max_id} does not fit uint32, tokenizer, use a vocabulary below 2**32")
+    return _DTYPES["uint16"] if max_id <= 65535 else _DTYPES["uint32"]
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """The manifest's name for a token dtype (`uint16` / `uint32`)."""
+    return "uint16" if np.dtype(dtype).itemsize == 2 else "uint32"
+
+
+def parse_dtype(name: object, where: str) -> np.dtype:
+    if name not in _DTYPES:
+        raise FormatError(f"unknown token dtype {name!r}, {where}, expected uint16 or uint32")
+    return _DTYPES[str(name)]
+
+
+class TokenStoreWriter:
+    """Streams documents into a (staging) directory; `finish` writes the manifest last.
+
+    The manifest is the commit record: a directory without one is never a store.
+    A loss file is kept only when some token is not a target, as the contract says.
+    """
+
+    def __init__(self, directory: Path, dtype: np.dtype) -> None:
+        self.directory = Path(directory)
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self._tokens: BinaryIO = open(self.directory / TOKENS_BIN, "wb")  # noqa: SIM115
+        self._bounds: BinaryIO = open(self.directory / BOUNDARIES, "wb")  # noqa: SIM115
+        self._loss: BinaryIO = open(self.directory / LOSS, "wb")  # noqa: SIM115
+        self.n_tokens = 0
+        self.n_documents = 0
+        self.n_target_tokens = 0
+
+    def append(self, ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None = None) -> None:
+        """Append documents: `ids` concatenated, `lengths` per document, `loss` per token (1 = target)."""
+        ids = np.ascontiguousarray(ids, dtype=self.dtype)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != ids.size:
+            raise FormatError(f"document lengths sum to {int(lengths.sum())} but {ids.size} ids were given, token store writer, this is a bug")
+        loss_u8 = np.ones(ids.size, LOSS_DTYPE) if loss is None else np.ascontiguousarray(loss, dtype=LOSS_DTYPE)
+        if loss_u8.size != ids.size:
+            raise FormatError(f"{loss_u8.size} loss entries for {ids.size} ids, token store writer, this is a bug")
+        ends = self.n_tokens + np.cumsum(lengths, dtype=np.int64)
+        self._tokens.write(ids.tobytes())
+        self._bounds.write(ends.astype(BOUNDARY_DTYPE, copy=False).tobytes())
+        self._loss.write(loss_u8.tobytes())
+        self.n_tokens += int(ids.size)
+        self.n_documents += int(lengths.size)
+        self.n_target_tokens += int(np.count_nonzero(loss_u8))
+
+    def close(self) -> None:
+        for fh in (self._tokens, self._bounds, self._loss):
+            if not fh.closed:
+                fh.close()
+
+    def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Close the files, drop an all-ones loss file, hash everything, write `manifest.json`."""
+        for fh in (self._tokens, self._bounds, self._loss):
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.close()
+        if self.n_target_tokens == self.n_tokens:
+            (self.directory / LOSS).unlink()
+        names = [TOKENS_BIN, BOUNDARIES] + ([LOSS] if (self.directory / LOSS).exists() else [])
+        if (self.directory / REJECTS).exists():
+            names.append(REJECTS)
+        full = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            **manifest,
+            "dtype": dtype_name(self.dtype),
+            "n_documents": self.n_documents,
+            "n_tokens": self.n_tokens,
+            "n_target_tokens": self.n_target_tokens,
+            "files": {n: {"bytes": (self.directory / n).stat().st_size, "sha256": sha256_file(self.directory / n)} for n in names},
+        }
+        write_bytes_atomic(self.directory / MANIFEST, (json.dumps(full, indent=2, sort_keys=False) + "\n").encode())
+        return full
+
+
+@dataclass
+class TokenStore:
+    """A validated, memory-mapped token store. Arrays are read-only views of the files."""
+
+    path: Path
+    manifest: dict[str, Any]
+    dtype: np.dtype
+    tokens: np.ndarray
+    boundaries: np.ndarray
+    loss: np.ndarray | None
+    _starts: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def n_documents(self) -> int:
+        return int(self.boundaries.size)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.size)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """int64 start offset of every document (the boundaries shifted by one)."""
+        if self._starts is None:
+            starts = np.zeros(self.boundaries.size, np.int64)
+            starts[1:] = self.boundaries[:-1]
+            self._starts = starts
+        return self._starts
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 token length of every document."""
+        return np.asarray(self.boundaries, np.int64) - self.starts
+
+    def document(self, index: int) -> np.ndarray:
+        return self.tokens[int(self.starts[index]) : int(self.boundaries[index])]
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.manifest["tokenizer"]["name"])
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Parse and check `manifest.json` of a token store (format name and version)."""
+    mpath = Path(path) / MANIFEST
+    if not mpath.is_file():
+        raise FormatError(f"no {MANIFEST} in {path}, not a token store (or an interrupted run), re-run `packtool tokenize`")
+    try:
+        manifest = json.loads(mpath.read_text("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{MANIFEST} is not valid JSON ({exc}), {mpath}, re-run `packtool tokenize`") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise FormatError(f"{mpath} is not a packtool token store manifest (format={manifest.get('format') if isinstance(manifest, dict) else None!r}), expected format {FORMAT_NAME!r}")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise FormatError(f"token store format_version {version!r} is not supported (this packtool reads {FORMAT_VERSION}), {mpath}, upgrade packtool or re-tokenize")
+    for key in ("tokenizer", "dtype", "n_documents", "n_tokens", "files"):
+        if key not in manifest:
+            raise FormatError(f"{MANIFEST} lacks {key!r}, {mpath}, re-run `packtool tokenize`")
+    return manifest
+
+
+def _check_size(path: Path, expected: int, what: str) -> None:
+    if not path.is_file():
+        raise FormatError(f"{what} is missing, {path}, re-run `packtool tokenize`")
+    got = path.stat().st_size
+    if got != expected:
+        raise FormatError(f"{what} has {got} bytes but the manifest implies {expected} (truncated or corrupted), {path}, re-run `packtool tokenize`")
+
+
+def open_token_store(path: str | os.PathLike[str], *, check_hashes: bool = False) -> TokenStore:
+    """Open a token store after checking manifest, sizes and boundaries; hashes on request."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FormatError(f"token store {root} does not exist, check the path or run `packtool tokenize`")
+    manifest = read_manifest(root)
+    dtype = parse_dtype(manifest["dtype"], str(root / MANIFEST))
+    n_docs, n_tokens = int(manifest["n_documents"]), int(manifest["n_tokens"])
+    _check_size(root / TOKENS_BIN, n_tokens * dtype.itemsize, TOKENS_BIN)
+    _check_size(root / BOUNDARIES, n_docs * BOUNDARY_DTYPE.itemsize, BOUNDARIES)
+    has_loss = LOSS in manifest["files"]
+    if has_loss:
+        _check_size(root / LOSS, n_tokens, LOSS)
+    for name, info in manifest["files"].items():
+        fpath = root / name
+        if not fpath.is_file() or fpath.stat().st_size != int(info["bytes"]):
+            raise FormatError(f"{name} does not match its manifest entry (missing or wrong size), {fpath}, re-run `packtool tokenize`")
+        if check_hashes and sha256_file(fpath) != info["sha256"]:
+            raise FormatError(f"{name} sha256 differs from the manifest (corrupted), {fpath}, re-run `packtool tokenize`")
+    tokens = _memmap(root / TOKENS_BIN, dtype, n_tokens)
+    boundaries = _memmap(root / BOUNDARIES, BOUNDARY_DTYPE, n_docs)
+    loss = _memmap(root / LOSS, LOSS_DTYPE, n_tokens) if has_loss else None
+    if n_docs:
+        if int(boundaries[-1]) != n_tokens:
+            raise FormatError(f"last document boundary {int(boundaries[-1])} != n_tokens {n_tokens}, {root / BOUNDARIES}, re-run `packtool tokenize`")
+        if int(boundaries[0]) < 0 or (n_docs > 1 and bool(np.any(np.diff(boundaries) < 0))):
+            raise FormatError(f"document boundaries are not non-decreasing, {root / BOUNDARIES}, re-run `packtool tokenize`")
+    elif n_tokens:
+        raise FormatError(f"{n_tokens} tokens but no documents, {root / MANIFEST}, re-run `packtool tokenize`")
+    return TokenStore(root, manifest, dtype, tokens, boundaries, loss)
+
+
+def _memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
