@@ -6,11 +6,16 @@ Progress bars (tqdm) live here only; the library reports progress through callba
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from packtool import __version__
+from packtool.config import Algorithm, Overlong, PackConfig, Split
 from packtool.errors import PacktoolError
 
 app = typer.Typer(
@@ -36,6 +41,52 @@ def _root(
 
 
 # ---- commands are added below, one short function each ----
+
+
+@contextlib.contextmanager
+def _done_total_bar(quiet: bool, desc: str, unit: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A `progress(done, total)` callback drawing a tqdm bar on stderr (None with --quiet)."""
+    if quiet:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(desc=desc, unit=unit, leave=False, file=sys.stderr)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+@app.command()
+def pack(
+    tokens_dir: Annotated[Path, typer.Argument(help="Token store made by `packtool tokenize`.")],
+    size: Annotated[int, typer.Option("--size", help="Pack size N in tokens.")],
+    output: Annotated[Path, typer.Option("--output", help="Pack ROOT; files go to ROOT/packed/{tokenizer}/.")],
+    algorithm: Annotated[Algorithm, typer.Option("--algorithm", help="Bin-packing algorithm.")] = Algorithm.FFD,
+    seed: Annotated[int, typer.Option("--seed", help="Seed: same input and seed give identical bytes.")] = 0,
+    shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle", help="Seeded random pack order.")] = True,
+    overlong: Annotated[Overlong, typer.Option("--overlong", help="Documents longer than N.")] = Overlong.SPLIT,
+    pad_multiple: Annotated[int, typer.Option("--pad-multiple", help="Pad every segment to a multiple of M.")] = 1,
+    max_docs_per_pack: Annotated[int | None, typer.Option("--max-docs-per-pack", help="At most K segments per pack.")] = None,
+    split: Annotated[Split, typer.Option("--split", help="Which split this is.")] = Split.TRAINING,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Bin-pack a token store into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
+    from packtool.packing.writer import pack_store
+
+    config = PackConfig(tokens_dir, size, output, algorithm, seed, shuffle, overlong, pad_multiple, max_docs_per_pack, split)
+    with _done_total_bar(quiet, "pack", "pack") as progress:
+        result = pack_store(config, progress)
+    m = result.metadata
+    typer.echo(f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
+               f"(lower bound {m['lower_bound_packs']}), efficiency {m['packing_efficiency']}%, "
+               f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}")
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import FormatError
-from packtool.formats.atomic import atomic_file, sha256_file
+from packtool.formats.atomic import atomic_file, fsync_dir, sha256_file, temp_sibling
 
 FORMAT_NAME = "packtool.packs"
 FORMAT_VERSION = 1
@@ -197,3 +197,79 @@ def sizes_in(directory: Path) -> list[int]:
         if head.isdigit():
             out.append(int(head))
     return sorted(out)
+
+
+class PackSplitWriter:
+    """Writes one (split, size) under hidden temp names; `commit` renames them and writes metadata LAST.
+
+    The token (and loss) matrices are `np.lib.format.open_memmap` files filled block by block, so
+    memory stays bounded whatever the corpus size. Until `commit` renames them, no reader sees
+    anything; `abort` removes the temps. A stale `.loss.npy` from an earlier run is removed when
+    the new split has none, so the directory never mixes two runs once the metadata line is written.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], split: str, size: int, dtype: np.dtype,
+                 n_packs: int, with_loss: bool) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.split, self.size, self.with_loss = split, int(size), with_loss
+        self._temps: dict[str, Path] = {}
+        self.tokens = self._matrix(data_name(split, size), np.dtype(dtype).newbyteorder("<"), n_packs)
+        self.loss = self._matrix(loss_name(split, size), LOSS_DTYPE, n_packs) if with_loss else None
+
+    def _temp(self, name: str) -> Path:
+        tmp = temp_sibling(self.directory / name)
+        self._temps[name] = tmp
+        return tmp
+
+    def _matrix(self, name: str, dtype: np.dtype, n_rows: int) -> np.ndarray:
+        """A `[n_rows, size]` .npy memmap under a temp name; the caller fills EVERY row (pad included)."""
+        tmp = self._temp(name)
+        if n_rows == 0:  # a zero-size memmap cannot be opened; write the empty .npy directly
+            empty = np.zeros((0, self.size), dtype)
+            with open(tmp, "wb") as fh:
+                np.lib.format.write_array(fh, empty, allow_pickle=False)
+            return empty
+        return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n_rows, self.size))
+
+    def write_companion(self, what: str, values: np.ndarray) -> None:
+        """Write one CSR companion (`pack_offsets`, `seg_lens`, ...) with its fixed dtype."""
+        dtype = COMPANIONS[what]
+        arr = np.ascontiguousarray(values, dtype=dtype)
+        tmp = self._temp(companion_name(self.split, self.size, what))
+        with open(tmp, "wb") as fh:
+            np.lib.format.write_array(fh, arr, allow_pickle=False)
+
+    def _flush(self) -> None:
+        for arr in (self.tokens, self.loss):
+            if isinstance(arr, np.memmap):
+                arr.flush()
+        self.tokens = self.loss = None  # type: ignore[assignment]  # drop the maps before renaming
+
+    def commit(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """Fsync and rename every temp, hash the files, then write this split's metadata line."""
+        self._flush()
+        names = file_names(self.split, self.size, self.with_loss)
+        missing = [n for n in names if n not in self._temps]
+        if missing:
+            self.abort()
+            raise FormatError(f"pack writer did not write {', '.join(missing)}, {self.directory}, this is a bug")
+        for name in names:
+            with open(self._temps[name], "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(self._temps[name], self.directory / name)
+        self._temps.clear()
+        if not self.with_loss:
+            (self.directory / loss_name(self.split, self.size)).unlink(missing_ok=True)
+        fsync_dir(self.directory)
+        record = {**metadata, "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+                  "files": file_records(self.directory, names)}
+        write_metadata_line(self.directory, record)
+        return record
+
+    def abort(self) -> None:
+        """Remove every temp file (the final names were never touched)."""
+        self.tokens = self.loss = None  # type: ignore[assignment]
+        for tmp in self._temps.values():
+            tmp.unlink(missing_ok=True)
+        self._temps.clear()
