@@ -8,11 +8,14 @@ valid records in each input format, and a skewed length distribution worth packi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
 import numpy as np
 import pytest
+import tokenizers
 from tokenizers import Tokenizer
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
@@ -129,3 +132,15 @@ def test_prompt_completion_and_chat_lengths_are_skewed(tokenizer: Tokenizer) -> 
         lengths = np.array([len(e.ids) for e in tokenizer.encode_batch([text_of(r) for r in _rows(name)])])
         p50, p99 = np.percentile(lengths, [50, 99])
         assert p99 / p50 > 4, name
+
+
+@pytest.mark.skipif(sys.version_info[:3] != (3, 11, 7) or tokenizers.__version__ != "0.23.3",
+                    reason="the sample was generated from CPython 3.11.7 docstrings with tokenizers 0.23.3")
+def test_script_rebuilds_the_committed_sample_byte_for_byte(tmp_path: Path) -> None:
+    """Reproducibility: fixed seeds, sorted modules, no addresses in signatures, deterministic BPE (~1 s)."""
+    script = SAMPLE.parent.parent / "scripts" / "make_sample_data.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path)], check=True, capture_output=True)
+    committed = sorted(p.relative_to(SAMPLE) for p in SAMPLE.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == committed
+    for rel in committed:
+        assert (tmp_path / rel).read_bytes() == (SAMPLE / rel).read_bytes(), rel
