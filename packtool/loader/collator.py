@@ -1,0 +1,177 @@
+"""`PackedCollator`: packs from `PackedDataset` -> one batch with every varlen kwarg frameworks want.
+
+Varlen kernels (flash-attn, Transformer Engine) trust `cu_seqlens` blindly: a non-monotone
+array or a `max_seqlen` below a segment's length silently computes wrong attention. So every
+batch is checked here, on CPU, before it reaches the GPU (a few vectorised ops per batch).
+
+Keys emitted (filter them with `keys=`, e.g. `HF_KEYS` for `model(**batch)`):
+- `input_ids`, `labels`, `position_ids`: `[B, N]`, or `[1, B*N]` with `flatten=True`;
+- `cu_seqlens` (int32, global over the flattened batch), `max_seqlen` (int);
+- transformers' flash-attention-2 packed kwargs `cu_seq_lens_q/_k`, `max_length_q/_k`;
+- Megatron/Transformer Engine `cu_seqlens_q/_kv` (real lengths) and `max_seqlen_q/_kv`, plus
+  `cu_seqlens_q_padded/_kv_padded` (offsets incl. `--pad-multiple` padding) when the store
+  was packed with padding (THD format with context parallelism);
+- `n_target_tokens` (int): labels that count, to normalise a summed loss across ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from packtool.errors import ConfigError, FormatError
+from packtool.loader.dataset import IGNORE_INDEX
+
+HF_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+"""The keys `transformers` models accept in `model(**batch)` for padding-free packed training."""
+
+
+def validate_cu_seqlens(cu: torch.Tensor, total_tokens: int, max_seqlen: int, name: str = "cu_seqlens") -> None:
+    """Raise a clear error when `cu` cannot describe `total_tokens` tokens with `max_seqlen`.
+
+    The check flash-attn and Transformer Engine never make: int32, starts at 0, never
+    decreases, ends at the token count, and no segment is longer than `max_seqlen`.
+    """
+    if cu.dtype != torch.int32 or cu.ndim != 1 or cu.numel() < 2:
+        raise FormatError(f"{name} must be a 1-D int32 tensor with at least 2 entries, got {cu.dtype} of shape {tuple(cu.shape)}, build batches with PackedCollator")
+    c = cu.detach().cpu().numpy().astype(np.int64)
+    lens = np.diff(c)
+    if c[0] != 0 or c[-1] != total_tokens:
+        raise FormatError(f"{name} runs from {c[0]} to {c[-1]}, expected 0 to {total_tokens} (the token count), the batch and its cu_seqlens disagree")
+    if lens.min() < 0:
+        at = int(np.argmax(lens < 0))
+        raise FormatError(f"{name} decreases at entry {at + 1} ({c[at]} -> {c[at + 1]}), expected a non-decreasing array, the pack store is corrupt: run `packtool verify`")
+    if int(lens.max()) > max_seqlen:
+        raise FormatError(f"max_seqlen {max_seqlen} is below the longest segment ({int(lens.max())} tokens) in {name}, kernels would read out of bounds, pass the true maximum")
+
+
+class PackedCollator:
+    """Collate packs into `[B, N]` (or `[1, B*N]`) tensors plus global `cu_seqlens` kwargs.
+
+    flatten: one row of `B*N` tokens (what transformers' padding-free path and Megatron's THD
+        format expect), instead of `[B, N]` rows; `cu_seqlens` is global in both cases.
+    static_segments: pad `cu_seqlens` with zero-length segments to `static_segments + 1`
+        entries and report `max_seqlen` = row length, so every batch has the same shapes
+        (CUDA graphs; Megatron-Bridge's `pad_cu_seqlens`). A batch with more segments raises.
+    pad_to_length: VeOmni-style: pad each row (or the flattened row) to this many tokens; the
+        padding is one extra segment with `labels = -100` and `input_ids = pad_id`.
+    keys: emit only these keys (e.g. `HF_KEYS`), so the batch can go to `model(**batch)`.
+    """
+
+    def __init__(self, flatten: bool = False, static_segments: int | None = None, pad_to_length: int | None = None,
+                 pad_id: int = 0, keys: Collection[str] | None = None) -> None:
+        if static_segments is not None and static_segments < 1:
+            raise ConfigError(f"static_segments must be >= 1, got {static_segments}, PackedCollator, pass the maximum segments per batch")
+        if pad_to_length is not None and pad_to_length < 1:
+            raise ConfigError(f"pad_to_length must be >= 1, got {pad_to_length}, PackedCollator, pass a token count")
+        self.flatten = flatten
+        self.static_segments = static_segments
+        self.pad_to_length = pad_to_length
+        self.pad_id = int(pad_id)
+        self.keys = None if keys is None else frozenset(keys)
+
+    def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        if not items:
+            raise ConfigError("cannot collate an empty batch, PackedCollator, use a batch size >= 1")
+        stacked = getattr(items, "stacked", None)
+        if stacked is not None:
+            ids = torch.from_numpy(stacked["input_ids"])
+            labels = torch.from_numpy(stacked["labels"])
+            pos = torch.from_numpy(stacked["position_ids"])
+            lens, real, counts = stacked["seg_lens"], stacked["seg_real"], stacked["seg_counts"]
+            padded_keys = bool(stacked["has_segment_padding"])
+            n_target = int(stacked["n_target_tokens"].sum())
+        else:
+            ids, labels, pos, lens, real, counts, padded_keys, n_target = _from_items(items)
+        if self.pad_to_length is not None:
+            ids, labels, pos, lens, real, counts = self._pad(ids, labels, pos, lens, real, counts)
+        if self.flatten:
+            ids, labels, pos = ids.reshape(1, -1), labels.reshape(1, -1), pos.reshape(1, -1)
+        row = ids.shape[1]
+        cu = _cumsum32(lens)
+        cu_real = _cumsum32(real)
+        max_seqlen = int(lens.max()) if lens.size else 0
+        validate_cu_seqlens(cu, ids.numel(), max_seqlen)
+        if self.static_segments is not None:
+            cu = _pad_cu(cu, self.static_segments)
+            cu_real = _pad_cu(cu_real, self.static_segments)
+            max_seqlen = row
+        out: dict[str, Any] = {
+            "input_ids": ids, "labels": labels, "position_ids": pos,
+            "cu_seqlens": cu, "max_seqlen": max_seqlen,
+            "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_seqlen, "max_length_k": max_seqlen,
+            "cu_seqlens_q": cu_real, "cu_seqlens_kv": cu_real, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen,
+            "n_target_tokens": n_target,
+        }
+        if padded_keys:
+            out["cu_seqlens_q_padded"] = cu
+            out["cu_seqlens_kv_padded"] = cu
+        if self.keys is not None:
+            out = {k: v for k, v in out.items() if k in self.keys}
+        return out
+
+    def _pad(self, ids: torch.Tensor, labels: torch.Tensor, pos: torch.Tensor, lens: np.ndarray, real: np.ndarray,
+             counts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
+        """Append one padding segment per row (or one at the end of the flattened row)."""
+        b, n = ids.shape
+        have = b * n if self.flatten else n
+        target = int(self.pad_to_length or 0)
+        if target < have:
+            what = "the flattened batch" if self.flatten else "each pack"
+            raise ConfigError(f"pad_to_length {target} is shorter than {what} ({have} tokens), PackedCollator, pass pad_to_length >= {have}")
+        extra = target - have
+        if extra == 0:
+            return ids, labels, pos, lens, real, counts
+        rows = 1 if self.flatten else b
+        shape = (1, b * n) if self.flatten else (b, n)
+        ids, labels, pos = ids.reshape(shape), labels.reshape(shape), pos.reshape(shape)
+        ids = torch.cat([ids, ids.new_full((rows, extra), self.pad_id)], 1)
+        labels = torch.cat([labels, labels.new_full((rows, extra), IGNORE_INDEX)], 1)
+        pos = torch.cat([pos, torch.arange(extra, dtype=pos.dtype).expand(rows, extra)], 1)
+        at = np.array([lens.size]) if self.flatten else np.cumsum(counts)
+        lens = np.insert(lens, at, extra)
+        real = np.insert(real, at, extra)
+        counts = np.array([lens.size]) if self.flatten else counts + 1
+        return ids, labels, pos, lens, real, counts
+
+
+def _from_items(items: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray, bool, int]:
+    """Stack item dicts built elsewhere (no `.stacked`): rows plus per-row segment lengths."""
+    ids = torch.stack([it["input_ids"] for it in items])
+    labels = torch.stack([it["labels"] for it in items])
+    pos = torch.stack([it["position_ids"] for it in items])
+    lens_l, real_l = [], []
+    for it in items:  # per pack, not per token
+        cu = np.asarray(it["cu_seqlens"], dtype=np.int64)
+        cu_real = np.asarray(it.get("cu_seqlens_unpadded", it["cu_seqlens"]), dtype=np.int64)
+        if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != ids.shape[1] or cu_real.shape != cu.shape:
+            raise FormatError(f"an item's cu_seqlens {cu.tolist()[:8]}... does not start at 0 and end at {ids.shape[1]}, PackedCollator, items must come from PackedDataset")
+        lens_l.append(np.diff(cu))
+        real_l.append(np.diff(cu_real))
+    lens = np.concatenate(lens_l)
+    real = np.concatenate(real_l)
+    counts = np.array([x.size for x in lens_l], dtype=np.int64)
+    n_target = int(sum(int(it.get("n_target_tokens", 0)) for it in items))
+    return ids, labels, pos, lens, real, counts, bool(np.any(lens != real)), n_target
+
+
+def _cumsum32(lens: np.ndarray) -> torch.Tensor:
+    if lens.size and int(lens.sum()) >= 2**31:
+        raise ConfigError(f"batch holds {int(lens.sum())} tokens, int32 cu_seqlens overflow, PackedCollator, use a smaller batch")
+    cu = np.zeros(lens.size + 1, dtype=np.int32)
+    np.cumsum(lens, out=cu[1:])
+    return torch.from_numpy(cu)
+
+
+def _pad_cu(cu: torch.Tensor, segments: int) -> torch.Tensor:
+    """Megatron-Bridge's `pad_cu_seqlens`: repeat the last offset (zero-length segments)."""
+    have = cu.numel() - 1
+    if have > segments:
+        raise ConfigError(f"batch has {have} segments, more than static_segments={segments}, PackedCollator, raise static_segments (or pack with --max-docs-per-pack)")
+    out = cu.new_empty(segments + 1)
+    out[: cu.numel()] = cu
+    out[cu.numel():] = cu[-1]
+    return out

@@ -1,0 +1,220 @@
+"""PackedDataset and PackedCollator against the pack-store format, on Zipf-shaped packs."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _packs import Segment, write_pack_store, zipf_docs
+
+from packtool.errors import ConfigError, FormatError, PacktoolError
+from packtool.formats.pack_store import companion_name
+from packtool.loader import HF_KEYS, PackedCollator, PackedDataset, validate_cu_seqlens
+
+N = 256
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Segment], list[np.ndarray]]:
+    root = tmp_path_factory.mktemp("packs")
+    docs = zipf_docs(300, seed=3, vocab=70_000, max_len=700, empty_every=23)  # long tail > N, ids > 65535
+    rng = np.random.default_rng(4)
+    losses = [(rng.random(d.size) < 0.7).astype(np.uint8) for d in docs]
+    segs = write_pack_store(root / "packed" / "big-tok", docs, N, losses=losses, pad_multiple=8, pad_id=3, dtype="uint32")
+    return root, segs, losses
+
+
+def expected_pack(segs: list[Segment], pack: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Reference built per segment in plain Python, straight from the format's definition."""
+    ids = np.full(N, pad_id, np.int64)
+    labels = np.full(N, -100, np.int64)
+    pos = np.zeros(N, np.int64)
+    cu = [0]
+    for s in (s for s in segs if s.pack == pack):
+        a, n = s.offset, s.tokens.size
+        ids[a:a + n] = s.tokens
+        lab = np.where(s.loss == 1, s.tokens, -100)
+        lab[0] = -100
+        labels[a:a + n] = lab
+        pos[a:a + n + s.pad] = np.arange(n + s.pad)
+        cu.append(a + n + s.pad)
+    if cu[-1] < N:
+        pos[cu[-1]:] = np.arange(N - cu[-1])
+        cu.append(N)
+    return {"input_ids": ids, "labels": labels, "position_ids": pos, "cu_seqlens": np.array(cu, np.int32)}
+
+
+def test_every_pack_matches_the_format_definition(store):
+    root, segs, _ = store
+    ds = PackedDataset(root)
+    assert len(ds) == max(s.pack for s in segs) + 1
+    assert ds.has_segment_padding
+    for i in range(len(ds)):
+        item, ref = ds[i], expected_pack(segs, i, pad_id=3)
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            assert item[key].dtype == (torch.int32 if key == "cu_seqlens" else torch.int64)
+            np.testing.assert_array_equal(item[key].numpy(), ref[key], err_msg=f"pack {i} {key}")
+        assert item["max_seqlen"] == int(np.diff(ref["cu_seqlens"]).max())
+        assert item["n_target_tokens"] == int((ref["labels"] != -100).sum())
+    assert ds[-1]["input_ids"].shape == (N,)
+
+
+def test_batched_fetch_equals_single_items(store):
+    ds = PackedDataset(store[0])
+    idx = [5, 0, 5, len(ds) - 1]
+    batch = ds.__getitems__(idx)
+    for j, i in enumerate(idx):
+        for key, value in ds[i].items():
+            got = batch[j][key]
+            assert torch.equal(got, value) if torch.is_tensor(value) else got == value
+
+
+def test_path_forms_and_size_choice(store, tmp_path):
+    root, _, _ = store
+    tok_dir = root / "packed" / "big-tok"
+    for path in (root, tok_dir, tok_dir / f"training_{N}.npy"):
+        ds = PackedDataset(path)
+        assert (ds.size, ds.split, len(ds)) == (N, "training", len(PackedDataset(root)))
+    write_pack_store(tmp_path / "two", zipf_docs(20), 64)
+    write_pack_store(tmp_path / "two", zipf_docs(20), 128)
+    with pytest.raises(ConfigError, match="pass size=N"):
+        PackedDataset(tmp_path / "two")
+    assert PackedDataset(tmp_path / "two", size=128).size == 128
+    with pytest.raises(ConfigError, match="no packs of size 512"):
+        PackedDataset(tmp_path / "two", size=512)
+    with pytest.raises(FormatError, match="no metadata line for split 'validation'"):
+        PackedDataset(tmp_path / "two", split="validation", size=64)
+    with pytest.raises(FormatError, match="no pack store"):
+        PackedDataset(tmp_path / "nothing-here")
+
+
+def test_inconsistent_segments_raise_format_error(tmp_path):
+    d = tmp_path / "p"
+    write_pack_store(d, zipf_docs(50), 64)
+    seg_path = d / companion_name("training", 64, "seg_lens")
+    seg = np.load(seg_path)
+    seg[0] = 65  # longer than the pack
+    np.save(seg_path, seg)
+    ds = PackedDataset(d)  # same byte count, so metadata sizes still match
+    with pytest.raises(FormatError, match="inconsistent segment lengths"):
+        ds[0]
+
+
+def test_truncated_pack_file_is_refused(tmp_path):
+    d = tmp_path / "p"
+    write_pack_store(d, zipf_docs(50), 64)
+    f = d / "training_64.npy"
+    f.write_bytes(f.read_bytes()[:-10])
+    with pytest.raises(PacktoolError, match="truncated"):
+        PackedDataset(d)
+
+
+def test_pickles_without_the_maps_and_workers_agree(store):
+    ds = PackedDataset(store[0])
+    ds[0]
+    state = pickle.dumps(ds)
+    assert len(state) < 20_000  # no token bytes travel to the workers
+    clone = pickle.loads(state)
+    assert clone._store is None and torch.equal(clone[1]["input_ids"], ds[1]["input_ids"])
+    runs = []
+    for workers in (0, 2):
+        loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=PackedCollator(flatten=True))
+        runs.append(list(loader))
+    assert len(runs[0]) == len(runs[1]) > 1
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["cu_seqlens"], b["cu_seqlens"])
+
+
+def test_loader_never_imports_the_cli_stack():
+    # torch itself may pull tqdm in; what matters is what packtool.loader adds on top of torch
+    code = ("import sys, torch; before = set(sys.modules); import packtool.loader, packtool.attention; "
+            "new = set(sys.modules) - before; "
+            "print(sorted(m for m in new if m.split('.')[0] in ('typer', 'tqdm', 'tokenizers', 'click')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# ---- collator -----------------------------------------------------------------------
+
+def test_collator_rows_and_flat_share_one_global_cu_seqlens(store):
+    ds = PackedDataset(store[0])
+    items = ds.__getitems__([0, 1, 2])
+    rows = PackedCollator()(items)
+    flat = PackedCollator(flatten=True)(items)
+    assert rows["input_ids"].shape == (3, N) and flat["input_ids"].shape == (1, 3 * N)
+    cu = rows["cu_seqlens"]
+    assert torch.equal(cu, flat["cu_seqlens"]) and cu[0] == 0 and cu[-1] == 3 * N
+    expected = np.concatenate([[0]] + [ds[i]["cu_seqlens"].numpy()[1:] + i * N for i in range(3)])
+    np.testing.assert_array_equal(cu.numpy(), expected)
+    assert rows["max_seqlen"] == max(ds[i]["max_seqlen"] for i in range(3)) == rows["max_length_q"]
+    assert rows["cu_seq_lens_q"] is cu and rows["cu_seq_lens_k"] is cu
+    # --pad-multiple was used: Megatron gets real lengths plus padded offsets
+    assert torch.equal(rows["cu_seqlens_q_padded"], cu)
+    real = rows["cu_seqlens_q"]
+    assert real[-1] < cu[-1] and bool(torch.all(real <= cu))
+    assert rows["n_target_tokens"] == int((rows["labels"] != -100).sum())
+    # a plain list of item dicts (no stacked fast path) gives the same batch
+    slow = PackedCollator(flatten=True)([ds[0], ds[1], ds[2]])
+    for key, value in flat.items():
+        assert torch.equal(value, slow[key]) if torch.is_tensor(value) else value == slow[key], key
+
+
+def test_collator_keys_filter_for_model_kwargs(store):
+    ds = PackedDataset(store[0])
+    batch = PackedCollator(flatten=True, keys=HF_KEYS)(ds.__getitems__([0, 1]))
+    assert set(batch) == set(HF_KEYS)
+
+
+def test_static_segments_pad_with_zero_length_segments(store):
+    ds = PackedDataset(store[0])
+    items = ds.__getitems__([0, 1])
+    n_seg = PackedCollator()(items)["cu_seqlens"].numel() - 1
+    out = PackedCollator(flatten=True, static_segments=n_seg + 5)(items)
+    cu = out["cu_seqlens"]
+    assert cu.numel() == n_seg + 6 and bool(torch.all(cu[n_seg:] == 2 * N))
+    assert out["max_seqlen"] == 2 * N and out["cu_seqlens_q"].numel() == n_seg + 6
+    with pytest.raises(ConfigError, match="more than static_segments"):
+        PackedCollator(static_segments=n_seg - 1)(items)
+
+
+def test_pad_to_length_adds_one_ignored_segment(store):
+    ds = PackedDataset(store[0])
+    items = ds.__getitems__([0, 1])
+    base = PackedCollator(flatten=True)(items)
+    out = PackedCollator(flatten=True, pad_to_length=2 * N + 40, pad_id=7)(items)
+    assert out["input_ids"].shape == (1, 2 * N + 40)
+    assert bool(torch.all(out["input_ids"][0, 2 * N:] == 7)) and bool(torch.all(out["labels"][0, 2 * N:] == -100))
+    assert out["position_ids"][0, 2 * N:].tolist() == list(range(40))
+    assert out["cu_seqlens"].tolist() == base["cu_seqlens"].tolist() + [2 * N + 40]
+    rows = PackedCollator(pad_to_length=N + 8)(items)
+    assert rows["input_ids"].shape == (2, N + 8) and rows["cu_seqlens"][-1] == 2 * (N + 8)
+    assert int((rows["labels"] != -100).sum()) == base["n_target_tokens"]
+    with pytest.raises(ConfigError, match="pad_to_length 100 is shorter"):
+        PackedCollator(pad_to_length=100)(items)
+
+
+@pytest.mark.parametrize(("cu", "total", "max_len", "message"), [
+    ([0, 5, 3, 10], 10, 10, "decreases at entry 2"),
+    ([0, 5, 9], 10, 10, "expected 0 to 10"),
+    ([1, 5, 10], 10, 10, "expected 0 to 10"),
+    ([0, 5, 10], 10, 4, "max_seqlen 4 is below the longest segment"),
+])
+def test_validate_cu_seqlens_catches_what_kernels_would_not(cu, total, max_len, message):
+    with pytest.raises(FormatError, match=message):
+        validate_cu_seqlens(torch.tensor(cu, dtype=torch.int32), total, max_len)
+    with pytest.raises(FormatError, match="1-D int32"):
+        validate_cu_seqlens(torch.tensor(cu, dtype=torch.int64), total, max_len)
+
+
+def test_collator_rejects_foreign_items(store):
+    ds = PackedDataset(store[0])
+    item = dict(ds[0])
+    item["cu_seqlens"] = torch.tensor([0, 10, 100], dtype=torch.int32)  # does not reach N
+    item["cu_seqlens_unpadded"] = item["cu_seqlens"]
+    with pytest.raises(FormatError, match="does not start at 0 and end at"):
+        PackedCollator()([item])
