@@ -1,0 +1,317 @@
+"""Raw inputs: expand paths, cut them into deterministic chunks, read records with file:line.
+
+A chunk is the unit of work a tokenizer worker (a local process, or a Ray task) handles on its
+own: a byte range of a `.jsonl` file aligned to line starts (with the 1-based number of its
+first line), a whole compressed `.jsonl.gz` / `.jsonl.zst` file (streams cannot seek), a range
+of parquet row groups, or a run of consecutive `.txt` files. Chunking depends only on the
+files and `chunk_bytes`, never on the number of workers, so every worker count writes the
+same bytes and an interrupted run can resume chunk by chunk.
+
+Blank (whitespace-only) jsonl lines are not records: they are skipped silently, as most
+jsonl writers and readers do; all other lines are records, good or bad.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packtool.errors import InputError
+
+try:  # orjson parses ~3x faster; plain json is the fallback
+    import orjson
+
+    _loads = orjson.loads
+    _JSONError: type[Exception] = orjson.JSONDecodeError
+except ImportError:  # pragma: no cover - orjson is a dependency
+    import json
+
+    _loads = json.loads
+    _JSONError = ValueError
+
+SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", ".parquet": "parquet", ".txt": "txt"}
+_BLOCK = 1 << 22
+
+
+def source_kind(path: str | os.PathLike[str]) -> str | None:
+    """The reader for a file name (`jsonl`, `jsonl.gz`, `jsonl.zst`, `parquet`, `txt`), or None."""
+    name = os.fspath(path).lower()
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return SUFFIXES[suffix]
+    return None
+
+
+def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Files, directories (recursive) and globs -> sorted, de-duplicated supported files."""
+    if not inputs:
+        raise InputError("no input given", hint="pass files, directories or globs of .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt")
+    found: set[Path] = set()
+    for item in inputs:
+        text = os.fspath(item)
+        path = Path(text)
+        if path.is_dir():
+            matches = [p for p in path.rglob("*") if p.is_file() and source_kind(p) and not _hidden(p, path)]
+            if not matches:
+                raise InputError("directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt files", text, hint="check the path")
+        elif path.is_file():
+            if source_kind(path) is None:
+                raise InputError("unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .txt)", text, hint="rename or convert the file")
+            matches = [path]
+        else:
+            matches = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and source_kind(p)]
+            if not matches:
+                raise InputError("input does not exist or the glob matches no supported file", text, hint="check the path or quote the glob")
+        found.update(p.resolve() for p in matches)
+    return sorted(found, key=lambda p: str(p))
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One deterministic unit of work. `start`/`end`: bytes (jsonl) or row groups (parquet)."""
+
+    index: int
+    kind: str
+    paths: tuple[str, ...]
+    start: int = 0
+    end: int = -1
+    first_line: int = 1
+    n_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A planned input file: its identity goes into the manifest and every chunk's resume key."""
+
+    path: str
+    sha256: str
+    n_bytes: int
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """A parsed record or the reason it is unreadable; `line` is 1-based (row number for parquet)."""
+
+    source: str
+    line: int | None
+    value: Any = None
+    error: str | None = None
+
+
+def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFile], list[Chunk]]:
+    """Hash every file and cut the inputs into chunks of about `chunk_bytes` (one pass per file)."""
+    sources: list[SourceFile] = []
+    chunks: list[Chunk] = []
+    txt_run: list[SourceFile] = []
+
+    def flush_txt() -> None:
+        if txt_run:
+            chunks.append(Chunk(len(chunks), "txt", tuple(s.path for s in txt_run), n_bytes=sum(s.n_bytes for s in txt_run)))
+            txt_run.clear()
+
+    for path in paths:
+        kind = source_kind(path) or ""
+        if kind == "jsonl":
+            source, ranges = _plan_jsonl(path, chunk_bytes)
+            sources.append(source)
+            flush_txt()
+            chunks.extend(Chunk(len(chunks) + i, kind, (source.path,), s, e, line, e - s) for i, (s, e, line) in enumerate(ranges))
+            continue
+        source = _hash(path)
+        sources.append(source)
+        if kind == "txt":
+            if txt_run and sum(s.n_bytes for s in txt_run) + source.n_bytes > chunk_bytes:
+                flush_txt()
+            txt_run.append(source)
+            continue
+        flush_txt()
+        if kind == "parquet":
+            chunks.extend(Chunk(len(chunks) + i, kind, (source.path,), s, e, n_bytes=b) for i, (s, e, b) in enumerate(_plan_parquet(path, chunk_bytes)))
+        else:
+            chunks.append(Chunk(len(chunks), kind, (source.path,), n_bytes=source.n_bytes))
+    flush_txt()
+    return sources, chunks
+
+
+def _hash(path: Path) -> SourceFile:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            digest.update(block)
+            size += len(block)
+    return SourceFile(str(path), digest.hexdigest(), size)
+
+
+def _plan_jsonl(path: Path, chunk_bytes: int) -> tuple[SourceFile, list[tuple[int, int, int]]]:
+    """Hash the file and find chunk starts: the first line start at or after each k*chunk_bytes."""
+    digest = hashlib.sha256()
+    starts: list[tuple[int, int]] = [(0, 1)]  # (byte offset, 1-based line number)
+    target = chunk_bytes
+    offset = 0
+    lines_before = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            digest.update(block)
+            end = offset + len(block)
+            while target <= end and target > 0:
+                nl = block.find(b"\n", max(target - 1 - offset, 0))
+                if nl < 0:
+                    break  # the line continues into the next block
+                cut = offset + nl + 1
+                if cut > starts[-1][0]:
+                    starts.append((cut, lines_before + block.count(b"\n", 0, nl + 1) + 1))
+                target = max(target + chunk_bytes, cut + 1)
+            lines_before += block.count(b"\n")
+            offset = end
+    if len(starts) > 1 and starts[-1][0] >= offset:
+        starts.pop()  # the last cut sits at end of file
+    ranges = [(s, starts[i + 1][0] if i + 1 < len(starts) else offset, line) for i, (s, line) in enumerate(starts)]
+    return SourceFile(str(path), digest.hexdigest(), offset), ranges
+
+
+def _plan_parquet(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
+    """Group consecutive row groups until their compressed size reaches `chunk_bytes`."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as exc:  # pyarrow raises several types for a broken file
+        raise InputError(f"cannot read parquet metadata ({exc})", str(path), hint="check that the file is a complete parquet file") from exc
+    groups: list[tuple[int, int, int]] = []
+    start, size = 0, 0
+    for i in range(meta.num_row_groups):
+        size += meta.row_group(i).total_byte_size
+        if size >= chunk_bytes:
+            groups.append((start, i + 1, size))
+            start, size = i + 1, 0
+    if start < meta.num_row_groups or not groups:
+        groups.append((start, meta.num_row_groups, size))
+    return groups
+
+
+def read_chunk(chunk: Chunk, *, separator: str | None = None, parse_json: bool = True) -> Iterator[RawRecord]:
+    """Yield the records of a chunk in order: parsed JSON values / parquet rows / texts, or errors."""
+    if chunk.kind == "jsonl":
+        yield from _jsonl_lines(chunk.paths[0], _range_lines(chunk), chunk.first_line)
+    elif chunk.kind in ("jsonl.gz", "jsonl.zst"):
+        yield from _jsonl_lines(chunk.paths[0], _stream_lines(chunk), 1)
+    elif chunk.kind == "parquet":
+        yield from _parquet_rows(chunk)
+    elif chunk.kind == "txt":
+        for path in chunk.paths:
+            yield from _txt_records(path, separator)
+    else:
+        raise InputError(f"unknown chunk kind {chunk.kind!r}", chunk.paths[0], hint="this is a bug")
+
+
+def _range_lines(chunk: Chunk) -> Iterator[bytes]:
+    with open(chunk.paths[0], "rb") as fh:
+        fh.seek(chunk.start)
+        data = fh.read(chunk.end - chunk.start)
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    yield from lines
+
+
+def _stream_lines(chunk: Chunk) -> Iterator[bytes]:
+    path = chunk.paths[0]
+    try:
+        if chunk.kind == "jsonl.gz":
+            with gzip.open(path, "rb") as gz:
+                for line in gz:
+                    yield line.rstrip(b"\n")
+        else:
+            import zstandard
+
+            with open(path, "rb") as raw:
+                stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True), _BLOCK)  # type: ignore[arg-type]
+                for line in stream:
+                    yield line.rstrip(b"\n")
+    except (OSError, EOFError) as exc:
+        raise InputError(f"cannot decompress ({exc})", path, hint="check that the file is complete") from exc
+    except Exception as exc:
+        if type(exc).__name__ == "ZstdError":
+            raise InputError(f"cannot decompress ({exc})", path, hint="check that the file is complete") from exc
+        raise
+
+
+def _jsonl_lines(path: str, lines: Iterator[bytes], first_line: int) -> Iterator[RawRecord]:
+    for number, line in enumerate(lines, first_line):
+        if not line.strip():
+            continue
+        try:
+            yield RawRecord(path, number, _loads(line))
+        except _JSONError as exc:
+            message = str(exc)
+            reason = "invalid UTF-8" if "utf-8" in message.lower() else f"malformed JSON ({message})"
+            yield RawRecord(path, number, error=reason)
+
+
+def _parquet_rows(chunk: Chunk) -> Iterator[RawRecord]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(chunk.paths[0])
+    row = 1 + sum(pf.metadata.row_group(i).num_rows for i in range(chunk.start))
+    for batch in pf.iter_batches(batch_size=4096, row_groups=list(range(chunk.start, chunk.end))):
+        for value in batch.to_pylist():
+            yield RawRecord(chunk.paths[0], row, value)
+            row += 1
+
+
+def _txt_records(path: str, separator: str | None) -> Iterator[RawRecord]:
+    data = Path(path).read_bytes()
+    if separator is None:
+        try:
+            yield RawRecord(path, 1, data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            yield RawRecord(path, data.count(b"\n", 0, exc.start) + 1, error="invalid UTF-8")
+        return
+    sep = separator.encode("utf-8")
+    pos, line = 0, 1
+    while True:
+        nxt = data.find(sep, pos) if sep else -1
+        piece = data[pos:] if nxt < 0 else data[pos:nxt]
+        try:
+            yield RawRecord(path, line, piece.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            yield RawRecord(path, line + piece.count(b"\n", 0, exc.start), error="invalid UTF-8")
+        if nxt < 0:
+            return
+        line += data.count(b"\n", pos, nxt + len(sep))
+        pos = nxt + len(sep)
+
+
+def get_field(value: Any, dotted: str) -> tuple[Any, str | None]:
+    """Walk a dotted path (`a.b.c`) through nested dicts: (value, None) or (None, reason)."""
+    current = value
+    for depth, key in enumerate(dotted.split(".")):
+        if not isinstance(current, dict):
+            where = ".".join(dotted.split(".")[:depth]) or "record"
+            return None, f"{where} is not an object (got {type(current).__name__}), cannot read field {dotted!r}"
+        if key not in current:
+            return None, f"missing field {dotted!r}"
+        current = current[key]
+    return current, None
+
+
+def get_text_field(value: Any, dotted: str) -> tuple[str | None, str | None]:
+    """A dotted field that must be a string: (text, None) or (None, reason)."""
+    got, reason = get_field(value, dotted)
+    if reason is not None:
+        return None, reason
+    if not isinstance(got, str):
+        return None, f"field {dotted!r} is not a string (got {type(got).__name__})"
+    return got, None
