@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "pack_lengths"]
+__all__ = ["TokenizeConfig", "__version__", "pack_lengths", "tokenize_corpus"]
 
 
 def __getattr__(name: str) -> object:
@@ -13,4 +13,8 @@ def __getattr__(name: str) -> object:
         from packtool.packing import pack_lengths
 
         return pack_lengths
+    if name in ("tokenize_corpus", "TokenizeConfig"):
+        from packtool import tokenization
+
+        return getattr(tokenization, name)
     raise AttributeError(f"module 'packtool' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from packtool import __version__
-from packtool.config import Algorithm, Overlong, PackConfig, Split
+from packtool.config import Algorithm, InputFormat, OnError, Overlong, PackConfig, Split
 from packtool.errors import PacktoolError
 
 app = typer.Typer(
@@ -61,6 +61,39 @@ def _done_total_bar(quiet: bool, desc: str, unit: str) -> Iterator[Callable[[int
         yield update
     finally:
         bar.close()
+
+
+@app.command()
+def tokenize(
+    inputs: Annotated[list[str], typer.Argument(help="Files, directories or globs: .jsonl, .jsonl.gz, .jsonl.zst, .parquet, .txt.")],
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="tokenizer.json, a model directory, or a cached hub name.")],
+    output: Annotated[Path, typer.Option("--output", help="Token store directory to create.")],
+    format: Annotated[InputFormat, typer.Option("--format", help="How records become tokens and loss.")] = InputFormat.TEXT,
+    field: Annotated[str, typer.Option("--field", help="Text field (dotted path) for --format text.")] = "text",
+    prompt_field: Annotated[str, typer.Option("--prompt-field")] = "prompt",
+    completion_field: Annotated[str, typer.Option("--completion-field")] = "completion",
+    messages_field: Annotated[str, typer.Option("--messages-field")] = "messages",
+    chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
+    separator: Annotated[str | None, typer.Option("--separator", help="Split .txt files into documents at STR.")] = None,
+    bos: Annotated[bool | None, typer.Option("--bos/--no-bos", help="Default: as the tokenizer does.")] = None,
+    eos: Annotated[bool | None, typer.Option("--eos/--no-eos", help="Default: append EOS when defined (not for chat).")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="Default: all cores.")] = None,
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at file:line; skip: log to rejects.jsonl.")] = OnError.FAIL,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a different existing store.")] = False,
+    chunk_bytes: Annotated[int, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume.")] = 16 << 20,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Tokenize raw data into a token store (tokens.bin + tokens.boundaries [+ tokens.loss] + manifest.json)."""
+    from packtool.tokenization import TokenizeConfig, tokenize_corpus
+
+    config = TokenizeConfig(tuple(inputs), tokenizer, str(output), format, field, prompt_field, completion_field, messages_field,
+                            chat_template, separator, bos, eos, workers, on_error, overwrite, chunk_bytes)
+    with _done_total_bar(quiet, "tokenize", "B") as progress:
+        result = tokenize_corpus(config, progress)
+    m = result.manifest
+    state = "up to date" if result.up_to_date else f"{result.reused_chunks}/{result.n_chunks} chunks reused"
+    typer.echo(f"tokenized {m['n_documents']} documents, {m['n_tokens']} tokens ({m['n_target_tokens']} targets, {m['dtype']}), "
+               f"{m.get('n_rejected', 0)} rejected, {state} -> {result.path}")
 
 
 @app.command()
