@@ -14,7 +14,7 @@ from _packs import Segment, write_pack_store, zipf_docs
 
 from packtool.errors import ConfigError, FormatError, PacktoolError
 from packtool.formats.pack_store import companion_name
-from packtool.loader import HF_KEYS, PackedCollator, PackedDataset, validate_cu_seqlens
+from packtool.loader import HF_KEYS, PackedCollator, PackedDataset, PackedSampler, ResumableLoader, validate_cu_seqlens
 
 N = 256
 
@@ -218,3 +218,76 @@ def test_collator_rejects_foreign_items(store):
     item["cu_seqlens_unpadded"] = item["cu_seqlens"]
     with pytest.raises(FormatError, match="does not start at 0 and end at"):
         PackedCollator()([item])
+
+
+# ---- sampler and exact resume --------------------------------------------------------
+
+def test_sampler_shards_are_disjoint_and_cover_every_pack():
+    n, world = 103, 4
+    shards = [PackedSampler(n, num_replicas=world, rank=r, seed=9) for r in range(world)]
+    got = [s.indices() for s in shards]
+    assert {len(g) for g in got} == {26}  # ceil(103 / 4), padded by wrapping
+    assert set(np.concatenate(got).tolist()) == set(range(n))
+    assert len(set(np.concatenate(got)[: n].tolist())) == n  # first n draws are a permutation
+    dropped = [PackedSampler(n, num_replicas=world, rank=r, drop_last=True).indices() for r in range(world)]
+    flat = np.concatenate(dropped)
+    assert flat.size == 100 and np.unique(flat).size == 100
+    s = shards[0]
+    first = s.indices().tolist()
+    s.set_epoch(1)
+    assert s.indices().tolist() != first and sorted(s.indices(0).tolist()) == sorted(first)
+    assert PackedSampler(n, shuffle=False).indices().tolist() == list(range(n))
+
+
+def test_sampler_refuses_bad_ranks_and_foreign_state():
+    with pytest.raises(ConfigError, match="rank 4 is not in 0..3"):
+        PackedSampler(10, num_replicas=4, rank=4)
+    state = PackedSampler(10, seed=1).state_dict()
+    with pytest.raises(ConfigError, match="seed=1 but this sampler has 2"):
+        PackedSampler(10, seed=2).load_state_dict(state)
+    with pytest.raises(ConfigError, match="n=10 but this sampler has 11"):
+        PackedSampler(11, seed=1).load_state_dict(state)
+
+
+def _loader(ds: PackedDataset, workers: int, rank: int = 0) -> ResumableLoader:
+    sampler = PackedSampler(ds, num_replicas=2, rank=rank, seed=5)
+    return ResumableLoader(torch.utils.data.DataLoader(
+        ds, batch_size=3, sampler=sampler, num_workers=workers, collate_fn=PackedCollator(flatten=True),
+        prefetch_factor=4 if workers else None))
+
+
+def _key(batch: dict) -> tuple:
+    return tuple(batch["input_ids"].reshape(-1)[::17].tolist()) + tuple(batch["cu_seqlens"].tolist())
+
+
+@pytest.mark.parametrize("resume_workers", [0, 2])
+def test_resume_mid_epoch_is_exact_whatever_the_workers(store, resume_workers):
+    ds = PackedDataset(store[0])
+    full = _loader(ds, workers=2, rank=1)
+    reference = [_key(b) for b in full] + [_key(b) for b in full]  # two epochs, uninterrupted
+    assert len(reference) >= 8 and reference[: len(reference) // 2] != reference[len(reference) // 2:]
+    for k in (1, 4, len(reference) // 2, len(reference) // 2 + 2):
+        first = _loader(ds, workers=2, rank=1)
+        seen: list[tuple] = []
+        it = iter(first)
+        while len(seen) < k:  # the workers prefetch far ahead of what we take
+            try:
+                seen.append(_key(next(it)))
+            except StopIteration:
+                it = iter(first)
+        state = first.state_dict()
+        resumed = _loader(ds, workers=resume_workers, rank=1)
+        resumed.load_state_dict(state)
+        rest: list[tuple] = []
+        while len(seen) + len(rest) < len(reference):
+            rest.extend(_key(b) for b in resumed)
+        assert seen + rest == reference, f"resume after {k} batches"
+
+
+def test_set_epoch_of_the_current_epoch_keeps_the_resume_point():
+    s = PackedSampler(20, seed=1)
+    s.advance(6)
+    s.set_epoch(0)
+    assert len(list(iter(s))) == 14
+    s.set_epoch(1)
+    assert len(list(iter(s))) == 20
