@@ -15,9 +15,10 @@ from packtool.packing.order import decreasing_order
 
 
 @njit(cache=True)
-def best_fit(items: np.ndarray, lengths: np.ndarray, capacity: int, max_items: int) -> tuple[np.ndarray, int]:
-    """Place `items` in order, each into the open bin with least remaining capacity >= its length."""
-    n = items.size
+def best_fit(xs: np.ndarray, capacity: int, max_items: int) -> tuple[np.ndarray, int]:
+    """Place items of lengths `xs` in that order, each into the open bin with least remaining
+    capacity >= its length; returns (bin per item, n_bins)."""
+    n = xs.size
     words, offs = new_bitset(capacity + 1)
     head = np.full(capacity + 1, -1, np.int64)
     nxt = np.empty(n, np.int64)
@@ -26,7 +27,7 @@ def best_fit(items: np.ndarray, lengths: np.ndarray, capacity: int, max_items: i
     bins = np.empty(n, np.int64)
     n_bins = 0
     for t in range(n):
-        x = lengths[items[t]]
+        x = xs[t]
         r = bs_next(words, offs, x)
         if r < 0:
             b = n_bins
@@ -53,6 +54,6 @@ def best_fit(items: np.ndarray, lengths: np.ndarray, capacity: int, max_items: i
 def pack_bfd(lengths: np.ndarray, capacity: int, max_items: int,
              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (items in placement order, pack of each placement, number of packs)."""
-    items = decreasing_order(lengths, capacity, rng)
-    bins, n_bins = best_fit(items, lengths, capacity, max_items)
+    items, xs = decreasing_order(lengths, capacity, rng)
+    bins, n_bins = best_fit(xs, capacity, max_items)
     return items, bins, n_bins

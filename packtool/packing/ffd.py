@@ -13,15 +13,16 @@ from packtool.packing.segment_tree import first_fit
 
 
 def bins_hint(lengths: np.ndarray, capacity: int, max_items: int) -> int:
-    """A starting tree size: first fit keeps every pair of packs over capacity, so <= 2·sum/C + 1."""
+    """A starting number of bins for the first-fit tree: a little over the lower bound (the tree
+    doubles when it runs out, so a low guess costs one copy, a high one a deeper tree)."""
     total = int(lengths.sum())
-    by_count = -(-lengths.size // max_items)
-    return max(1, min(lengths.size, 2 * (total // capacity) + 2 + by_count))
+    bound = max(-(-total // capacity), -(-lengths.size // max_items))
+    return max(1, min(lengths.size, bound + bound // 8 + 16))
 
 
 def pack_ffd(lengths: np.ndarray, capacity: int, max_items: int,
              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (items in placement order, pack of each placement, number of packs)."""
-    items = decreasing_order(lengths, capacity, rng)
-    bins, n_bins = first_fit(items, lengths, capacity, max_items, bins_hint(lengths, capacity, max_items))
+    items, xs = decreasing_order(lengths, capacity, rng)
+    bins, n_bins = first_fit(xs, capacity, max_items, bins_hint(lengths, capacity, max_items))
     return items, bins, n_bins

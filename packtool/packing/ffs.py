@@ -16,6 +16,6 @@ from packtool.packing.segment_tree import first_fit
 def pack_ffs(lengths: np.ndarray, capacity: int, max_items: int,
              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (items in placement order, pack of each placement, number of packs)."""
-    items = shuffled_order(lengths, rng)
-    bins, n_bins = first_fit(items, lengths, capacity, max_items, bins_hint(lengths, capacity, max_items))
+    items, xs = shuffled_order(lengths, rng)
+    bins, n_bins = first_fit(xs, capacity, max_items, bins_hint(lengths, capacity, max_items))
     return items, bins, n_bins

@@ -17,13 +17,14 @@ from packtool.packing.bfd import pack_bfd
 from packtool.packing.concat import pack_concat
 from packtool.packing.ffd import pack_ffd
 from packtool.packing.ffs import pack_ffs
+from packtool.packing.mffd import pack_mffd
 
 Packer = Callable[[np.ndarray, int, int, np.random.Generator], "tuple[np.ndarray, np.ndarray, int]"]
 
 ALGORITHMS: dict[str, Packer] = {
     Algorithm.FFD.value: pack_ffd,
     Algorithm.BFD.value: pack_bfd,
-    Algorithm.MFFD.value: pack_ffd,  # TODO(algorithms): replaced by the real MFFD shortly
+    Algorithm.MFFD.value: pack_mffd,
     Algorithm.FFS.value: pack_ffs,
     Algorithm.CONCAT.value: pack_concat,
 }
