@@ -291,3 +291,41 @@ def test_set_epoch_of_the_current_epoch_keeps_the_resume_point():
     assert len(list(iter(s))) == 14
     s.set_epoch(1)
     assert len(list(iter(s))) == 20
+
+
+# ---- end to end: jsonl -> tokenize -> pack -> PackedDataset -> decode == input ----------
+
+def test_round_trip_through_the_real_pipeline(tmp_path, bpe_tokenizer_dir):
+    import json
+
+    from conftest import zipf_texts
+    from tokenizers import Tokenizer
+
+    texts = zipf_texts(150, seed=8) + [""]  # long tail and an empty document
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    run = [sys.executable, "-m", "packtool"]
+    for cmd in (
+        [*run, "tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "tok"), "--quiet"],
+        [*run, "pack", str(tmp_path / "tok"), "--size", "128", "--output", str(tmp_path / "out"), "--pad-multiple", "8", "--quiet"],
+    ):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    ds = PackedDataset(tmp_path / "out")
+    store = ds._open()
+    po, lens, pad = store.pack_offsets, store.seg_lens, store.seg_pad
+    assert np.any(pad > 0)
+    pieces: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for p in range(len(ds)):
+        item = ds[p]
+        cu = item["cu_seqlens"].numpy()
+        for j, s in enumerate(range(int(po[p]), int(po[p + 1]))):  # the pack's own segments come first
+            start, real = int(cu[j]), int(lens[s] - pad[s])
+            assert int(cu[j + 1] - cu[j]) == int(lens[s]) and item["labels"][start] == -100
+            assert bool(torch.all(item["labels"][start + real:int(cu[j + 1])] == -100))  # --pad-multiple padding
+            pieces.setdefault(int(store.seg_doc[s]), []).append((int(store.seg_src[s]), item["input_ids"][start:start + real].numpy()))
+    tok = Tokenizer.from_file(str(bpe_tokenizer_dir / "tokenizer.json"))
+    for doc, text in enumerate(texts):
+        parts = sorted(pieces.get(doc, []), key=lambda p: p[0])
+        token_ids = np.concatenate([p[1] for p in parts]).tolist() if parts else []
+        assert tok.decode(token_ids, skip_special_tokens=True) == text, f"document {doc}"
