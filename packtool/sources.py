@@ -126,7 +126,8 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
             source, ranges = _plan_jsonl(path, chunk_bytes)
             sources.append(source)
             flush_txt()
-            chunks.extend(Chunk(len(chunks) + i, kind, (source.path,), s, e, line, e - s) for i, (s, e, line) in enumerate(ranges))
+            base = len(chunks)
+            chunks.extend(Chunk(base + i, kind, (source.path,), s, e, line, e - s) for i, (s, e, line) in enumerate(ranges))
             continue
         source = _hash(path)
         sources.append(source)
@@ -137,7 +138,9 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
             continue
         flush_txt()
         if kind == "parquet":
-            chunks.extend(Chunk(len(chunks) + i, kind, (source.path,), s, e, n_bytes=b) for i, (s, e, b) in enumerate(_plan_parquet(path, chunk_bytes)))
+            base = len(chunks)
+            groups = _plan_parquet(path, chunk_bytes)
+            chunks.extend(Chunk(base + i, kind, (source.path,), s, e, n_bytes=b) for i, (s, e, b) in enumerate(groups))
         else:
             chunks.append(Chunk(len(chunks), kind, (source.path,), n_bytes=source.n_bytes))
     flush_txt()
