@@ -17,6 +17,18 @@ _ZERO = np.uint64(0)
 
 
 @njit(cache=True)
+def _ctz(word: np.uint64) -> int:
+    """Index of the lowest set bit (word != 0): one tzcnt instruction."""
+    return int(trailing_zeros(word))  # type: ignore[call-arg]  # numba intrinsic, typed at compile time
+
+
+@njit(cache=True)
+def _clz(word: np.uint64) -> int:
+    """Number of zero bits above the highest set bit (word != 0): one lzcnt instruction."""
+    return int(leading_zeros(word))  # type: ignore[call-arg]  # numba intrinsic, typed at compile time
+
+
+@njit(cache=True)
 def new_bitset(universe: int) -> tuple[np.ndarray, np.ndarray]:
     """Empty bitset over 0..universe-1: (words of every level, level start offsets)."""
     sizes = []
@@ -67,7 +79,7 @@ def bs_next(words: np.ndarray, offs: np.ndarray, i: int) -> int:
             return -1
         m = words[offs[lv] + wi] & (_ALL << np.uint64(i & 63))
         if m != _ZERO:
-            i = (wi << 6) + int(trailing_zeros(m))
+            i = (wi << 6) + _ctz(m)
             break
         lv += 1
         if lv == n_levels:
@@ -75,7 +87,7 @@ def bs_next(words: np.ndarray, offs: np.ndarray, i: int) -> int:
         i = wi + 1
     while lv > 0:
         lv -= 1
-        i = (i << 6) + int(trailing_zeros(words[offs[lv] + i]))
+        i = (i << 6) + _ctz(words[offs[lv] + i])
     return i
 
 
@@ -93,7 +105,7 @@ def bs_prev(words: np.ndarray, offs: np.ndarray, i: int) -> int:
         wi = i >> 6
         m = words[offs[lv] + wi] & (_ALL >> np.uint64(63 - (i & 63)))
         if m != _ZERO:
-            i = (wi << 6) + 63 - int(leading_zeros(m))
+            i = (wi << 6) + 63 - _clz(m)
             break
         lv += 1
         if lv == n_levels or wi == 0:
@@ -101,5 +113,5 @@ def bs_prev(words: np.ndarray, offs: np.ndarray, i: int) -> int:
         i = wi - 1
     while lv > 0:
         lv -= 1
-        i = (i << 6) + 63 - int(leading_zeros(words[offs[lv] + i]))
+        i = (i << 6) + 63 - _clz(words[offs[lv] + i])
     return i
