@@ -89,17 +89,17 @@ def render_with_spans(render: Callable[..., str], messages: list[dict[str, Any]]
     return full, spans
 
 
+_SENTINEL = "\ue000packtool-content\ue001"  # private-use characters: no template writes these
+
+
 def _content_start(run: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], i: int, before: str,
                    upto: str) -> int:
-    """Where assistant message i's content begins in `upto` (header excluded)."""
+    """Where assistant message i's content begins in `upto`: render a sentinel in its place to find the header's end."""
     content = messages[i]["content"]
-    empty = run([*messages[:i], {**messages[i], "content": ""}])
-    header = len(before)
-    limit = min(len(empty), len(upto))
-    while header < limit and empty[header] == upto[header]:
-        header += 1
-    for text in (content, content.strip()):
-        found = upto.rfind(text, len(before), header + len(text))  # the latest match not past the header's end
-        if found >= 0:
-            return found
+    probe = run([*messages[:i], {**messages[i], "content": _SENTINEL}])
+    start = probe.find(_SENTINEL, len(before))
+    if start >= 0 and probe[:start] == upto[:start]:
+        for text in (content, content.strip()):
+            if upto.startswith(text, start):
+                return start
     raise ChatRecordError(f"chat template changes the content of assistant message {i}, cannot locate it in the rendered text")

@@ -1,0 +1,119 @@
+"""Chat format: transformers-style rendering, and loss exactly on assistant turns + end-of-turn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import zipf_texts
+from tokenizers import Tokenizer
+
+import packtool
+from packtool.config import InputFormat
+from packtool.formats.token_store import open_token_store
+from packtool.tokenization.chat import ChatRecordError, compile_template, render_with_spans
+
+LLAMA2_LIKE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] | trim + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] | trim + ' ' + eos_token }}"
+    "{% elif message['role'] == 'system' %}{{ '<<SYS>>' + message['content'] + '<</SYS>>' }}"
+    "{% else %}{{ raise_exception('unsupported role ' + message['role']) }}{% endif %}{% endfor %}"
+)
+
+
+def conversation(texts: list[str], turns: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": "You are terse."}]
+    for i in range(turns):
+        messages.append({"role": "user", "content": texts[2 * i]})
+        messages.append({"role": "assistant", "content": texts[2 * i + 1]})
+    return messages
+
+
+def tokenize_chat(tmp_path: Path, tokenizer: Path, rows: list[object], **kw: object) -> packtool.tokenization.TokenizeResult:
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = packtool.TokenizeConfig(inputs=(str(path),), tokenizer=str(tokenizer), output=str(tmp_path / "s"),
+                                  format=InputFormat.CHAT, workers=1, **kw)  # type: ignore[arg-type]
+    return packtool.tokenize_corpus(cfg)
+
+
+def target_runs(ids: np.ndarray, loss: np.ndarray) -> list[list[int]]:
+    edges = np.flatnonzero(np.diff(np.r_[0, loss.astype(int), 0]))
+    return [ids[a:b].tolist() for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def test_chatml_targets_decode_to_assistant_turns_plus_end_of_turn(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    tok = Tokenizer.from_file(str(bpe_tokenizer_dir / "tokenizer.json"))
+    texts = zipf_texts(200, seed=21)
+    rows = [{"messages": conversation(texts[10 * k :], 1 + k % 4)} for k in range(15)]
+    rows[3]["messages"][2]["content"] = ""  # empty assistant turn: only its end-of-turn is a target
+    rows[4]["messages"][2]["content"] = "assistant"  # content that also appears in the header
+    result = tokenize_chat(tmp_path, bpe_tokenizer_dir, rows)
+    store = open_token_store(tmp_path / "s")
+    assert store.loss is not None and result.manifest["eos"]["enabled"] is False
+    template = compile_template(json.loads((bpe_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"])
+    for i, row in enumerate(rows):
+        ids = store.document(i)
+        rendered = template(messages=row["messages"], add_generation_prompt=False)
+        assert ids.tolist() == tok.encode(rendered, add_special_tokens=False).ids  # what apply_chat_template(tokenize=True) gives
+        runs = target_runs(ids, store.loss[store.starts[i] : store.boundaries[i]])
+        want = [m["content"] + "<|im_end|>\n" for m in row["messages"] if m["role"] == "assistant"]
+        assert [tok.decode(r, skip_special_tokens=False) for r in runs] == want
+
+
+def test_custom_template_file_with_bos_trim_and_eos(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    tok = Tokenizer.from_file(str(bpe_tokenizer_dir / "tokenizer.json"))
+    template_file = tmp_path / "llama.jinja"
+    template_file.write_text(LLAMA2_LIKE)
+    texts = zipf_texts(40, seed=22)
+    rows = [{"conv": {"msgs": conversation(texts[4 * k :], 2)}} for k in range(6)]
+    rows[0]["conv"]["msgs"][2]["content"] = "  padded answer  "  # the template trims it
+    tokenize_chat(tmp_path, bpe_tokenizer_dir, rows, chat_template=str(template_file), messages_field="conv.msgs")
+    store = open_token_store(tmp_path / "s")
+    for i, row in enumerate(rows):
+        ids = store.document(i)
+        assert ids[0] == 4  # bos_token rendered by the template
+        runs = target_runs(ids, store.loss[store.starts[i] : store.boundaries[i]])
+        want = [m["content"].strip() + " <|endoftext|>" for m in row["conv"]["msgs"] if m["role"] == "assistant"]
+        # byte-level BPE glues the template's space to the first content word: that token straddles the
+        # span start and counts as a target
+        assert [tok.decode(r, skip_special_tokens=False).lstrip() for r in runs] == want
+
+
+def test_render_spans_are_exact_character_ranges() -> None:
+    render = compile_template("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</turn>\n{% endfor %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "bye"}]
+    text, spans = render_with_spans(render, messages, None, None)
+    assert [text[a:b] for a, b in spans] == ["yo</turn>\n", "bye</turn>\n"]
+
+
+def test_template_that_rewrites_history_is_refused() -> None:
+    render = compile_template("{% for m in messages %}{% if loop.last %}LAST:{% endif %}{{ m['content'] }}\n{% endfor %}")
+    with pytest.raises(ChatRecordError, match="prefix-stable"):
+        render_with_spans(render, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], None, None)
+
+
+@pytest.mark.parametrize(("messages", "reason"), [
+    ([{"role": "wizard", "content": "x"}], "unknown role 'wizard'"),
+    ([{"role": "user", "content": 3}], "content is not a string"),
+    ([], "non-empty list"),
+    ("hello", "non-empty list"),
+])
+def test_bad_conversations_are_rejected_with_reason(tmp_path: Path, bpe_tokenizer_dir: Path, messages: object, reason: str) -> None:
+    rows = [{"messages": conversation(["q", "a"], 1)}, {"messages": messages}]
+    result = tokenize_chat(tmp_path, bpe_tokenizer_dir, rows, on_error="skip")
+    assert result.manifest["n_documents"] == 1 and result.manifest["sources"][0]["rejected"] == 1
+    reject = json.loads((tmp_path / "s" / "rejects.jsonl").read_text())
+    assert reject["line"] == 2 and reason in reject["reason"]
+
+
+def test_chat_without_template_is_a_config_error(tmp_path: Path, big_vocab_tokenizer_dir: Path) -> None:
+    model = tmp_path / "no_template"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((big_vocab_tokenizer_dir / "tokenizer.json").read_bytes())
+    with pytest.raises(packtool.errors.ConfigError, match="--chat-template"):
+        tokenize_chat(tmp_path, model, [{"messages": conversation(["q", "a"], 1)}])

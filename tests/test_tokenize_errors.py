@@ -1,0 +1,156 @@
+"""Failure paths of `packtool tokenize`: bad records (fail/skip), outputs, interrupted runs and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from conftest import zipf_texts
+from test_tokenize import run_cli, write_jsonl
+
+import packtool
+from packtool.formats.token_store import open_token_store
+from packtool.tokenization import ChunkTask, local_executor
+from packtool.tokenization.journal import ChunkResult
+
+BAD_RECORDS = [
+    (b'{"text": "ok"}\n{"text": "unterminated\n', 2, "malformed JSON"),
+    (b'{"text": "ok"}\n{"text": "ok"}\n{"text": "\xff\xfe"}\n', 3, "invalid UTF-8"),
+    (b'{"text": "ok"}\n{"body": "no text"}\n', 2, "missing field 'text'"),
+    (b'{"text": 42}\n', 1, "not a string"),
+    (b'[1, 2]\n', 1, "not an object"),
+]
+
+
+@pytest.mark.parametrize(("data", "line", "reason"), BAD_RECORDS)
+def test_bad_record_fails_with_one_line_naming_file_and_line(tmp_path: Path, bpe_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str],
+                                                             data: bytes, line: int, reason: str) -> None:
+    (tmp_path / "in.jsonl").write_bytes(data)
+    out = tmp_path / "s"
+    code, _, err = run_cli(["tokenize", str(tmp_path / "in.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(out), "-q"], capsys)
+    assert code == 1
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert f"in.jsonl:{line}" in err and reason in err and "--on-error skip" in err
+    assert not out.exists()
+
+
+def test_bad_chat_role_fails_via_cli(tmp_path: Path, bpe_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "a"}]}, {"messages": [{"role": "bot", "content": "b"}]}])
+    code, _, err = run_cli(["tokenize", str(tmp_path / "c.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                            str(tmp_path / "s"), "--format", "chat", "-q"], capsys)
+    assert code == 1 and err.count("\n") == 1 and "c.jsonl:2" in err and "unknown role 'bot'" in err
+
+
+def test_skip_mode_keeps_the_rest_and_logs_rejects(tmp_path: Path, bpe_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = zipf_texts(20, seed=31)
+    lines = [json.dumps({"text": t}).encode() for t in good]
+    lines.insert(3, b'{"text": ')
+    lines.insert(9, b'{"text": "\xff"}')
+    lines.insert(15, b'{"other": 1}')
+    (tmp_path / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (tmp_path / "b.jsonl").write_bytes(b"")  # an empty file next to real data is fine (records 0)
+    code, out, err = run_cli(["tokenize", str(tmp_path), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"),
+                              "--on-error", "skip", "--chunk-bytes", "200", "-q"], capsys)
+    assert code == 0, err
+    assert "3 rejected" in out
+    rejects = [json.loads(x) for x in (tmp_path / "s" / "rejects.jsonl").read_text().splitlines()]
+    assert [(Path(r["source"]).name, r["line"]) for r in rejects] == [("a.jsonl", 4), ("a.jsonl", 10), ("a.jsonl", 16)]
+    assert [r["reason"].split(" ")[0] for r in rejects] == ["malformed", "invalid", "missing"]
+    store = open_token_store(tmp_path / "s", check_hashes=True)
+    assert store.n_documents == 20 and "rejects.jsonl" in store.manifest["files"]
+    assert [(s["records"], s["documents"], s["rejected"]) for s in store.manifest["sources"]] == [(23, 20, 3), (0, 0, 0)]
+
+
+def test_no_documents_at_all_is_an_error(tmp_path: Path, bpe_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    code, _, err = run_cli(["tokenize", str(tmp_path / "empty.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                            str(tmp_path / "s"), "-q"], capsys)
+    assert code == 1 and "no documents to tokenize" in err and "empty.jsonl" in err and err.count("\n") == 1
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("tokenizer", ["missing/dir/tokenizer.json", "./nowhere"])
+def test_missing_tokenizer_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer: str) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(tmp_path / tokenizer), "--output",
+                            str(tmp_path / "s")], capsys)
+    assert code == 1 and err.startswith("error: tokenizer") and "does not exist" in err and err.count("\n") == 1
+
+
+def test_overwrite_rules(tmp_path: Path, bpe_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in zipf_texts(30, seed=32)])
+    args = ["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"), "-q"]
+    assert run_cli(args, capsys)[0] == 0
+    before = (tmp_path / "s" / "tokens.bin").read_bytes()
+    code, out, _ = run_cli(args, capsys)  # the same command again: nothing to do
+    assert code == 0 and "up to date" in out
+    code, _, err = run_cli([*args, "--no-eos"], capsys)  # a different store at the same place
+    assert code == 1 and "already holds a different token store" in err and "--overwrite" in err
+    assert (tmp_path / "s" / "tokens.bin").read_bytes() == before
+    code, _, err = run_cli([*args, "--no-eos", "--overwrite"], capsys)
+    assert code == 0, err
+    assert len((tmp_path / "s" / "tokens.bin").read_bytes()) == len(before) - 2 * 30  # 30 EOS fewer
+    (tmp_path / "f").write_text("x")
+    code, _, err = run_cli([*args[:-2], str(tmp_path / "f")], capsys)
+    assert code == 1 and "not a directory" in err
+
+
+def test_crash_mid_run_resumes_from_journal_with_same_bytes(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in zipf_texts(800, seed=33)])
+
+    def cfg(out: str) -> packtool.TokenizeConfig:
+        return packtool.TokenizeConfig(inputs=(str(tmp_path / "a.jsonl"),), tokenizer=str(bpe_tokenizer_dir),
+                                       output=str(tmp_path / out), chunk_bytes=5000, workers=1)
+
+    reference = packtool.tokenize_corpus(cfg("ref"))
+    assert reference.n_chunks > 10
+
+    def crashing(tasks: Sequence[ChunkTask]) -> Iterator[ChunkResult]:
+        for i, task in enumerate(tasks):
+            if i == 4:
+                raise KeyboardInterrupt
+            yield task.run()
+
+    with pytest.raises(KeyboardInterrupt):
+        packtool.tokenize_corpus(cfg("s"), executor=crashing)
+    assert not (tmp_path / "s").exists() and (tmp_path / ".s.partial" / "journal.jsonl").is_file()
+    resumed = packtool.tokenize_corpus(cfg("s"), executor=local_executor(2))
+    assert resumed.reused_chunks == 4
+    for name in ("tokens.bin", "tokens.boundaries", "manifest.json"):
+        a, b = (tmp_path / "ref" / name).read_bytes(), (tmp_path / "s" / name).read_bytes()
+        assert a == b or name == "manifest.json" and json.loads(a)["files"] == json.loads(b)["files"]
+    assert not (tmp_path / ".s.partial").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_cli_leaves_nothing_final_and_rerun_matches(tmp_path: Path, bpe_tokenizer_dir: Path, sig: int) -> None:
+    rows = [{"text": t} for t in zipf_texts(4000, seed=34, max_words=1500)]
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    cmd = [sys.executable, "-m", "packtool", "tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(bpe_tokenizer_dir),
+           "--chunk-bytes", "20000", "--workers", "1", "-q", "--output"]
+    proc = subprocess.Popen([*cmd, str(tmp_path / "s")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    journal = tmp_path / ".s.partial" / "journal.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.is_file() and journal.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run finished before it could be killed; make the input bigger"
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=30)
+    assert not (tmp_path / "s").exists()
+    done = subprocess.run([*cmd, str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert " 0/" not in done.stdout and "chunks reused" in done.stdout  # it resumed
+    fresh = subprocess.run([*cmd, str(tmp_path / "fresh")], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    for name in ("tokens.bin", "tokens.boundaries"):
+        assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
+    assert not list(tmp_path.glob(".s*"))  # no staging or work directory left behind
