@@ -88,7 +88,7 @@ def tokenize(
 
     config = TokenizeConfig(tuple(inputs), tokenizer, str(output), format, field, prompt_field, completion_field, messages_field,
                             chat_template, separator, bos, eos, workers, on_error, overwrite, chunk_bytes)
-    with _done_total_bar(quiet, "tokenize", "B") as progress:
+    with _done_total_bar(quiet or not sys.stderr.isatty(), "tokenize", "B") as progress:
         result = tokenize_corpus(config, progress)
     m = result.manifest
     state = "up to date" if result.up_to_date else f"{result.reused_chunks}/{result.n_chunks} chunks reused"
