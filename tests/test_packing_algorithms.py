@@ -176,6 +176,7 @@ def test_public_name_and_enum() -> None:
         ([1.5, 2.0], 8, {}, "integers"),
         ([[1, 2]], 8, {}, "1-D"),
         ([1, 2], 0, {}, "positive integer"),
+        ([1, 2], 1 << 40, {}, "supported maximum"),
         ([1, 2], 8, {"max_items_per_pack": 0}, "max items per pack"),
         ([1, 2], 8, {"algorithm": "worst-fit"}, "unknown packing algorithm"),
     ],

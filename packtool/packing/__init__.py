@@ -20,7 +20,11 @@ from packtool.config import Algorithm
 from packtool.errors import ConfigError
 from packtool.packing.registry import ALGORITHMS, Packer
 
-__all__ = ["ALGORITHMS", "Packer", "lower_bound", "pack_lengths"]
+__all__ = ["ALGORITHMS", "MAX_CAPACITY", "Packer", "lower_bound", "pack_lengths"]
+
+# The packers index arrays by length and remaining capacity (counting sort, best-fit stacks)
+# and keep int32 capacities in the first-fit tree: 2**26 tokens keeps those at ~1 GB at most.
+MAX_CAPACITY = 1 << 26
 
 
 def lower_bound(lengths: np.ndarray, capacity: int, max_items_per_pack: int | None = None) -> int:
@@ -40,6 +44,8 @@ def _validate(lengths: object, capacity: int, max_items_per_pack: int | None) ->
     """The lengths as a contiguous int64 array, or ConfigError naming what is wrong and how to fix it."""
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise ConfigError(f"pack capacity must be a positive integer, got {capacity!r}; pass e.g. --size 4096")
+    if capacity > MAX_CAPACITY:
+        raise ConfigError(f"pack capacity {capacity} is over the supported maximum {MAX_CAPACITY}; use a smaller --size")
     if max_items_per_pack is not None and (
         isinstance(max_items_per_pack, bool) or not isinstance(max_items_per_pack, (int, np.integer))
         or max_items_per_pack < 1
