@@ -81,13 +81,19 @@ def tokenize(
     on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at file:line; skip: log to rejects.jsonl.")] = OnError.FAIL,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a different existing store.")] = False,
     chunk_bytes: Annotated[int, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume.")] = 16 << 20,
+    backend: Annotated[str, typer.Option("--backend", help="auto|hf|fast: auto uses fast (fastokens) when installed and verified identical.")] = "auto",
+    num_shards: Annotated[int, typer.Option("--num-shards", min=1, help="Split the chunks into N contiguous shards (join with `merge`).")] = 1,
+    shard_index: Annotated[int, typer.Option("--shard-index", min=0, help="Which shard this run writes (0-based).")] = 0,
+    executor: Annotated[str, typer.Option("--executor", help="local|ray: where chunks run.")] = "local",
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start a local one).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Tokenize raw data into a token store (tokens.bin + tokens.boundaries [+ tokens.loss] + manifest.json)."""
     from packtool.tokenization import TokenizeConfig, tokenize_corpus
 
     config = TokenizeConfig(tuple(inputs), tokenizer, str(output), format, field, prompt_field, completion_field, messages_field,
-                            chat_template, separator, bos, eos, workers, on_error, overwrite, chunk_bytes)
+                            chat_template, separator, bos, eos, workers, on_error, overwrite, chunk_bytes,
+                            backend=backend, num_shards=num_shards, shard_index=shard_index, executor=executor, ray_address=ray_address)
     with _done_total_bar(quiet or not sys.stderr.isatty(), "tokenize", "B") as progress:
         result = tokenize_corpus(config, progress)
     m = result.manifest
@@ -120,6 +126,22 @@ def pack(
     typer.echo(f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
                f"(lower bound {m['lower_bound_packs']}), efficiency {m['packing_efficiency']}%, "
                f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}")
+
+
+@app.command()
+def merge(
+    shards: Annotated[list[Path], typer.Argument(help="Shard token stores of one `tokenize --num-shards N` run, any order.")],
+    output: Annotated[Path, typer.Option("--output", help="Merged token store (byte-identical to a single run).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Join shard token stores into the one store a single (unsharded) run writes."""
+    from packtool.merge import merge_shards
+
+    with _done_total_bar(quiet or not sys.stderr.isatty(), "merge", "tok") as progress:
+        result = merge_shards(shards, output, overwrite=overwrite, progress=progress)
+    m = result.manifest
+    typer.echo(f"merged {result.n_shards} shards: {m['n_documents']} documents, {m['n_tokens']} tokens -> {result.path}")
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ import numpy as np
 from packtool.config import InputFormat, OnError
 from packtool.errors import InputError
 from packtool.sources import Chunk, read_chunk
+from packtool.tokenization.backends import cached_backend
 from packtool.tokenization.encode import Spans, encode_batch, extract
 from packtool.tokenization.journal import ChunkResult, ChunkWriter
 from packtool.tokenization.loading import cached_tokenizer
@@ -25,6 +26,7 @@ BATCH_DOCS = 8192
 def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResult:
     """Tokenize every record of `chunk` into `work_dir/chunks/NNNNN.*`; raise InputError on a bad record in fail mode."""
     tok = cached_tokenizer(settings.tokenizer_path, settings.tokenizer_sha256)
+    backend = cached_backend(settings.backend, settings.tokenizer_path, settings.tokenizer_sha256, tok)
     dtype = np.dtype("<u2" if settings.dtype == "uint16" else "<u4")
     with_loss = settings.format != InputFormat.TEXT
     writer = ChunkWriter(settings.work_dir, chunk.index, with_loss)
@@ -36,7 +38,7 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
     def flush() -> None:
         nonlocal chars
         if texts:
-            ids, lengths, loss = encode_batch(tok, texts, spans if with_loss else None, settings.policy, dtype)
+            ids, lengths, loss = encode_batch(tok, texts, spans if with_loss else None, settings.policy, dtype, backend)
             writer.append(ids, lengths, loss)
             result.n_documents += int(lengths.size)
             result.n_tokens += int(ids.size)

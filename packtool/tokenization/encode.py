@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 from packtool.config import InputFormat
 from packtool.errors import ConfigError
 from packtool.sources import get_field, get_text_field
+from packtool.tokenization.backends import Backend, HFBackend
 from packtool.tokenization.chat import ChatRecordError, compile_template, render_with_spans, validate_messages
 from packtool.tokenization.loading import TokenizerInfo
 from packtool.tokenization.settings import ChunkSettings, SpecialPolicy
@@ -92,12 +93,17 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
 
 
 def encode_batch(tok: Tokenizer, texts: Sequence[str], spans: Sequence[Spans | None] | None,
-                 policy: SpecialPolicy, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Encode documents: (concatenated ids, per-document lengths, per-token loss or None)."""
+                 policy: SpecialPolicy, dtype: np.dtype,
+                 backend: Backend | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Encode documents: (concatenated ids, per-document lengths, per-token loss or None).
+
+    Without spans (all tokens are targets) the ids come from `backend` (hf or the verified fast
+    engine, see backends.py); with spans the offsets come from `tok`, the reference.
+    """
     if spans is None:
-        encodings = tok.encode_batch_fast(list(texts), add_special_tokens=policy.add_special_tokens)
-    else:
-        encodings = tok.encode_batch(list(texts), add_special_tokens=policy.add_special_tokens)
+        flat, lengths = (backend or HFBackend(tok)).encode_flat(texts, policy.add_special_tokens)
+        return frame(flat.astype(dtype, copy=False), lengths, None, policy)
+    encodings = tok.encode_batch(list(texts), add_special_tokens=policy.add_special_tokens)
     lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
     total = int(lengths.sum())
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype, count=total)

@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,11 @@ from packtool.config import InputFormat
 from packtool.errors import ConfigError, InputError, OutputExistsError
 from packtool.formats.atomic import atomic_directory
 from packtool.formats.token_store import MANIFEST, REJECTS, TokenStoreWriter, dtype_for_max_id, dtype_name
+from packtool.merge import shard_build, shard_entry, shard_slice
 from packtool.sources import Chunk, SourceFile, expand_inputs, plan_chunks
+from packtool.tokenization.backends import choose_backend, input_sample
 from packtool.tokenization.encode import special_policy
-from packtool.tokenization.executor import ChunkTask, Executor, local_executor
+from packtool.tokenization.executor import ChunkTask, Executor
 from packtool.tokenization.journal import ChunkResult, Journal, read_chunk_arrays, rejects_bytes, work_dir_for
 from packtool.tokenization.loading import TokenizerInfo, load_tokenizer
 from packtool.tokenization.settings import ChunkSettings, TokenizeConfig
@@ -55,12 +57,21 @@ def tokenize_corpus(config: TokenizeConfig, progress: Progress | None = None,
     import packtool
 
     output = Path(config.output).expanduser().resolve()
-    _, info = load_tokenizer(config.tokenizer)
+    tok, info = load_tokenizer(config.tokenizer)
     paths = expand_inputs(config.inputs)
-    sources, chunks = plan_chunks(paths, max(1, int(config.chunk_bytes)))
+    sources, all_chunks = plan_chunks(paths, max(1, int(config.chunk_bytes)))
+    chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     settings = _settings(config, info, output)
+    choice = choose_backend(config.backend, tok, info.path, lambda: input_sample(all_chunks, settings),
+                            settings.policy.add_special_tokens, settings.format != InputFormat.TEXT)
+    log.info("tokenizer backend: %s (%s)", choice.name, choice.reason)
+    settings = replace(settings, backend=choice.name)
     fingerprint = hashlib.sha256(f"{packtool.__version__}|{settings.fingerprint()}".encode()).hexdigest()
     build = hashlib.sha256(json.dumps([fingerprint, [(s.path, s.sha256) for s in sources]]).encode()).hexdigest()
+    shard = None
+    if config.num_shards > 1:
+        shard = shard_entry(build, len(all_chunks), config.num_shards, config.shard_index)
+        build = shard_build(build, config.num_shards, config.shard_index)
     existing = _check_output(output, build, config.overwrite)
     if existing is not None:
         return TokenizeResult(output, existing, len(chunks), len(chunks), up_to_date=True)
@@ -82,7 +93,9 @@ def tokenize_corpus(config: TokenizeConfig, progress: Progress | None = None,
     done_bytes = sum(r.n_bytes for r in results.values())
     if progress:
         progress(done_bytes, total)
-    run = executor or local_executor(config.resolved_workers())
+    from packtool.executors import make_executor  # here: packtool.executors imports this package
+
+    run = executor or make_executor(config.executor, config.resolved_workers(), config.ray_address)
     try:
         for result in run(tasks):
             journal.record(result)
@@ -92,7 +105,8 @@ def tokenize_corpus(config: TokenizeConfig, progress: Progress | None = None,
                 progress(done_bytes, total)
     finally:
         journal.close()
-    manifest = _finish(output, journal, chunks, results, sources, settings, info, config, build)
+    manifest = _finish(output, journal, chunks, results, sources, settings, info, config, build,
+                       {"backend": choice.manifest(), **({"shard": shard} if shard else {})})
     journal.remove()
     log.info("tokenized %d documents, %d tokens into %s (%d/%d chunks reused)", manifest["n_documents"],
              manifest["n_tokens"], output, reused, len(chunks))
@@ -164,19 +178,19 @@ def _alive(pid: int) -> bool:
 
 def _finish(output: Path, journal: Journal, chunks: list[Chunk], results: dict[int, ChunkResult],
             sources: list[SourceFile], settings: ChunkSettings, info: TokenizerInfo, config: TokenizeConfig,
-            build: str) -> dict[str, Any]:
+            build: str, extra: dict[str, Any]) -> dict[str, Any]:
     counts = {s.path: [0, 0, 0] for s in sources}
     for result in results.values():
         for path, (records, documents, rejected) in result.sources.items():
             got = counts[path]
             got[0], got[1], got[2] = got[0] + records, got[1] + documents, got[2] + rejected
-    if not any(c[1] for c in counts.values()):
+    if not any(c[1] for c in counts.values()) and config.num_shards == 1:  # a shard may be empty
         records = sum(c[0] for c in counts.values())
         raise InputError(f"no documents to tokenize ({len(sources)} input files, {records} records, "
                          f"{sum(c[2] for c in counts.values())} rejected)", ", ".join(s.path for s in sources[:3]),
                          hint="check the inputs and --field / --format")
     for path, (records, _, _) in counts.items():
-        if records == 0:
+        if records == 0 and config.num_shards == 1:  # a shard reads only part of the inputs
             log.warning("input %s holds no records", path)
     dtype = dtype_for_max_id(info.max_id)
     with_loss = settings.format != InputFormat.TEXT
@@ -200,7 +214,9 @@ def _finish(output: Path, journal: Journal, chunks: list[Chunk], results: dict[i
                 "sources": [{"path": s.path, "sha256": s.sha256, "records": counts[s.path][0], "documents": counts[s.path][1],
                              "rejected": counts[s.path][2]} for s in sources],
                 "n_rejected": sum(c[2] for c in counts.values()),
+                "backend": extra["backend"],
                 "build": build,
+                **({"shard": extra["shard"]} if "shard" in extra else {}),  # last: merge drops it
             }
             return writer.finish(manifest)
         finally:

@@ -50,6 +50,16 @@ class TokenizeConfig:
     """Replace an existing, different token store at `output`."""
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     """Size of a unit of work (and of resume); bigger chunks mean fewer, larger work files."""
+    backend: str = "auto"
+    """Tokenizer engine: hf (tokenizers), fast (fastokens), auto (fast when installed and verified identical)."""
+    num_shards: int = 1
+    """Split the chunk list into this many contiguous shards (one token store each; `packtool merge` joins them)."""
+    shard_index: int = 0
+    """Which shard this run writes (0-based)."""
+    executor: str = "local"
+    """Where chunks run: local (process pool) or ray."""
+    ray_address: str | None = None
+    """Ray cluster to join with --executor ray; None starts a local Ray with num_cpus = workers."""
 
     def resolved_workers(self) -> int:
         return max(1, self.workers if self.workers else (os.cpu_count() or 1))
@@ -87,11 +97,12 @@ class ChunkSettings:
     dtype: str
     work_dir: str
     threads: int = 1
+    backend: str = "hf"  # "hf" or "fast": the ids are identical (verified), so not in the fingerprint
 
     def fingerprint(self) -> str:
-        """sha256 of everything that changes the output bytes (not work_dir, not threads)."""
+        """sha256 of everything that changes the output bytes (not work_dir, not threads, not backend)."""
         data = asdict(self)
-        for key in ("work_dir", "threads", "tokenizer_path"):
+        for key in ("work_dir", "threads", "tokenizer_path", "backend"):
             data.pop(key)
         data["policy"].pop("manifest")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
