@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,24 @@ IGNORE_INDEX = -100
 _DATA_FILE = re.compile(r"^(?P<split>.+)_(?P<size>\d+)\.npy$")
 
 
-class PackedBatchItems(list):  # type: ignore[type-arg]
-    """The list of item dicts `__getitems__` returns, plus the already stacked batch arrays.
+class PackedBatchItems(Sequence[dict[str, Any]]):
+    """What `__getitems__` returns: the stacked batch arrays, seen as a sequence of item dicts.
 
-    `PackedCollator` takes `.stacked` instead of re-stacking the rows (one copy fewer);
-    any other collate function sees a plain list of dicts.
+    `PackedCollator` takes `.stacked` directly (no per-item dicts, no re-stacking); any other
+    collate function indexes it like a list and gets item dicts built on demand (views).
     """
 
-    stacked: dict[str, Any]
+    def __init__(self, stacked: dict[str, Any]) -> None:
+        self.stacked = stacked
+        self._items: list[dict[str, Any]] | None = None
+
+    def __len__(self) -> int:
+        return int(self.stacked["input_ids"].shape[0])
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        if self._items is None:
+            self._items = _split_items(self.stacked)
+        return self._items[i]
 
 
 class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -107,10 +118,8 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.n_packs):
             raise IndexError(f"pack index out of range 0..{self.n_packs - 1}: got {indices!r}")
         stacked = build_batch(self._open(), idx)
-        items = PackedBatchItems(_split_items(stacked))
         stacked["has_segment_padding"] = self.has_segment_padding
-        items.stacked = stacked
-        return items
+        return PackedBatchItems(stacked)
 
 
 def build_batch(store: PackSplit, idx: np.ndarray) -> dict[str, Any]:
