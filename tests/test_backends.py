@@ -1,0 +1,158 @@
+"""--backend hf|fast|auto: identical bytes, honest fallback, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import big_vocab_texts, zipf_texts
+from tokenizers import Tokenizer, processors
+
+from packtool.cli import main
+from packtool.tokenization import backends
+from packtool.tokenization.backends import HFBackend, choose_backend
+
+fastokens = pytest.importorskip("fastokens")
+
+TRICKY = ["", " ", "\n\n\t  x  ", "digits 1234567890 3.14 1,000", "🙂 👩‍👩‍👧‍👦 🇫🇷 e\u0301 東京 データ مرحبا",
+          "specials <|endoftext|> in <|im_start|>user\nhi<|im_end|> <|endof", "I'M DON'T we'll", "a" * 3000,
+          "def f(x):\n    return x\n\n\n", "ctrl \x00\x1b[31m \u200b\ufeff \u00a0\u3000"]
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    old = sys.argv
+    sys.argv = ["packtool", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def template_bos_tokenizer(bpe_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture BPE with a Llama-style post-processor that prepends <s>: exercises add_special_tokens."""
+    tok = Tokenizer.from_file(str(bpe_tokenizer_dir / "tokenizer.json"))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    out = tmp_path_factory.mktemp("tpl")
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text((bpe_tokenizer_dir / "tokenizer_config.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("which", ["bpe", "template"])
+def test_fast_and_hf_write_identical_bytes(which: str, bpe_tokenizer_dir: Path, template_bos_tokenizer: Path,
+                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tok_dir = bpe_tokenizer_dir if which == "bpe" else template_bos_tokenizer
+    data = write_jsonl(tmp_path / "in.jsonl", TRICKY + zipf_texts(1500, seed=4))
+    outs = {}
+    for backend in ("hf", "fast", "auto"):
+        out = tmp_path / backend
+        code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(tok_dir), "--output", str(out), "--backend",
+                                backend, "--chunk-bytes", "20000", "--workers", "2", "-q"], capsys)
+        assert code == 0, err
+        outs[backend] = out
+    assert manifest(outs["hf"])["backend"]["name"] == "hf"
+    assert manifest(outs["fast"])["backend"] == {"name": "fast", "package": f"fastokens=={fastokens_version()}"}
+    assert manifest(outs["auto"])["backend"]["name"] == "fast"  # installed, supported, verified
+    for name in ("tokens.bin", "tokens.boundaries"):
+        assert (outs["fast"] / name).read_bytes() == (outs["hf"] / name).read_bytes()
+    strip = [{k: v for k, v in manifest(o).items() if k not in ("backend",)} for o in outs.values()]
+    assert strip[0] == strip[1] == strip[2]
+    if which == "template":
+        store = np.fromfile(outs["fast"] / "tokens.bin", np.uint16)
+        assert store[0] == Tokenizer.from_file(str(tok_dir / "tokenizer.json")).token_to_id("<s>")
+
+
+def fastokens_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("fastokens")
+
+
+def test_auto_falls_back_to_hf_when_fast_cannot_load(big_vocab_tokenizer_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """fastokens has no WhitespaceSplit pre-tokenizer: auto must use hf, fast must say so in one line."""
+    data = write_jsonl(tmp_path / "in.jsonl", big_vocab_texts(300))
+    code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(big_vocab_tokenizer_dir), "--output",
+                            str(tmp_path / "auto"), "-q"], capsys)
+    assert code == 0, err
+    assert manifest(tmp_path / "auto")["backend"]["name"] == "hf"
+    assert manifest(tmp_path / "auto")["dtype"] == "uint32"
+    code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(big_vocab_tokenizer_dir), "--output",
+                            str(tmp_path / "fast"), "--backend", "fast", "-q"], capsys)
+    assert code == 1 and err.startswith("error: fastokens cannot load this tokenizer") and err.count("\n") == 1
+    assert not (tmp_path / "fast").exists()
+
+
+def test_fast_refuses_formats_that_need_offsets(bpe_tokenizer_dir: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "pc.jsonl"
+    data.write_text(json.dumps({"prompt": "Q: why?", "completion": " A: because."}) + "\n")
+    args = ["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--format", "prompt-completion", "-q"]
+    code, _, err = run_cli([*args, "--output", str(tmp_path / "f"), "--backend", "fast"], capsys)
+    assert code == 1 and "--backend fast supports only --format text" in err
+    code, _, err = run_cli([*args, "--output", str(tmp_path / "a")], capsys)
+    assert code == 0, err
+    assert manifest(tmp_path / "a")["backend"]["name"] == "hf"
+
+
+def test_unknown_backend_is_one_line_error(bpe_tokenizer_dir: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_jsonl(tmp_path / "in.jsonl", ["hello"])
+    code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                            str(tmp_path / "o"), "--backend", "rust", "-q"], capsys)
+    assert code == 1 and "--backend 'rust' is not one of auto, hf, fast" in err
+
+
+class _OffByOne:
+    """A fast engine that disagrees with tokenizers on documents containing a digit."""
+
+    name = "fast"
+
+    def __init__(self, path: str) -> None:
+        self.inner = HFBackend(Tokenizer.from_file(path))
+
+    def encode_flat(self, texts: list[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
+        ids, lengths = self.inner.encode_flat(texts, add_special_tokens)
+        ends = np.cumsum(lengths)
+        bad = np.array([any(c.isdigit() for c in t) for t in texts]) & (lengths > 0)
+        ids = ids.copy()
+        ids[ends[bad] - 1] += 1
+        return ids, lengths
+
+
+def test_auto_verifies_on_a_sample_and_falls_back(bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(bpe_tokenizer_dir / "tokenizer.json")
+    tok = Tokenizer.from_file(path)
+    monkeypatch.setattr(backends, "FastBackend", _OffByOne)
+    clean = ["no digits here", "nor here"]
+    assert choose_backend("auto", tok, path, lambda: clean, True, False).name == "fast"
+    dirty = [*clean, "one 1"]
+    choice = choose_backend("auto", tok, path, lambda: dirty, True, False)
+    assert choice.name == "hf" and "document 2 of the verification sample" in choice.reason
+    with pytest.raises(backends.TokenizerError, match="different ids"):
+        choose_backend("fast", tok, path, lambda: dirty, True, False)
+
+
+def test_auto_without_fastokens_uses_hf(bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(bpe_tokenizer_dir / "tokenizer.json")
+    monkeypatch.setattr(backends, "fast_version", lambda: None)
+    choice = choose_backend("auto", Tokenizer.from_file(path), path, lambda: pytest.fail("no sample needed"), True, False)
+    assert choice.name == "hf" and "not installed" in choice.reason
