@@ -33,7 +33,7 @@ try:  # orjson parses ~3x faster; plain json is the fallback
 except ImportError:  # pragma: no cover - orjson is a dependency
     import json
 
-    _loads = json.loads
+    _loads = json.loads  # type: ignore[assignment]
     _JSONError = ValueError
 
 SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", ".parquet": "parquet", ".txt": "txt"}
