@@ -214,3 +214,21 @@ def test_hub_name_resolved_in_local_cache(tmp_path: Path, bpe_tokenizer_dir: Pat
     assert docs(tmp_path / "s") == expected(tok, ["hello world"])
     code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", "acme/absent", "--output", str(tmp_path / "t")], capsys)
     assert code == 1 and err.count("\n") == 1 and "local Hugging Face cache" in err
+
+
+def test_store_is_named_after_name_or_path_of_a_model_directory(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`--tokenizer ./dir` files the store (and later its packs) under tokenizer_config's name_or_path."""
+    model = tmp_path / "checkout"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((bpe_tokenizer_dir / "tokenizer.json").read_bytes())
+    config = json.loads((bpe_tokenizer_dir / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "name_or_path": "acme/Tiny-BPE-7B"}))
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world"}])
+    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(model), "--output", str(tmp_path / "s"), "-q"], capsys)
+    assert code == 0, err
+    assert open_token_store(tmp_path / "s").manifest["tokenizer"]["name"] == "acme/Tiny-BPE-7B"
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "name_or_path": "/home/me/ckpt"}))  # a local path is ignored
+    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(model), "--output", str(tmp_path / "t"), "-q"], capsys)
+    assert code == 0, err
+    assert open_token_store(tmp_path / "t").manifest["tokenizer"]["name"] == "checkout"

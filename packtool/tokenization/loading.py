@@ -109,6 +109,18 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _config_name(config: dict[str, Any]) -> str | None:
+    """`name_or_path` of tokenizer_config.json when it is a hub-style name (not a local path),
+    so that `--tokenizer ./some/dir` still files packs under the model's real name."""
+    value = config.get("name_or_path")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    value = value.strip()
+    if value.startswith((".", "/", "~")) or "\\" in value or ":" in value:
+        return None
+    return value
+
+
 def _chat_template(config: dict[str, Any]) -> str | None:
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
@@ -126,6 +138,7 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
         raise TokenizerError(f"cannot load tokenizer ({exc}), {json_path}, expected a Hugging Face tokenizers tokenizer.json") from exc
     config = _read_json(json_path.parent / TOKENIZER_CONFIG)
     special = _read_json(json_path.parent / SPECIAL_TOKENS_MAP)
+    name = _config_name(config) or name
     tokens: dict[str, str | None] = {}
     ids: dict[str, int | None] = {}
     for key in ("bos", "eos", "pad"):
