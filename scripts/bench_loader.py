@@ -1,16 +1,18 @@
 """Benchmark: PackedDataset + PackedCollator throughput vs a raw memmap read of the same rows.
 
-Builds a ~200 MB pack store of random uint16 tokens through the format module (concat-style
-packs: Zipf-like documents cut at pack boundaries), warms the page cache, then times, in the
-same run and over the same shuffled batches:
+Builds a pack store of random uint16 tokens per pack size N through the format module
+(concat-style packs: Zipf-like documents cut at pack boundaries, ~2 segments per pack), warms
+the page cache, then times, in the same run and over the same shuffled batches, for each shape
+B x N:
   raw bytes    `tokens[idx]`: the pack rows copied out of the memmap (the floor for any loader);
   raw + int64  the same plus `torch.from_numpy(x.astype(int64))` (what a naive unpacked loader
                must do at least to hand `input_ids` to an embedding);
   loader w=0/2 DataLoader(PackedDataset, PackedCollator(flatten=True)) with 0 and 2 workers,
-               building input_ids, labels, position_ids and validated cu_seqlens.
-Prints batches/s, tokens/s and the ratio of each to the raw read time. No assertions.
+               building input_ids, labels, position_ids (int64) and validated int32 cu_seqlens.
+Prints batches/s, tokens/s and the ratio of each time to the raw read times (best of
+--repeat runs each: the machine may be shared). No assertions.
 
-    python scripts/bench_loader.py [--tokens 100000000] [--size 4096] [--batch-size 8]
+    python scripts/bench_loader.py [--tokens 100000000] [--shapes 8x4096,32x4096,16x8192]
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ def build_store(directory: Path, n_tokens: int, size: int, seed: int = 0) -> Non
                    "format_version": FORMAT_VERSION, "n_packs": n_packs, "n_segments": int(seg_lens.size)})
 
 
-def batches_of(ds: PackedDataset, batch_size: int) -> list[np.ndarray]:
+def batches_of(ds: PackedDataset, batch_size: int, max_batches: int) -> list[np.ndarray]:
     order = PackedSampler(ds, num_replicas=1, rank=0, seed=1).indices()
-    return [order[i:i + batch_size] for i in range(0, order.size - batch_size + 1, batch_size)]
+    return [order[i:i + batch_size] for i in range(0, order.size - batch_size + 1, batch_size)][:max_batches]
 
 
 def time_raw(ds: PackedDataset, batches: list[np.ndarray], to_int64: bool) -> float:
@@ -67,48 +69,58 @@ def time_raw(ds: PackedDataset, batches: list[np.ndarray], to_int64: bool) -> fl
 
 
 def time_loader(ds: PackedDataset, batch_size: int, workers: int, n_batches: int) -> float:
+    """Seconds for the first `n_batches` batches (same order as `batches_of`); worker start-up excluded."""
     sampler = PackedSampler(ds, num_replicas=1, rank=0, seed=1)
     loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=workers,
                                          collate_fn=PackedCollator(flatten=True), prefetch_factor=8 if workers else None)
     it = iter(loader)
     next(it)  # worker start-up is not throughput
     t0 = time.perf_counter()
-    seen = 1
-    for _ in it:
-        seen += 1
+    for _ in range(n_batches - 1):
+        next(it)
     elapsed = time.perf_counter() - t0
-    assert seen == n_batches, (seen, n_batches)
+    del it  # stops the workers
     return elapsed * n_batches / (n_batches - 1)
+
+
+def bench_shape(ds: PackedDataset, batch_size: int, repeat: int, max_batches: int) -> None:
+    batches = batches_of(ds, batch_size, max_batches)
+    n_tok = len(batches) * batch_size * ds.size
+    time_raw(ds, batches, to_int64=False)  # warm the page cache: every run below reads from memory
+    time_loader(ds, batch_size, 0, min(50, len(batches)))  # and the numba kernels (compiled or loaded from cache)
+    runs = {"raw bytes": lambda: time_raw(ds, batches, False), "raw + int64": lambda: time_raw(ds, batches, True),
+            "loader w=0": lambda: time_loader(ds, batch_size, 0, len(batches)),
+            "loader w=2": lambda: time_loader(ds, batch_size, 2, len(batches))}
+    results = {name: min(run() for _ in range(repeat)) for name, run in runs.items()}
+    raw, raw64 = results["raw bytes"], results["raw + int64"]
+    print(f"\nB={batch_size} x N={ds.size}: {len(batches)} batches ({n_tok / 1e6:.0f}M tokens), shuffled, best of {repeat}")
+    print(f"{'':14} {'batches/s':>10} {'Mtokens/s':>10} {'x raw bytes':>12} {'x raw+int64':>12}")
+    for name, sec in results.items():
+        print(f"{name:14} {len(batches) / sec:10.0f} {n_tok / sec / 1e6:10.1f} {sec / raw:12.2f} {sec / raw64:12.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=100_000_000, help="tokens in the store (uint16: 2 bytes each)")
-    ap.add_argument("--size", type=int, default=4096)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--dir", type=Path, default=None, help="where to build the store (default: a temp dir)")
+    ap.add_argument("--tokens", type=int, default=100_000_000, help="tokens per store (uint16: 2 bytes each)")
+    ap.add_argument("--shapes", default="8x4096,32x4096,16x8192", help="comma-separated BxN batch shapes")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; the best is reported")
+    ap.add_argument("--max-batches", type=int, default=2000, help="batches per run at most")
+    ap.add_argument("--dir", type=Path, default=None, help="where to build the stores (default: a temp dir)")
     args = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        directory = (args.dir or Path(tmp)) / "packed" / "bench"
-        t0 = time.perf_counter()
-        build_store(directory, args.tokens, args.size)
-        ds = PackedDataset(directory)
-        store = ds._open()
-        mb = store.tokens.nbytes / 1e6
-        print(f"store: {len(ds)} packs x {args.size} tokens ({mb:.0f} MB), {store.seg_lens.size} segments, built in {time.perf_counter() - t0:.1f}s")
-        batches = batches_of(ds, args.batch_size)
-        n_tok = len(batches) * args.batch_size * args.size
-        time_raw(ds, batches, to_int64=False)  # warm the page cache: every run below reads from memory
-        results = {"raw bytes": time_raw(ds, batches, to_int64=False), "raw + int64": time_raw(ds, batches, to_int64=True)}
-        for workers in (0, 2):
-            results[f"loader w={workers}"] = time_loader(ds, args.batch_size, workers, len(batches))
-        results["raw bytes (again)"] = time_raw(ds, batches, to_int64=False)
-        raw = min(results["raw bytes"], results["raw bytes (again)"])
-        raw64 = results["raw + int64"]
-        print(f"{len(batches)} batches of {args.batch_size} packs ({n_tok / 1e6:.0f}M tokens), shuffled order")
-        print(f"{'':18} {'batches/s':>10} {'Mtokens/s':>10} {'x raw bytes':>12} {'x raw+int64':>12}")
-        for name, sec in results.items():
-            print(f"{name:18} {len(batches) / sec:10.0f} {n_tok / sec / 1e6:10.1f} {sec / raw:12.2f} {sec / raw64:12.2f}")
+        datasets = {}
+        for size in sorted({n for _, n in shapes}):
+            directory = (args.dir or Path(tmp)) / f"n{size}" / "packed" / "bench"
+            t0 = time.perf_counter()
+            build_store(directory, args.tokens, size)
+            ds = datasets[size] = PackedDataset(directory)
+            store = ds._open()
+            print(f"store N={size}: {len(ds)} packs ({store.tokens.nbytes / 1e6:.0f} MB), {store.seg_lens.size} segments, "
+                  f"built in {time.perf_counter() - t0:.1f}s")
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        for b, n in shapes:
+            bench_shape(datasets[n], b, args.repeat, args.max_batches)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,49 @@ def test_batched_fetch_equals_single_items(store):
             assert torch.equal(got, value) if torch.is_tensor(value) else got == value
 
 
+def test_store_without_loss_file_matches_the_format_definition(tmp_path):
+    # uint16 tokens, no loss file, no --pad-multiple: the kernel's other branches
+    segs = write_pack_store(tmp_path / "p", zipf_docs(120, seed=5, max_len=400), N, pad_id=2)
+    ds = PackedDataset(tmp_path / "p")
+    assert not ds.has_segment_padding
+    batch = ds.__getitems__(list(range(len(ds))))
+    for i in range(len(ds)):
+        ref = expected_pack(segs, i, pad_id=2)
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            np.testing.assert_array_equal(batch[i][key].numpy(), ref[key], err_msg=f"pack {i} {key}")
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, len(ds)])
+
+
+def test_a_batch_still_held_is_never_overwritten(store):
+    # batches come from recycled buffers: only buffers nothing refers to may be reused
+    ds = PackedDataset(store[0])
+    collate = PackedCollator(flatten=True)
+    held = [collate(ds.__getitems__([i, i + 1])) for i in range(0, 12, 2)]  # more than the pool keeps
+    copies = [{k: v.clone() for k, v in b.items() if torch.is_tensor(v)} for b in held]
+    for i in range(12, 40, 2):
+        collate(ds.__getitems__([i % len(ds), (i + 1) % len(ds)]))
+    item = ds[3]
+    ids = item["input_ids"].clone()
+    ds.__getitems__([0, 1, 2])
+    assert torch.equal(item["input_ids"], ids)
+    for b, c in zip(held, copies, strict=True):
+        for k, v in c.items():
+            assert torch.equal(b[k], v), k
+
+
+def test_worker_batches_travel_as_one_storage(store):
+    # each tensor storage sent from a worker costs a file-descriptor round trip: send one
+    ds = PackedDataset(store[0])
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=1, collate_fn=PackedCollator(flatten=True))
+    batch = next(iter(loader))
+    ptrs = {batch[k].untyped_storage().data_ptr() for k in ("input_ids", "labels", "position_ids", "cu_seqlens", "cu_seqlens_q")}
+    assert len(ptrs) == 1
+    local = PackedCollator(flatten=True)(ds.__getitems__([0, 1, 2]))
+    for key, value in local.items():
+        assert torch.equal(value, batch[key]) if torch.is_tensor(value) else value == batch[key], key
+
+
 def test_path_forms_and_size_choice(store, tmp_path):
     root, _, _ = store
     tok_dir = root / "packed" / "big-tok"

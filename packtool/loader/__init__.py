@@ -7,7 +7,8 @@ job pays for torch and numpy only.
 from __future__ import annotations
 
 from packtool.loader.collator import HF_KEYS, PackedCollator, validate_cu_seqlens
-from packtool.loader.dataset import IGNORE_INDEX, PackedDataset
+from packtool.loader.dataset import PackedDataset
+from packtool.loader.kernels import IGNORE_INDEX
 from packtool.loader.sampler import PackedSampler, ResumableLoader
 
 __all__ = ["HF_KEYS", "IGNORE_INDEX", "PackedCollator", "PackedDataset", "PackedSampler", "ResumableLoader",

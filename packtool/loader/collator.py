@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from packtool.errors import ConfigError, FormatError
-from packtool.loader.dataset import IGNORE_INDEX
+from packtool.loader.kernels import IGNORE_INDEX, check_cu
 
 HF_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """The keys `transformers` models accept in `model(**batch)` for padding-free packed training."""
@@ -37,15 +38,18 @@ def validate_cu_seqlens(cu: torch.Tensor, total_tokens: int, max_seqlen: int, na
     """
     if cu.dtype != torch.int32 or cu.ndim != 1 or cu.numel() < 2:
         raise FormatError(f"{name} must be a 1-D int32 tensor with at least 2 entries, got {cu.dtype} of shape {tuple(cu.shape)}, build batches with PackedCollator")
-    c = cu.detach().cpu().numpy().astype(np.int64)
-    lens = np.diff(c)
-    if c[0] != 0 or c[-1] != total_tokens:
+    _validate(cu.detach().cpu().numpy(), total_tokens, max_seqlen, name)
+
+
+def _validate(c: np.ndarray, total_tokens: int, max_seqlen: int, name: str = "cu_seqlens") -> None:
+    """`validate_cu_seqlens` on an int32 numpy array (the collator's own, before it becomes a tensor)."""
+    code, at = check_cu(c, int(total_tokens), int(max_seqlen))  # compiled scan: ~1 us per batch
+    if code == 1:
         raise FormatError(f"{name} runs from {c[0]} to {c[-1]}, expected 0 to {total_tokens} (the token count), the batch and its cu_seqlens disagree")
-    if lens.min() < 0:
-        at = int(np.argmax(lens < 0))
+    if code == 2:
         raise FormatError(f"{name} decreases at entry {at + 1} ({c[at]} -> {c[at + 1]}), expected a non-decreasing array, the pack store is corrupt: run `packtool verify`")
-    if int(lens.max()) > max_seqlen:
-        raise FormatError(f"max_seqlen {max_seqlen} is below the longest segment ({int(lens.max())} tokens) in {name}, kernels would read out of bounds, pass the true maximum")
+    if code == 3:
+        raise FormatError(f"max_seqlen {max_seqlen} is below the longest segment ({at} tokens) in {name}, kernels would read out of bounds, pass the true maximum")
 
 
 class PackedCollator:
@@ -77,38 +81,53 @@ class PackedCollator:
         if not items:
             raise ConfigError("cannot collate an empty batch, PackedCollator, use a batch size >= 1")
         stacked = getattr(items, "stacked", None)
-        if stacked is not None:
-            ids = torch.from_numpy(stacked["input_ids"])
-            labels = torch.from_numpy(stacked["labels"])
-            pos = torch.from_numpy(stacked["position_ids"])
-            lens, real, counts = stacked["seg_lens"], stacked["seg_real"], stacked["seg_counts"]
+        if stacked is not None and self.pad_to_length is None:
+            # PackedDataset.__getitems__ built rows and cu_seqlens already, in ONE buffer: no copy here
+            rows, cu, cu_real = stacked["rows"], stacked["cu_seqlens"], stacked["cu_seqlens_real"]
+            _, b, n = rows.shape
+            total = b * n
+            if self.flatten:
+                rows = rows.reshape(3, 1, total)
+            if get_worker_info() is None:  # main process: one from_numpy per array is cheapest (~1 us)
+                ids, labels, pos = torch.from_numpy(rows[0]), torch.from_numpy(rows[1]), torch.from_numpy(rows[2])
+                cu_t, cu_real_t = torch.from_numpy(cu), torch.from_numpy(cu_real)
+            else:  # worker: views of ONE storage, since each storage sent costs a ~1 ms fd round trip
+                ids, labels, pos, cu_t, cu_real_t = _views_of_one_storage(stacked["buffer"], rows.shape, cu.size)
             padded_keys = bool(stacked["has_segment_padding"])
-            n_target = int(stacked["n_target_tokens"].sum())
+            n_target, max_seqlen = stacked["n_target_total"], stacked["max_seqlen"]
         else:
-            ids, labels, pos, lens, real, counts, padded_keys, n_target = _from_items(items)
-        if self.pad_to_length is not None:
-            ids, labels, pos, lens, real, counts = self._pad(ids, labels, pos, lens, real, counts)
-        if self.flatten:
-            ids, labels, pos = ids.reshape(1, -1), labels.reshape(1, -1), pos.reshape(1, -1)
+            if stacked is not None:
+                t = torch.from_numpy(stacked["rows"])
+                ids, labels, pos = t[0], t[1], t[2]
+                lens, real, counts = stacked["seg_lens"], stacked["seg_real"], stacked["seg_counts"]
+                padded_keys = bool(stacked["has_segment_padding"])
+                n_target = int(stacked["n_target_tokens"].sum())
+            else:
+                ids, labels, pos, lens, real, counts, padded_keys, n_target = _from_items(items)
+            if self.pad_to_length is not None:
+                ids, labels, pos, lens, real, counts = self._pad(ids, labels, pos, lens, real, counts)
+            if self.flatten:
+                ids, labels, pos = ids.reshape(1, -1), labels.reshape(1, -1), pos.reshape(1, -1)
+            total = ids.numel()
+            cu, cu_real = _cumsum32(lens), _cumsum32(real)
+            max_seqlen = int(lens.max()) if lens.size else 0
+            cu_t, cu_real_t = torch.from_numpy(cu), torch.from_numpy(cu_real)
         row = ids.shape[1]
-        cu = _cumsum32(lens)
-        cu_real = _cumsum32(real)
-        max_seqlen = int(lens.max()) if lens.size else 0
-        validate_cu_seqlens(cu, ids.numel(), max_seqlen)
+        _validate(cu, total, max_seqlen)
         if self.static_segments is not None:
-            cu = _pad_cu(cu, self.static_segments)
-            cu_real = _pad_cu(cu_real, self.static_segments)
+            cus = torch.from_numpy(_pad_cu(np.stack([cu, cu_real]), self.static_segments))
+            cu_t, cu_real_t = cus[0], cus[1]
             max_seqlen = row
         out: dict[str, Any] = {
             "input_ids": ids, "labels": labels, "position_ids": pos,
-            "cu_seqlens": cu, "max_seqlen": max_seqlen,
-            "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_seqlen, "max_length_k": max_seqlen,
-            "cu_seqlens_q": cu_real, "cu_seqlens_kv": cu_real, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen,
+            "cu_seqlens": cu_t, "max_seqlen": max_seqlen,
+            "cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t, "max_length_q": max_seqlen, "max_length_k": max_seqlen,
+            "cu_seqlens_q": cu_real_t, "cu_seqlens_kv": cu_real_t, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen,
             "n_target_tokens": n_target,
         }
         if padded_keys:
-            out["cu_seqlens_q_padded"] = cu
-            out["cu_seqlens_kv_padded"] = cu
+            out["cu_seqlens_q_padded"] = cu_t
+            out["cu_seqlens_kv_padded"] = cu_t
         if self.keys is not None:
             out = {k: v for k, v in out.items() if k in self.keys}
         return out
@@ -158,20 +177,33 @@ def _from_items(items: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Te
     return ids, labels, pos, lens, real, counts, bool(np.any(lens != real)), n_target
 
 
-def _cumsum32(lens: np.ndarray) -> torch.Tensor:
+def _views_of_one_storage(buffer: np.ndarray, shape: tuple[int, ...], n_cu: int) -> tuple[torch.Tensor, ...]:
+    """ids, labels, positions and both cu_seqlens as views of `buffer` (layout: `build_batch`)."""
+    t = torch.from_numpy(buffer)
+    _, rows, cols = shape
+    total = rows * cols
+    ids, labels, pos = (t.as_strided((rows, cols), (cols, 1), j * total) for j in range(3))
+    t32 = t.view(torch.int32)
+    width = buffer.size - 3 * total  # int32 entries per cu row: the int64 tail holds 2 such rows
+    cu = t32.as_strided((n_cu,), (1,), 6 * total)
+    cu_real = t32.as_strided((n_cu,), (1,), 6 * total + width)
+    return ids, labels, pos, cu, cu_real
+
+
+def _cumsum32(lens: np.ndarray) -> np.ndarray:
     if lens.size and int(lens.sum()) >= 2**31:
         raise ConfigError(f"batch holds {int(lens.sum())} tokens, int32 cu_seqlens overflow, PackedCollator, use a smaller batch")
     cu = np.zeros(lens.size + 1, dtype=np.int32)
     np.cumsum(lens, out=cu[1:])
-    return torch.from_numpy(cu)
+    return cu
 
 
-def _pad_cu(cu: torch.Tensor, segments: int) -> torch.Tensor:
-    """Megatron-Bridge's `pad_cu_seqlens`: repeat the last offset (zero-length segments)."""
-    have = cu.numel() - 1
+def _pad_cu(cu: np.ndarray, segments: int) -> np.ndarray:
+    """Megatron-Bridge's `pad_cu_seqlens` on `[2, K+1]` (cu, cu_real): repeat the last offset."""
+    have = cu.shape[1] - 1
     if have > segments:
         raise ConfigError(f"batch has {have} segments, more than static_segments={segments}, PackedCollator, raise static_segments (or pack with --max-docs-per-pack)")
-    out = cu.new_empty(segments + 1)
-    out[: cu.numel()] = cu
-    out[cu.numel():] = cu[-1]
+    out = np.empty((2, segments + 1), dtype=np.int32)
+    out[:, : have + 1] = cu
+    out[:, have + 1:] = cu[:, -1:]
     return out

@@ -1,12 +1,12 @@
-"""`PackedDataset`: one item per pack, built from the pack store's memory maps with numpy only.
+"""`PackedDataset`: one item per pack, built from the pack store's memory maps.
 
 Every pack row `[N]` becomes `input_ids`, unshifted `labels` (-100 at each segment's first
 token, at non-target tokens, on `--pad-multiple` padding and on the tail padding),
 `position_ids` restarting at 0 per segment and `cu_seqlens` (tail padding its own segment).
 The per-pack segment lists come from the CSR companions (`pack_offsets`, `seg_lens`,
-`seg_pad`), so nothing per pack parses JSON, and a whole batch is built with ~10 vectorised
-passes over its tokens (`__getitems__`, which `torch.utils.data.DataLoader` calls with the
-batch's indices): no Python loop ever runs per token or per segment.
+`seg_pad`), so nothing per pack parses JSON, and a whole batch is built by one compiled pass
+over its rows (`kernels.fill_batch`, from `__getitems__`, which `torch.utils.data.DataLoader`
+calls with the batch's indices): a handful of Python calls per batch, none per token.
 
 The maps are opened lazily and re-opened when the process id changes, and `__getstate__`
 drops them, so DataLoader workers (fork or spawn) share the page cache instead of copying.
@@ -25,8 +25,9 @@ import torch
 
 from packtool.errors import ConfigError, FormatError
 from packtool.formats.pack_store import PackSplit, find_pack_dir, metadata_for, open_pack_split, sizes_in
+from packtool.loader.buffers import BufferPool
+from packtool.loader.kernels import fill_batch, segments_of
 
-IGNORE_INDEX = -100
 _DATA_FILE = re.compile(r"^(?P<split>.+)_(?P<size>\d+)\.npy$")
 
 
@@ -84,6 +85,8 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         self.pad_id = int(self.metadata.get("pad_id", 0))
         self._pid = -1
         self._store: PackSplit | None = None
+        self._views: tuple[np.ndarray, ...] | None = None
+        self._pool: BufferPool | None = None
         store = self._open()  # validate now, in the parent, so errors surface before workers start
         self.n_packs = store.n_packs
         #: Megatron's *_padded cu_seqlens only make sense when --pad-multiple padded something
@@ -93,12 +96,16 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def _open(self) -> PackSplit:
         if self._store is None or self._pid != os.getpid():
             self._store = open_pack_split(self.directory, self.split, self.size)
+            self._views = plain_views(self._store)
+            self._pool = BufferPool()
             self._pid = os.getpid()
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_store"] = None  # never pickle the maps: each worker re-opens its own
+        state["_views"] = None
+        state["_pool"] = None
         state["_pid"] = -1
         return state
 
@@ -114,65 +121,66 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __getitems__(self, indices: list[int]) -> PackedBatchItems:
         """Build several packs at once (vectorised over the batch); DataLoader calls this."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.n_packs):
-            raise IndexError(f"pack index out of range 0..{self.n_packs - 1}: got {indices!r}")
-        stacked = build_batch(self._open(), idx)
+        store = self._open()
+        stacked = build_batch(store, np.asarray(indices, dtype=np.int64), self._views, self._pool)
         stacked["has_segment_padding"] = self.has_segment_padding
         return PackedBatchItems(stacked)
 
 
-def build_batch(store: PackSplit, idx: np.ndarray) -> dict[str, Any]:
+def build_batch(store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...] | None = None,
+                pool: BufferPool | None = None) -> dict[str, Any]:
     """Stacked arrays for the packs `idx`: `[B, N]` ids/labels/positions and per-segment lengths.
 
-    Segment arrays cover every pack in order, each pack's segments followed by its tail
-    padding segment (dropped from `seg_lens` when empty). `seg_counts[b]` says how many
-    entries pack b owns, so per-pack `cu_seqlens` are slices of one global cumsum.
+    One compiled pass (`kernels.fill_batch`) over the batch's rows. Segment arrays cover every
+    pack in order, each pack's segments followed by its tail padding segment (dropped when
+    empty); `seg_counts[b]` says how many entries pack b owns. `cu_seqlens`/`cu_seqlens_real`
+    are the global int32 offsets over the flattened batch. `rows` is the single `[3, B, N]`
+    int64 buffer the three token arrays are views of (one allocation, one shared-memory
+    storage when a worker sends the batch).
     """
+    tokens, loss, po, lens, pads = views if views is not None else plain_views(store)
     n = store.size
     b = int(idx.size)
-    tokens = store.tokens[idx]  # one fancy-index copy of the rows out of the map
-    input_ids = tokens.astype(np.int64)
-    po = store.pack_offsets
-    s0 = np.asarray(po[idx], dtype=np.int64)
-    counts = np.asarray(po[idx + 1], dtype=np.int64) - s0
-    n_seg = int(counts.sum())
-    ends = np.cumsum(counts)
-    seg_index = np.repeat(s0 - (ends - counts), counts) + np.arange(n_seg, dtype=np.int64)
-    lens = np.asarray(store.seg_lens[seg_index], dtype=np.int64)
-    pads = np.asarray(store.seg_pad[seg_index], dtype=np.int64)
-    csum = np.concatenate(([0], np.cumsum(lens)))
-    used = csum[ends] - csum[ends - counts]
-    if n_seg and (lens.min() < 0 or pads.min() < 0 or bool(np.any(pads > lens))) or bool(np.any(used > n)):
-        bad = int(idx[np.argmax(used > n)]) if bool(np.any(used > n)) else int(idx[0])
-        raise FormatError(f"pack {bad} has inconsistent segment lengths (sum {int(used.max())} > {n}, or padding > length), {store.directory}, re-run `packtool pack`")
-    tail = n - used
-    all_lens = np.insert(lens, ends, tail)  # each pack's segments, then its tail
-    all_pads = np.insert(pads, ends, tail)  # the tail is padding through and through
-    is_tail = np.insert(np.zeros(n_seg, dtype=bool), ends, True)
-    starts = np.concatenate(([0], np.cumsum(all_lens)[:-1]))  # flat offsets: rows are contiguous
-    total = b * n
-    position_ids = np.arange(total, dtype=np.int64) - np.repeat(starts, all_lens)
-    # mask = not a target: the padded end of each segment (whole tail), segment first tokens, loss==0
-    k = all_lens.size
-    mask = np.repeat(np.tile(np.array([False, True]), k), np.stack([all_lens - all_pads, all_pads], 1).ravel())
-    mask[starts[all_lens > 0]] = True
-    if store.loss is not None:
-        mask |= store.loss[idx].reshape(-1) == 0
-    labels = input_ids.copy()
-    np.putmask(labels.reshape(-1), mask, IGNORE_INDEX)
-    keep = (all_lens > 0) | ~is_tail  # drop empty tails; keep real segments even if empty
-    pack_of = np.repeat(np.arange(b), counts + 1)[keep]
-    seg_counts = np.bincount(pack_of, minlength=b).astype(np.int64)
+    if b * n >= 2**31:
+        raise ConfigError(f"batch holds {b * n} tokens, int32 cu_seqlens overflow, PackedDataset, use a smaller batch")
+    n_seg = segments_of(po, idx)  # also checks the indices
+    if n_seg < 0:
+        raise IndexError(f"pack index out of range 0..{po.size - 2}: got {idx.tolist()!r}")
+    cap = b + n_seg
+    # ONE allocation for everything that becomes a tensor: [3, B, N] int64 rows, then the two
+    # int32 cu_seqlens arrays; a DataLoader worker then ships one shared-memory storage per batch
+    # (each storage costs a file-descriptor round trip, ~1 ms, far more than building the batch)
+    need = 3 * b * n + cap + 1
+    buffer = pool.get(need) if pool is not None else np.empty(need, dtype=np.int64)
+    rows = buffer[: 3 * b * n].reshape(3, b, n)
+    cus = buffer[3 * b * n:].view(np.int32).reshape(2, -1)  # two rows of >= cap + 1 entries
+    seg_lens, seg_real, seg_counts, n_target = np.empty((4, cap), dtype=np.int64)
+    k, bad, longest, n_target_total = fill_batch(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg_lens,
+                                                 seg_real, seg_counts, n_target, cus[0], cus[1])
+    if bad >= 0:
+        raise FormatError(f"pack {int(idx[bad])} has inconsistent segment lengths (sum > {n}, negative, or padding > length), {store.directory}, re-run `packtool pack`")
     return {
-        "input_ids": input_ids.reshape(b, n),
-        "labels": labels.reshape(b, n),
-        "position_ids": position_ids.reshape(b, n),
-        "seg_lens": all_lens[keep],
-        "seg_real": (all_lens - all_pads * ~is_tail)[keep],  # without --pad-multiple padding (Megatron)
-        "seg_counts": seg_counts,
-        "n_target_tokens": (n - mask.reshape(b, n).sum(axis=1)).astype(np.int64),
+        "buffer": buffer,
+        "rows": rows,
+        "input_ids": rows[0],
+        "labels": rows[1],
+        "position_ids": rows[2],
+        "seg_lens": seg_lens[:k],
+        "seg_real": seg_real[:k],  # without --pad-multiple padding (Megatron)
+        "seg_counts": seg_counts[:b],
+        "n_target_tokens": n_target[:b],
+        "cu_seqlens": cus[0, :k + 1],
+        "cu_seqlens_real": cus[1, :k + 1],
+        "max_seqlen": longest,
+        "n_target_total": n_target_total,
     }
+
+
+def plain_views(store: PackSplit) -> tuple[np.ndarray, ...]:
+    """The maps as plain ndarray views (what numba takes; `np.memmap` indexing is slow in Python)."""
+    loss = np.zeros((0, 0), np.uint8) if store.loss is None else np.asarray(store.loss)
+    return (np.asarray(store.tokens), loss, np.asarray(store.pack_offsets), np.asarray(store.seg_lens),
+            np.asarray(store.seg_pad))
 
 
 def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:

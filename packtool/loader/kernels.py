@@ -1,0 +1,130 @@
+"""Compiled (numba) kernels of the loader: one fused pass from pack rows to a training batch.
+
+`fill_batch` reads each pack's token row, loss row and CSR segment entries once and writes
+`input_ids`, `labels` and `position_ids` (int64) into ONE `[3, B, N]` buffer plus the global
+int32 `cu_seqlens`: ~10x fewer memory passes and Python calls than the equivalent numpy, so
+a B=8, N=4096 batch costs tens of microseconds. What remains is memory traffic: 24 output
+bytes per 2-byte input token (three int64 arrays), which is why the loader cannot approach
+a bare copy of the stored bytes (see docs/LOADER.md for measured ratios).
+
+`check_cu` is `validate_cu_seqlens`'s scan, compiled: a status code, the message stays in Python.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+IGNORE_INDEX = -100
+
+
+@njit(cache=True, nogil=True)
+def fill_batch(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
+               seg_pad: np.ndarray, idx: np.ndarray, rows: np.ndarray, lens_out: np.ndarray, real_out: np.ndarray,
+               counts: np.ndarray, n_target: np.ndarray, cu: np.ndarray, cu_real: np.ndarray) -> tuple[int, int, int, int]:
+    """Fill `rows` [3, B, N] (ids, labels, positions) and the segment arrays for packs `idx`.
+
+    `lens_out`/`real_out` need room for every segment of the batch plus one tail per pack;
+    `cu`/`cu_real` one more entry than that. Returns `(n_entries, -1, longest segment, target
+    tokens)`, or `(0, r, 0, 0)` when pack `idx[r]` has segments that do not fit its row
+    (corrupt store; nothing is written past the row).
+    """
+    n = tokens.shape[1]
+    k = 0
+    cu[0] = 0
+    cu_real[0] = 0
+    base = 0
+    longest = 0
+    total_target = 0
+    for r in range(idx.size):
+        i = idx[r]
+        tok = tokens[i]
+        ids = rows[0, r]
+        lab = rows[1, r]
+        pos = rows[2, r]
+        col = 0
+        tgt = 0
+        first = k
+        for s in range(pack_offsets[i], pack_offsets[i + 1]):
+            ln = int(seg_lens[s])
+            pad = int(seg_pad[s])
+            if ln < 0 or pad < 0 or pad > ln or col + ln > n:
+                return 0, r, 0, 0
+            real = ln - pad
+            if has_loss:  # one widening pass writes all three rows (LLVM vectorises it)
+                lrow = loss[i]
+                for j in range(ln):
+                    t = np.int64(tok[col + j])
+                    keep = lrow[col + j] != 0
+                    ids[col + j] = t
+                    lab[col + j] = t if keep else IGNORE_INDEX
+                    pos[col + j] = j
+                    tgt += keep
+            else:
+                for j in range(ln):
+                    t = np.int64(tok[col + j])
+                    ids[col + j] = t
+                    lab[col + j] = t
+                    pos[col + j] = j
+                tgt += ln
+            for c in range(col + real, col + ln):  # --pad-multiple padding
+                tgt -= lab[c] != IGNORE_INDEX
+                lab[c] = IGNORE_INDEX
+            if real > 0:  # a document's first token is never a target
+                tgt -= lab[col] != IGNORE_INDEX
+                lab[col] = IGNORE_INDEX
+            lens_out[k] = ln
+            if ln > longest:
+                longest = ln
+            real_out[k] = real
+            cu[k + 1] = base + col + ln
+            cu_real[k + 1] = cu_real[k] + real
+            k += 1
+            col += ln
+        if col < n:  # the tail padding is its own segment
+            tail = n - col
+            for j in range(tail):
+                ids[col + j] = tok[col + j]
+                lab[col + j] = IGNORE_INDEX
+                pos[col + j] = j
+            lens_out[k] = tail
+            if tail > longest:
+                longest = tail
+            real_out[k] = tail
+            cu[k + 1] = base + n
+            cu_real[k + 1] = cu_real[k] + tail
+            k += 1
+        counts[r] = k - first
+        n_target[r] = tgt
+        total_target += tgt
+        base += n
+    return k, -1, longest, total_target
+
+
+@njit(cache=True, nogil=True)
+def segments_of(pack_offsets: np.ndarray, idx: np.ndarray) -> int:
+    """How many segments the packs `idx` hold (sizes `fill_batch`'s outputs); -1: an index is out of range."""
+    total = 0
+    n_packs = pack_offsets.size - 1
+    for i in idx:
+        if i < 0 or i >= n_packs:
+            return -1
+        total += pack_offsets[i + 1] - pack_offsets[i]
+    return total
+
+
+@njit(cache=True, nogil=True)
+def check_cu(cu: np.ndarray, total_tokens: int, max_seqlen: int) -> tuple[int, int]:
+    """(0, 0) when valid; (1, 0) wrong ends; (2, at) decreases at `at`; (3, longest) too long."""
+    if cu[0] != 0 or cu[cu.size - 1] != total_tokens:
+        return 1, 0
+    longest = 0
+    for j in range(cu.size - 1):
+        d = int(cu[j + 1]) - int(cu[j])
+        if d < 0:
+            return 2, j
+        if d > longest:
+            longest = d
+    if longest > max_seqlen:
+        return 3, longest
+    return 0, 0
