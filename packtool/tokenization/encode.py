@@ -71,7 +71,7 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
         if isinstance(value, str):  # a .txt document
             return value, None
         text, reason = get_text_field(value, settings.field)
-        return reason if text is None else (text, None)
+        return (reason or "bad text field") if text is None else (text, None)
     if fmt == InputFormat.PROMPT_COMPLETION:
         prompt, reason = get_text_field(value, settings.prompt_field)
         if prompt is None:
@@ -158,7 +158,7 @@ def frame(ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None,
     out[position] = ids
     new_ends = np.cumsum(new_lengths)
     new_loss = None if loss is None else np.zeros(out.size, np.uint8)
-    if new_loss is not None:
+    if new_loss is not None and loss is not None:
         new_loss[position] = loss
     if pre:
         out[new_ends - new_lengths] = policy.prepend
