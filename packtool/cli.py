@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from packtool import __version__
-from packtool.config import Algorithm, InputFormat, OnError, Overlong, PackConfig, Split
+from packtool.config import Algorithm, InputFormat, OnError, Overlong, PackConfig, Split, StatsConfig
 from packtool.errors import PacktoolError
 
 app = typer.Typer(
@@ -129,6 +129,27 @@ def pack(
 
 
 @app.command()
+def stats(
+    path: Annotated[Path, typer.Argument(help="A token store or a pack store (ROOT, packed/{tokenizer} or .npy).")],
+    size: Annotated[int | None, typer.Option("--size", help="Pack size N (token store: default 4096).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size B for the padded-batch baselines.")] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for random batches and shuffling algorithms.")] = 0,
+    split: Annotated[Split, typer.Option("--split", help="Split of a pack store.")] = Split.TRAINING,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG (length histogram, waste per strategy).")] = None,
+) -> None:
+    """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
+    import json
+
+    from packtool.stats import compute_stats, plot_stats
+
+    result = compute_stats(StatsConfig(path, size, batch_size, seed, split))
+    typer.echo(json.dumps(result.to_dict(), sort_keys=True) if as_json else result.to_text())
+    if plot is not None:
+        plot_stats(result, plot)
+
+
+@app.command()
 def merge(
     shards: Annotated[list[Path], typer.Argument(help="Shard token stores of one `tokenize --num-shards N` run, any order.")],
     output: Annotated[Path, typer.Option("--output", help="Merged token store (byte-identical to a single run).")],
@@ -145,23 +166,9 @@ def merge(
 
 
 def main() -> None:
-    """Console entry point: run the app, turning PacktoolError into one line and exit 1."""
+    """Console entry point: typer handles usage errors (exit 2); PacktoolError becomes one line, exit 1."""
     try:
-        app(standalone_mode=False)
+        app()
     except PacktoolError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        typer.echo("error: interrupted, nothing was written under the final names, re-run the command", err=True)
-        sys.exit(1)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(1)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
