@@ -5,7 +5,7 @@
 int32 `cu_seqlens`: ~10x fewer memory passes and Python calls than the equivalent numpy, so
 a B=8, N=4096 batch costs tens of microseconds. What remains is memory traffic: 24 output
 bytes per 2-byte input token (three int64 arrays), which is why the loader cannot approach
-a bare copy of the stored bytes (see docs/LOADER.md for measured ratios).
+a bare copy of the stored bytes (see docs/BENCHMARKS.md for measured ratios).
 
 `check_cu` is `validate_cu_seqlens`'s scan, compiled: a status code, the message stays in Python.
 """
