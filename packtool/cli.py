@@ -150,6 +150,21 @@ def stats(
 
 
 @app.command()
+def verify(
+    path: Annotated[Path, typer.Argument(help="A token store or a pack store (ROOT, packed/{tokenizer} or .npy).")],
+    source: Annotated[Path | None, typer.Option("--source", help="Token store the packs were made from: check every document round-trips.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Check every invariant and checksum of a store; with --source, that every document is packed exactly once, unchanged."""
+    from packtool.config import VerifyConfig
+    from packtool.verify import verify_path
+
+    with _done_total_bar(quiet or not sys.stderr.isatty(), "verify", "tok") as progress:
+        report = verify_path(VerifyConfig(path, source), progress)
+    typer.echo(f"ok: {report.to_text()}")
+
+
+@app.command()
 def merge(
     shards: Annotated[list[Path], typer.Argument(help="Shard token stores of one `tokenize --num-shards N` run, any order.")],
     output: Annotated[Path, typer.Option("--output", help="Merged token store (byte-identical to a single run).")],
