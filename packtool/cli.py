@@ -180,6 +180,21 @@ def merge(
     typer.echo(f"merged {result.n_shards} shards: {m['n_documents']} documents, {m['n_tokens']} tokens -> {result.path}")
 
 
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="YAML file: sections tokenize/pack/stats/verify (or a `steps` list); keys = flags.")],
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Run tokenize -> pack -> stats (+ plot) -> verify from one config file (examples in configs/)."""
+    from packtool.runconfig import describe, run_pipeline
+
+    with _done_total_bar(quiet or not sys.stderr.isatty(), "run", "it") as update:
+        progress = None if update is None else (lambda stage, done, total: update(done, total))
+        result = run_pipeline(config, progress)
+    for line in describe(result):
+        typer.echo(line)
+
+
 def main() -> None:
     """Console entry point: typer handles usage errors (exit 2); PacktoolError becomes one line, exit 1."""
     try:

@@ -76,6 +76,12 @@ class PackConfig:
     """Cap on segments per pack, so that `cu_seqlens` can have a static length (CUDA graphs)."""
     split: Split = Split.TRAINING
     """Which split this token store becomes; re-packing a split replaces only its files and line."""
+    workers: int | None = None
+    """Parallel pack-block writers; None = all cores. Output bytes never depend on it."""
+    executor: str = "local"
+    """Where pack blocks are written: local (a thread pool) or ray (Ray tasks, shared file system)."""
+    ray_address: str | None = None
+    """Ray cluster to join with executor ray; None starts a local Ray with num_cpus = workers."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,160 @@
+"""`packtool run CONFIG.yaml`: a tiny config end to end through the CLI, the shipped configs parse,
+and every config mistake (unknown key, missing key, bad type, YAML syntax) is one line, exit 1."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import zipf_texts
+
+from packtool.cli import main
+from packtool.config import Algorithm
+from packtool.errors import ConfigError
+from packtool.formats.pack_store import open_pack_split
+from packtool.formats.token_store import open_token_store
+from packtool.runconfig import load_run_config, run_pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """The real entry point in-process: exit code, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["packtool", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def corpus(tmp_path: Path, bpe_tokenizer_dir: Path) -> Path:
+    """A work dir with data.jsonl (Zipf lengths, an empty doc, a long doc) and the tokenizer."""
+    texts = zipf_texts(300, seed=5)
+    texts[3] = ""
+    texts[10] = " ".join(texts[:40])  # longer than the pack size: split into fragments
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), "utf-8")
+    return tmp_path
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, "utf-8")
+    return path
+
+
+def test_end_to_end_relative_paths_and_dash_keys(corpus: Path, bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = write(corpus / "run.yaml", f"""
+tokenize:
+  inputs: data.jsonl
+  tokenizer: {bpe_tokenizer_dir}
+  output: out/tokens
+  workers: 1
+pack:
+  size: 512
+  output: out
+  algorithm: mffd
+  pad-multiple: 4
+stats:
+  plot: out/stats.png
+  json: true
+verify: {{}}
+""")
+    monkeypatch.chdir(corpus.parent)  # relative paths resolve against the YAML file, not the cwd
+    code, out, err = cli("run", str(cfg), "--quiet")
+    assert code == 0, err
+    store = open_token_store(corpus / "out" / "tokens")
+    assert store.n_documents == 300
+    pack_dir = next((corpus / "out" / "packed").iterdir())
+    ps = open_pack_split(pack_dir, "training", 512, check_hashes=True)
+    assert ps.metadata["algorithm"] == "mffd" and ps.metadata["pad_multiple"] == 4
+    assert ps.metadata["overlong"]["count"] >= 1
+    assert int(np.asarray(ps.seg_lens).sum()) % 4 == 0
+    stats = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    assert stats["n_packs"] == ps.n_packs and stats["size"] == 512
+    assert (corpus / "out" / "stats.png").stat().st_size > 1000
+    assert "verify" in out and "round-trips" in out
+    # same config again: the token store is up to date, the packs are rewritten byte-identically
+    before = (pack_dir / "training_512.npy").read_bytes()
+    assert cli("run", str(cfg), "-q")[0] == 0
+    assert (pack_dir / "training_512.npy").read_bytes() == before
+
+
+def test_steps_list_runs_in_order_and_library_call(corpus: Path, bpe_tokenizer_dir: Path) -> None:
+    (corpus / "docs").mkdir()
+    for i, t in enumerate(zipf_texts(5, seed=9)):
+        write(corpus / "docs" / f"d{i}.txt", t)
+    cfg = write(corpus / "steps.yaml", f"""
+steps:
+  - name: jsonl
+    tokenize: {{inputs: [data.jsonl], tokenizer: {bpe_tokenizer_dir}, output: t1, workers: 1}}
+    pack: {{size: 256, output: p1, seed: 3, shuffle: false}}
+  - name: docs
+    tokenize: {{inputs: [docs], tokenizer: {bpe_tokenizer_dir}, output: t2, workers: 1}}
+    stats: {{size: 128, batch_size: 2}}
+""")
+    seen: list[str] = []
+    result = run_pipeline(cfg, lambda stage, done, total: seen.append(stage))
+    assert [s.name for s in result.steps] == ["jsonl", "docs"]
+    assert result.steps[0].pack.metadata["seed"] == 3 and result.steps[0].pack.metadata["shuffle"] is False
+    assert result.steps[1].stats.n_documents == 5 and result.steps[1].stats.size == 128  # token-store stats
+    assert seen.index("jsonl: pack") < seen.index("docs: tokenize")
+
+
+def test_shipped_configs_parse() -> None:
+    demo = load_run_config(REPO / "configs" / "demo.yaml")
+    assert [s.name for s in demo] == ["chat", "text"]
+    assert all(Path(s.tokenize.tokenizer).is_dir() for s in demo)  # resolved against configs/
+    assert all(Path(p).exists() for s in demo for p in s.tokenize.inputs)
+    assert demo[0].pack.tokens_dir == Path(demo[0].tokenize.output)
+    sft = load_run_config(REPO / "configs" / "chat_sft.yaml")[0]
+    assert sft.tokenize.tokenizer == "Qwen/Qwen2.5-7B-Instruct"  # no such path: a hub name, kept
+    assert sft.pack.pad_multiple == 8 and sft.pack.algorithm is Algorithm.BFD
+    assert load_run_config(REPO / "configs" / "pretrain.yaml")[0].pack.size == 8192
+
+
+@pytest.mark.parametrize(("text", "expect"), [
+    ("pack:\n  size: 8\n  output: o\n  tokens_dir: t\n  sise: 9\n",
+     ["unknown key 'sise'", "section 'pack'", ":5", "valid keys:", "pad_multiple"]),
+    ("tokenize:\n  inputs: a.jsonl\n  output: o\n", ["lacks the required key 'tokenizer'", "section 'tokenize'"]),
+    ("pack:\n  size: 8\n  output: o\n", ["lacks the required key 'tokens_dir'"]),
+    ("packk:\n  size: 8\n", ["unknown section 'packk'", ":1", "valid sections"]),
+    ("pack:\n  size: big\n  output: o\n  tokens_dir: t\n", ["pack.size", "expected an integer", "'big'"]),
+    ("pack:\n  size: 8\n  output: o\n  tokens_dir: t\n  algorithm: best\n", ["'best' is not one of", "ffd"]),
+    ("pack:\n  size: 8\n  output: o\n  tokens_dir: t\n  shuffle: maybe\n", ["expected true or false"]),
+    ("pack:\n  size: 8\n  pad-multiple: 2\n  pad_multiple: 2\n  output: o\n  tokens_dir: t\n", ["given twice"]),
+    ("pack:\n  size: 8\n   output: o\n", ["YAML syntax error", ":3:"]),
+    ("tokenize: [\n", ["YAML syntax error", ":2:"]),
+    ("- 1\n- 2\n", ["must be a mapping"]),
+    ("steps: []\n", ["non-empty list"]),
+    ("steps:\n  - name: a\n    verify: {path: x}\n  - name: a\n    verify: {path: y}\n", ["used twice"]),
+])
+def test_config_errors_are_one_line_exit_1(tmp_path: Path, text: str, expect: list[str]) -> None:
+    cfg = write(tmp_path / "bad.yaml", text)
+    with pytest.raises(ConfigError):
+        load_run_config(cfg)
+    code, out, err = cli("run", str(cfg), "-q")
+    assert code == 1 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for piece in expect:
+        assert piece in err, (piece, err)
+    assert not any(p.name != "bad.yaml" for p in tmp_path.iterdir())  # nothing ran
+
+
+def test_missing_file_and_stage_failure_exit_1(corpus: Path, bpe_tokenizer_dir: Path) -> None:
+    code, _, err = cli("run", str(corpus / "nope.yaml"))
+    assert code == 1 and "does not exist" in err
+    cfg = write(corpus / "fail.yaml", f"tokenize: {{inputs: [missing.jsonl], tokenizer: {bpe_tokenizer_dir}, output: t}}\n")
+    code, _, err = cli("run", str(cfg), "-q")
+    assert code == 1 and err.startswith("error: ") and err.count("\n") == 1
+    assert cli("run")[0] == 2  # usage error: no config given
