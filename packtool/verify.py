@@ -39,7 +39,7 @@ from packtool.packing.segments import expand_runs, usable_capacity
 _BLOCK_TOKENS = 1 << 22
 _REPACK = "re-run `packtool pack`"
 _RETOK = "re-run `packtool tokenize`"
-_TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_TOKEN_DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 Progress = Callable[[int, int], None]
 """`progress(done, total)`: positions checked so far out of the total (the CLI drives tqdm with it)."""
@@ -272,8 +272,8 @@ def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, sto
         ("token", blk, store.tokens, data_name(ps.split, size)),
         ("loss bit", loss, store.loss, loss_name(ps.split, size)),
     ):
-        if packed is None and source is None:
-            continue
+        if packed is None:
+            continue  # no loss matrix (the source has none either: checked before)
         got = packed[dst_idx]
         want = np.asarray(source[src_idx]) if source is not None else np.ones(src_idx.size, np.uint8)
         diff = got != want

@@ -1,0 +1,285 @@
+"""`packtool verify` through the CLI: real stores from `packtool tokenize` + `packtool pack` pass (with and
+without --source, every algorithm and policy, chat loss, --pad-multiple), and each kind of damage makes
+it exit 1 with one `error:` line naming the reason. Damage that keeps sizes (and, where said, hashes)
+consistent shows that the specific check, not an earlier one, catches it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import zipf_texts
+
+from packtool.cli import main
+from packtool.config import VerifyConfig
+from packtool.errors import FormatError
+from packtool.formats.pack_store import (
+    data_name,
+    file_records,
+    loss_name,
+    metadata_for,
+    metadata_name,
+    write_metadata_line,
+)
+from packtool.verify import verify_path
+
+N = 128
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """The real entry point in-process: (exit code, stdout, stderr)."""
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = ["packtool", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def fails(*args: str) -> str:
+    """Run verify, expect exit 1 and exactly one `error:` line; return that line."""
+    code, out, err = cli("verify", *args, "--quiet")
+    lines = err.strip().splitlines()
+    assert code == 1, (out, err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def passes(*args: str) -> str:
+    code, out, err = cli("verify", *args, "--quiet")
+    assert code == 0, err
+    assert out.startswith("ok: ")
+    return out
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def text_store(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer_dir: Path) -> Path:
+    """Zipf-length texts (a long tail past N), plus empty documents (no EOS, so they stay empty)."""
+    d = tmp_path_factory.mktemp("text")
+    texts = zipf_texts(300, seed=11)
+    texts[5] = texts[77] = ""
+    src = _jsonl(d / "in.jsonl", [{"text": t} for t in texts])
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(d / "store"),
+                       "--no-eos", "--workers", "1", "-q")
+    assert code == 0, err
+    return d / "store"
+
+
+@pytest.fixture(scope="module")
+def chat_store(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer_dir: Path) -> Path:
+    """Chat conversations: loss only on assistant turns, so the store has tokens.loss."""
+    d = tmp_path_factory.mktemp("chat")
+    texts = zipf_texts(400, seed=5)
+    rows = [{"messages": [{"role": "user", "content": texts[2 * i]}, {"role": "assistant", "content": texts[2 * i + 1]}]}
+            for i in range(150)]
+    src = _jsonl(d / "chat.jsonl", rows)
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(d / "store"),
+                       "--format", "chat", "--workers", "1", "-q")
+    assert code == 0, err
+    return d / "store"
+
+
+def pack(store: Path, out: Path, *args: str) -> Path:
+    code, _, err = cli("pack", str(store), "--size", str(N), "--output", str(out), "--quiet", *args)
+    assert code == 0, err
+    (directory,) = (out / "packed").iterdir()
+    return directory
+
+
+@pytest.fixture
+def packed(tmp_path: Path, chat_store: Path) -> Path:
+    """A fresh chat pack store (with loss and --pad-multiple padding) to damage."""
+    return pack(chat_store, tmp_path / "out", "--pad-multiple", "4")
+
+
+def refresh_hashes(directory: Path, split: str = "training", size: int = N) -> None:
+    """Re-record sizes and sha256 after a deliberate edit, so only a deeper check can see it."""
+    meta = metadata_for(directory, split, size)
+    meta["files"] = file_records(directory, list(meta["files"]))
+    write_metadata_line(directory, meta)
+
+
+def edit_npy(path: Path, change) -> None:  # noqa: ANN001 - a callable editing the array in place
+    arr = np.load(path)
+    change(arr)
+    np.save(path, arr)
+
+
+# ---------------------------------------------------------------- valid stores pass
+
+
+@pytest.mark.parametrize("args", [
+    ("--algorithm", "ffd"),
+    ("--algorithm", "bfd", "--overlong", "truncate"),
+    ("--algorithm", "mffd", "--overlong", "drop"),
+    ("--algorithm", "ffs", "--pad-multiple", "8", "--max-docs-per-pack", "6"),
+    ("--algorithm", "concat", "--no-shuffle", "--overlong", "split", "--pad-multiple", "3"),
+])
+def test_packed_text_store_verifies_with_and_without_source(tmp_path: Path, text_store: Path, args: tuple[str, ...]) -> None:
+    directory = pack(text_store, tmp_path / "out", *args)
+    assert "training_128: " in passes(str(tmp_path / "out"))
+    out = passes(str(directory), "--source", str(text_store))
+    assert "round-trips" in out
+    passes(str(directory / data_name("training", N)), "--source", str(text_store))
+
+
+def test_chat_store_with_loss_and_every_split_verify(tmp_path: Path, chat_store: Path) -> None:
+    out = tmp_path / "out"
+    pack(chat_store, out, "--pad-multiple", "4")
+    pack(chat_store, out, "--split", "validation", "--overlong", "truncate")
+    directory = pack(chat_store, out, "--split", "test", "--overlong", "drop", "--algorithm", "bfd")
+    assert (directory / loss_name("training", N)).exists()
+    report = verify_path(VerifyConfig(directory, chat_store))
+    assert [line.split(":")[0] for line in report.checked] == ["training_128", "validation_128", "test_128"]
+    assert "token store" in passes(str(chat_store))
+
+
+def test_token_store_checks_id_bound_and_target_count(tmp_path: Path, text_store: Path) -> None:
+    store = Path(shutil.copytree(text_store, tmp_path / "s"))
+    manifest = json.loads((store / "manifest.json").read_text())
+    good = json.loads((store / "manifest.json").read_text())
+    manifest["tokenizer"]["vocab_size"] = 10  # ids of the real tokenizer go far beyond
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    line = fails(str(store))
+    assert "expected < 10" in line and "tokens.bin" in line
+    good["n_target_tokens"] = good["n_tokens"] - 1
+    (store / "manifest.json").write_text(json.dumps(good))
+    assert "n_target_tokens" in fails(str(store))
+
+
+# ---------------------------------------------------------------- damage: each exits 1 with one line
+
+
+def test_flipped_byte_in_packs_is_a_sha_mismatch(packed: Path) -> None:
+    path = packed / data_name("training", N)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x5A
+    path.write_bytes(bytes(data))
+    line = fails(str(packed))
+    assert "training_128.npy sha256 differs" in line and "re-run `packtool pack`" in line
+
+
+def test_truncated_companion_is_named(packed: Path) -> None:
+    path = packed / "training_128.seg_lens.npy"
+    path.write_bytes(path.read_bytes()[:-4])
+    assert "training_128.seg_lens.npy does not match the metadata" in fails(str(packed))
+
+
+@pytest.mark.parametrize("dtype", [">u2", "<u4"])
+def test_wrong_dtype_with_updated_hashes_is_caught_by_the_dtype_check(packed: Path, dtype: str) -> None:
+    """Big-endian uint16 has the same size and values, uint32 has updated sizes: hashes agree, dtype does not."""
+    path = packed / data_name("training", N)
+    np.save(path, np.load(path).astype(dtype))
+    refresh_hashes(packed)
+    line = fails(str(packed))
+    assert "training_128.npy has dtype" in line and "uint16" in line
+
+
+def test_swapped_tokens_are_caught_only_with_source(packed: Path, chat_store: Path) -> None:
+    path = packed / data_name("training", N)
+    offsets = np.load(packed / "training_128.pack_offsets.npy")
+    lens = np.load(packed / "training_128.seg_lens.npy") - np.load(packed / "training_128.seg_pad.npy")
+    row = np.load(path)[0]
+    a, b = 0, int(lens[offsets[0]]) - 1  # first and last real token of the first segment of pack 0
+    assert row[a] != row[b]
+
+    def swap(arr: np.ndarray) -> None:
+        arr[0, a], arr[0, b] = arr[0, b], arr[0, a]
+
+    edit_npy(path, swap)
+    refresh_hashes(packed)
+    passes(str(packed))  # every invariant of the packs alone still holds
+    line = fails(str(packed), "--source", str(chat_store))
+    assert f"pack 0 segment {int(offsets[0])}" in line and "holds token" in line and "training_128.npy" in line
+
+
+def test_source_must_be_the_store_the_packs_came_from(packed: Path, text_store: Path) -> None:
+    assert "packs were made from another token store" in fails(str(packed), "--source", str(text_store))
+
+
+def test_token_store_manifest_not_matching_its_files(tmp_path: Path, chat_store: Path) -> None:
+    store = Path(shutil.copytree(chat_store, tmp_path / "s"))
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["files"]["tokens.loss"]["sha256"] = "0" * 64
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    assert "tokens.loss sha256 differs from the manifest" in fails(str(store))
+
+
+def test_pack_metadata_counts_must_match_the_arrays(packed: Path) -> None:
+    meta = metadata_for(packed, "training", N)
+    meta["n_tokens"] += 1
+    write_metadata_line(packed, meta)
+    line = fails(str(packed))
+    assert "metadata n_tokens" in line and metadata_name(N) in line
+
+
+def test_non_pad_id_in_the_tail_is_caught(packed: Path) -> None:
+    meta = metadata_for(packed, "training", N)
+    used = np.add.reduceat(np.load(packed / "training_128.seg_lens.npy"), np.load(packed / "training_128.pack_offsets.npy")[:-1])
+    p = int(np.argmin(used))
+    assert used[p] < N
+
+    def poke(arr: np.ndarray) -> None:
+        arr[p, N - 1] = meta["pad_id"] + 1
+
+    edit_npy(packed / data_name("training", N), poke)
+    refresh_hashes(packed)
+    assert f"pack {p} column {N - 1} (tail padding)" in fails(str(packed))
+
+
+def test_loss_on_pad_multiple_padding_is_caught(packed: Path) -> None:
+    offsets = np.load(packed / "training_128.pack_offsets.npy")
+    lens, pad = np.load(packed / "training_128.seg_lens.npy"), np.load(packed / "training_128.seg_pad.npy")
+    j = int(np.flatnonzero(pad)[0])
+    p = int(np.searchsorted(offsets, j, side="right")) - 1
+    col = int(lens[offsets[p]:j + 1].sum()) - 1  # last padding position of segment j
+
+    def poke(arr: np.ndarray) -> None:
+        arr[p, col] = 1
+
+    edit_npy(packed / loss_name("training", N), poke)
+    refresh_hashes(packed)
+    line = fails(str(packed))
+    assert f"pack {p} column {col} holds loss 1, expected 0 (padding)" in line and "training_128.loss.npy" in line
+
+
+def test_moved_segment_source_breaks_coverage(packed: Path, chat_store: Path) -> None:
+    def shift(arr: np.ndarray) -> None:
+        arr[0] += 1
+
+    edit_npy(packed / "training_128.seg_src.npy", shift)
+    refresh_hashes(packed)
+    passes(str(packed))
+    assert "duplicated, overlapping or missing fragment" in fails(str(packed), "--source", str(chat_store))
+
+
+def test_overfull_pack_is_caught(packed: Path) -> None:
+    def grow(arr: np.ndarray) -> None:
+        arr[0] += N
+
+    edit_npy(packed / "training_128.seg_lens.npy", grow)
+    refresh_hashes(packed)
+    assert f"of at most {N} tokens" in fails(str(packed))
+
+
+def test_bad_paths_exit_1(tmp_path: Path) -> None:
+    assert "no pack store" in fails(str(tmp_path / "nowhere"))
+    with pytest.raises(FormatError, match="no pack store"):
+        verify_path(VerifyConfig(tmp_path))
