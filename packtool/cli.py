@@ -114,12 +114,16 @@ def pack(
     pad_multiple: Annotated[int, typer.Option("--pad-multiple", help="Pad every segment to a multiple of M.")] = 1,
     max_docs_per_pack: Annotated[int | None, typer.Option("--max-docs-per-pack", help="At most K segments per pack.")] = None,
     split: Annotated[Split, typer.Option("--split", help="Which split this is.")] = Split.TRAINING,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="Parallel block writers (default: all cores).")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="local|ray: where pack blocks are written.")] = "local",
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start a local one).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Bin-pack a token store into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
     from packtool.packing.writer import pack_store
 
-    config = PackConfig(tokens_dir, size, output, algorithm, seed, shuffle, overlong, pad_multiple, max_docs_per_pack, split)
+    config = PackConfig(tokens_dir, size, output, algorithm, seed, shuffle, overlong, pad_multiple, max_docs_per_pack, split,
+                        workers, executor, ray_address)
     with _done_total_bar(quiet, "pack", "pack") as progress:
         result = pack_store(config, progress)
     m = result.metadata

@@ -1,22 +1,28 @@
 """The pack-store writer: token store -> segments -> packs -> `{split}_{N}.npy` + companions.
 
-Only index arrays (a few int64 per segment) live in memory; tokens move block by block: for a
-block of packs, one np.repeat/arange builds the flat source and destination indices and one
-fancy-index gather copies every segment from the memory-mapped `tokens.bin` into the block,
-which is then written into the `.npy` memmap. Memory is bounded by the block size
-(`_BLOCK_TOKENS`), whatever the corpus size. Same input + seed -> byte-identical files.
+Only index arrays (a few int64 per segment) live in memory; tokens never pass through Python.
+After `pack_lengths`, the rows are cut into fixed blocks (`_BLOCK_TOKENS` positions, whatever
+the worker count) and each block is a pure `PackBlockTask`: a compiled, GIL-free kernel copies
+its segments from the memory-mapped `tokens.bin` straight into the `.npy` temp file (opened
+`r+`; the coordinator wrote the header) and fills the gaps with the pad id. Blocks are disjoint,
+so they run in any order on any executor (`--executor local`: a thread pool; `ray`: Ray tasks on
+a shared file system) and the bytes are identical for every `--workers`/executor. Same input +
+seed -> byte-identical files. Measured (scripts/bench_pack_write.py, docs/SCALE.md): see there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from packtool import __version__
 from packtool.config import PackConfig
@@ -24,11 +30,11 @@ from packtool.errors import ConfigError
 from packtool.formats.pack_store import PackSplitWriter, pack_dir
 from packtool.formats.token_store import MANIFEST, TokenStore, dtype_name, open_token_store
 from packtool.packing import lower_bound, pack_lengths
-from packtool.packing.segments import Segments, build_segments, expand_runs
+from packtool.packing.segments import Segments, build_segments
 
 log = logging.getLogger(__name__)
 
-#: tokens copied per block (bounded memory: ~ 2 int64 indices + 1 token + 1 loss byte per token)
+#: positions per block of rows (a unit of parallel work; fixed, so blocks never depend on workers)
 _BLOCK_TOKENS = 1 << 22
 
 Progress = Callable[[int, int], None]
@@ -91,33 +97,112 @@ def plan_layout(segments: Segments, config: PackConfig) -> Layout:
     return Layout(offsets, doc, src, real, pad, dst)
 
 
-def _fill_block(layout: Layout, p0: int, p1: int, size: int, source: np.ndarray, out: np.ndarray, fill: int) -> None:
-    """Copy every segment of packs [p0, p1) from `source` into `out` (flat, (p1-p0)*size), pad elsewhere."""
-    s0, s1 = int(layout.pack_offsets[p0]), int(layout.pack_offsets[p1])
-    out[...] = fill
-    src_idx, dst_idx = expand_runs(layout.real[s0:s1], layout.src[s0:s1], layout.dst[s0:s1] - p0 * size)
-    out[dst_idx] = source[src_idx]
+@njit(nogil=True, cache=True)
+def _gather(source: np.ndarray, src: np.ndarray, real: np.ndarray, dst: np.ndarray, out: np.ndarray, fill: int) -> None:
+    """Copy each segment's `real` tokens from `source[src:]` to `out[dst:]`, `fill` in every gap.
+
+    One pass over `out` (each position written once), segments in pack order so `dst` ascends;
+    compiled with nogil so that several threads copy blocks truly in parallel.
+    """
+    cursor = 0
+    for j in range(src.size):
+        d, s, n = dst[j], src[j], real[j]
+        out[cursor:d] = fill
+        out[d:d + n] = source[s:s + n]
+        cursor = d + n
+    out[cursor:] = fill
 
 
-def _write_matrices(layout: Layout, store: TokenStore, writer: PackSplitWriter, size: int, pad_id: int,
+@dataclass(frozen=True)
+class PackBlockTask:
+    """Write rows [p0, p1) of the pack matrices: a pure, picklable unit of work.
+
+    It reads the token store at `tokens_dir` (memory-mapped) and writes into the `.npy` temp files
+    that the coordinator created (header included) at `out_tokens` / `out_loss`, opened `r+`.
+    Blocks never overlap, so any number of them may run at once, in threads, processes or Ray.
+    """
+
+    tokens_dir: str
+    p0: int
+    p1: int
+    size: int
+    pad_id: int
+    src: np.ndarray  # int64 segment starts in tokens.bin, pack order
+    real: np.ndarray  # int64 real tokens per segment
+    dst: np.ndarray  # int64 first position of each segment, relative to row p0
+    out_tokens: str
+    out_loss: str | None = None
+    sync: bool = False  # flush the maps before returning (another node's page cache: Ray)
+
+    def run(self) -> tuple[int, int]:
+        store = _open_source(self.tokens_dir)
+        _write_rows(self.out_tokens, self.p0, self.p1, store.tokens, self, self.pad_id)
+        if self.out_loss is not None and store.loss is not None:
+            _write_rows(self.out_loss, self.p0, self.p1, store.loss, self, 0)
+        return self.p0, self.p1
+
+
+def _write_rows(path: str, p0: int, p1: int, source: np.ndarray, task: PackBlockTask, fill: int) -> None:
+    matrix = np.lib.format.open_memmap(path, mode="r+")
+    try:
+        rows = matrix[p0:p1].reshape(-1)  # a view: the kernel writes straight into the mapped file
+        _gather(source, task.src, task.real, task.dst, rows, fill)
+        if task.sync:
+            matrix.flush()
+    finally:
+        del matrix
+
+
+_SOURCES: dict[tuple[str, int, int], TokenStore] = {}
+_SOURCES_LOCK = threading.Lock()
+
+
+def _open_source(tokens_dir: str) -> TokenStore:
+    """The token store, opened once per process and file version (a re-tokenized store reopens).
+
+    Sizes are checked here; the coordinator checked the hashes before planning.
+    """
+    st = os.stat(os.path.join(tokens_dir, MANIFEST))
+    key = (tokens_dir, st.st_ino, st.st_mtime_ns)
+    with _SOURCES_LOCK:
+        store = _SOURCES.get(key)
+        if store is None:
+            if len(_SOURCES) >= 4:
+                _SOURCES.clear()
+            store = _SOURCES[key] = open_token_store(tokens_dir)
+        return store
+
+
+def block_tasks(layout: Layout, store: TokenStore, writer: PackSplitWriter, size: int, pad_id: int,
+                sync: bool = False, block_tokens: int | None = None) -> list[PackBlockTask]:
+    """Cut the packs into fixed blocks of rows (independent of workers): one task each."""
+    rows = max(1, (block_tokens or _BLOCK_TOKENS) // size)
+    out_tokens = str(writer.tokens.filename)  # type: ignore[attr-defined]  # a np.memmap when n_packs > 0
+    out_loss = str(writer.loss.filename) if writer.loss is not None else None  # type: ignore[attr-defined]
+    tasks = []
+    for p0 in range(0, layout.n_packs, rows):
+        p1 = min(layout.n_packs, p0 + rows)
+        s0, s1 = int(layout.pack_offsets[p0]), int(layout.pack_offsets[p1])
+        tasks.append(PackBlockTask(str(store.path), p0, p1, size, pad_id, layout.src[s0:s1], layout.real[s0:s1],
+                                   layout.dst[s0:s1] - p0 * size, out_tokens, out_loss, sync))
+    return tasks
+
+
+def _write_matrices(layout: Layout, store: TokenStore, writer: PackSplitWriter, config: PackConfig, pad_id: int,
                     progress: Progress | None) -> None:
-    """Fill `{S}_{N}.npy` (and `.loss.npy`) block by block through the writer's memmaps."""
-    n_packs = layout.n_packs
-    rows = max(1, _BLOCK_TOKENS // size)
-    tokens = np.asarray(store.tokens)
-    loss = None if store.loss is None else np.asarray(store.loss)
-    tok_block = np.empty(rows * size, writer.tokens.dtype)
-    loss_block = np.empty(rows * size, np.uint8) if loss is not None else None
-    for p0 in range(0, n_packs, rows):
-        p1 = min(n_packs, p0 + rows)
-        n = (p1 - p0) * size
-        _fill_block(layout, p0, p1, size, tokens, tok_block[:n], pad_id)
-        writer.tokens[p0:p1] = tok_block[:n].reshape(p1 - p0, size)
-        if loss is not None and loss_block is not None and writer.loss is not None:
-            _fill_block(layout, p0, p1, size, loss, loss_block[:n], 0)
-            writer.loss[p0:p1] = loss_block[:n].reshape(p1 - p0, size)
+    """Fill `{S}_{N}.npy` (and `.loss.npy`) block by block through the chosen executor."""
+    if layout.n_packs == 0:
+        return
+    from packtool.executors import make_pack_executor  # here: packtool.executors imports the tokenizer side
+
+    workers = max(1, config.workers if config.workers else (os.cpu_count() or 1))
+    execute = make_pack_executor(str(config.executor), workers, config.ray_address)
+    tasks = block_tasks(layout, store, writer, config.size, pad_id, sync=str(config.executor) == "ray")
+    done = 0
+    for p0, p1 in execute(tasks):
+        done += p1 - p0
         if progress is not None:
-            progress(p1, n_packs)
+            progress(done, layout.n_packs)
 
 
 def _metadata(config: PackConfig, store: TokenStore, segments: Segments, layout: Layout, pad_id: int) -> dict[str, Any]:
@@ -166,6 +251,8 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
 
     Refuses a token store whose manifest, sizes or sha256 do not check out (FormatError).
     """
+    if config.workers is not None and config.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {config.workers}, leave it out to use all cores")
     if config.max_docs_per_pack is not None and config.max_docs_per_pack < 1:
         raise ConfigError(f"--max-docs-per-pack must be >= 1, got {config.max_docs_per_pack}, leave it out for no cap")
     store = open_token_store(config.tokens_dir, check_hashes=True)
@@ -176,7 +263,7 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     log.info("packing %d segments of %s into %d packs of %d", len(segments), store.path, layout.n_packs, config.size)
     writer = PackSplitWriter(directory, str(config.split), config.size, store.dtype, layout.n_packs, store.loss is not None)
     try:
-        _write_matrices(layout, store, writer, config.size, pad_id, progress)
+        _write_matrices(layout, store, writer, config, pad_id, progress)
         companions = {"pack_offsets": layout.pack_offsets, "seg_lens": layout.lengths, "seg_pad": layout.pad,
                       "seg_doc": layout.doc, "seg_src": layout.src}
         for what, values in companions.items():
