@@ -45,8 +45,8 @@ def _root(
 
 @contextlib.contextmanager
 def _done_total_bar(quiet: bool, desc: str, unit: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A `progress(done, total)` callback drawing a tqdm bar on stderr (None with --quiet)."""
-    if quiet:
+    """A `progress(done, total)` callback drawing a tqdm bar on a terminal (None with --quiet or when piped)."""
+    if quiet or not sys.stderr.isatty():
         yield None
         return
     from tqdm import tqdm
@@ -94,7 +94,7 @@ def tokenize(
     config = TokenizeConfig(tuple(inputs), tokenizer, str(output), format, field, prompt_field, completion_field, messages_field,
                             chat_template, separator, bos, eos, workers, on_error, overwrite, chunk_bytes,
                             backend=backend, num_shards=num_shards, shard_index=shard_index, executor=executor, ray_address=ray_address)
-    with _done_total_bar(quiet or not sys.stderr.isatty(), "tokenize", "B") as progress:
+    with _done_total_bar(quiet, "tokenize", "B") as progress:
         result = tokenize_corpus(config, progress)
     m = result.manifest
     state = "up to date" if result.up_to_date else f"{result.reused_chunks}/{result.n_chunks} chunks reused"
@@ -128,7 +128,8 @@ def pack(
         result = pack_store(config, progress)
     m = result.metadata
     typer.echo(f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
-               f"(lower bound {m['lower_bound_packs']}), efficiency {m['packing_efficiency']}%, "
+               f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% "
+               f"(real tokens {100 * m['n_tokens'] / max(1, m['n_packs'] * m['pack_size']):.2f}%), "
                f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}")
 
 
@@ -163,7 +164,7 @@ def verify(
     from packtool.config import VerifyConfig
     from packtool.verify import verify_path
 
-    with _done_total_bar(quiet or not sys.stderr.isatty(), "verify", "tok") as progress:
+    with _done_total_bar(quiet, "verify", "tok") as progress:
         report = verify_path(VerifyConfig(path, source), progress)
     typer.echo(f"ok: {report.to_text()}")
 
@@ -178,7 +179,7 @@ def merge(
     """Join shard token stores into the one store a single (unsharded) run writes."""
     from packtool.merge import merge_shards
 
-    with _done_total_bar(quiet or not sys.stderr.isatty(), "merge", "tok") as progress:
+    with _done_total_bar(quiet, "merge", "tok") as progress:
         result = merge_shards(shards, output, overwrite=overwrite, progress=progress)
     m = result.manifest
     typer.echo(f"merged {result.n_shards} shards: {m['n_documents']} documents, {m['n_tokens']} tokens -> {result.path}")
@@ -192,7 +193,7 @@ def run(
     """Run tokenize -> pack -> stats (+ plot) -> verify from one config file (examples in configs/)."""
     from packtool.runconfig import describe, run_pipeline
 
-    with _done_total_bar(quiet or not sys.stderr.isatty(), "run", "it") as update:
+    with _done_total_bar(quiet, "run", "it") as update:
         progress = None if update is None else (lambda stage, done, total: update(done, total))
         result = run_pipeline(config, progress)
     for line in describe(result):

@@ -22,7 +22,7 @@ $PT tokenize data/sample/prompt_completion.jsonl --format prompt-completion --to
 step "stats: waste of every strategy before packing (N=4096)"
 $PT stats "$OUT/tokens/text" --size 4096 --batch-size 8 --plot "$OUT/stats.png"
 
-step "pack: text at 4096 (training), chat at 2048 (validation split of the same store)"
+step "pack: text at 4096 (training), chat at 2048 with --pad-multiple 8 (loss masks travel along)"
 $PT pack "$OUT/tokens/text" --size 4096 --output "$OUT/packs/text" --algorithm bfd --seed 0
 $PT pack "$OUT/tokens/chat" --size 2048 --output "$OUT/packs/chat" --algorithm bfd --seed 0 --pad-multiple 8
 
