@@ -54,7 +54,9 @@ def write_case(directory: Path, name: str) -> dict:
     cut = int(lengths[:k].sum())
     writer.append(ids[:cut], lengths[:k], None if loss is None else loss[:cut])
     writer.append(ids[cut:], lengths[k:], None if loss is None else loss[cut:])
-    return writer.finish(dict(MANIFEST_EXTRA))
+    extra = dict(MANIFEST_EXTRA)
+    extra["tokenizer"] = {**extra["tokenizer"], "vocab_size": max_id + 1}  # consistent with the dtype rule
+    return writer.finish(extra)
 
 
 if os.environ.get("PACKTOOL_REGEN_GOLDEN") == "1":  # pragma: no cover - deliberate regeneration only
@@ -351,3 +353,12 @@ def test_open_pack_split_detects_truncation_and_corruption(tmp_path: Path) -> No
     data_path.write_bytes(bytes(raw[:-3]))
     with pytest.raises(FormatError, match=r"training_8\.npy does not match the metadata.*truncated"):
         ps.open_pack_split(tmp_path, "training", 8)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_stores_pass_verify(name: str) -> None:
+    """The golden files are valid stores by every rule `packtool verify` checks (ids below vocab_size)."""
+    from packtool.config import VerifyConfig
+    from packtool.verify import verify_path
+
+    verify_path(VerifyConfig(GOLDEN / name))
