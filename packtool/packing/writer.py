@@ -7,7 +7,8 @@ its segments from the memory-mapped `tokens.bin` straight into the `.npy` temp f
 `r+`; the coordinator wrote the header) and fills the gaps with the pad id. Blocks are disjoint,
 so they run in any order on any executor (`--executor local`: a thread pool; `ray`: Ray tasks on
 a shared file system) and the bytes are identical for every `--workers`/executor. Same input +
-seed -> byte-identical files. Measured (scripts/bench_pack_write.py, docs/SCALE.md): see there.
+seed -> byte-identical files. Measured (scripts/bench_pack_write.py, 2 cores, 1 GB of packs):
+2 threads write at 0.62 GB/s, 0.95x a raw memcpy into a memmap (the numpy gather before: 0.19x).
 """
 
 from __future__ import annotations
