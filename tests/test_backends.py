@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import big_vocab_texts, zipf_texts
+from conftest import big_vocab_texts, run_cli, zipf_texts
 from tokenizers import Tokenizer, processors
 
-from packtool.cli import main
 from packtool.tokenization import backends
 from packtool.tokenization.backends import HFBackend, choose_backend
 
@@ -22,18 +20,6 @@ TRICKY = ["", " ", "\n\n\t  x  ", "digits 1234567890 3.14 1,000", "🙂 👩‍�
           "def f(x):\n    return x\n\n\n", "ctrl \x00\x1b[31m \u200b\ufeff \u00a0\u3000"]
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["packtool", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_jsonl(path: Path, texts: list[str]) -> Path:

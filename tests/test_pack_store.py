@@ -4,16 +4,13 @@ metadata as JSON Lines, and refusal of a broken token store."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
-from packtool.cli import main
 from packtool.config import Algorithm, Overlong, PackConfig
 from packtool.errors import ConfigError
 from packtool.formats.pack_store import open_pack_split
@@ -48,19 +45,9 @@ def make_store(path: Path, lengths: np.ndarray, *, vocab: int = 600, with_loss: 
 
 
 def cli(*args: str) -> tuple[int, str]:
-    """Run the real entry point (`packtool.cli.main`) in-process: exit code and stdout+stderr."""
-    buf = io.StringIO()
-    argv = sys.argv
-    sys.argv = ["packtool", *args]
-    try:
-        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-            main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = argv
-    return code, buf.getvalue()
+    """The real entry point in-process: exit code and stdout+stderr."""
+    code, out, err = run_cli(list(args))
+    return code, out + err
 
 
 def run_pack(store: Path, out: Path, *args: str) -> tuple[int, str]:

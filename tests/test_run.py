@@ -3,17 +3,13 @@ and every config mistake (unknown key, missing key, bad type, YAML syntax) is on
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import zipf_texts
+from conftest import cli, zipf_texts
 
-from packtool.cli import main
 from packtool.config import Algorithm
 from packtool.errors import ConfigError
 from packtool.formats.pack_store import open_pack_split
@@ -23,19 +19,6 @@ from packtool.runconfig import load_run_config, run_pipeline
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cli(*args: str) -> tuple[int, str, str]:
-    """The real entry point in-process: exit code, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["packtool", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import zipf_texts
+from conftest import run_cli, zipf_texts
 
-from packtool.cli import main
 from packtool.errors import ConfigError
 from packtool.formats.token_store import open_token_store
 from packtool.merge import merge_shards, shard_bounds
@@ -21,18 +19,6 @@ from packtool.tokenization.journal import ChunkResult
 CHUNK = "3000"  # bytes: the corpus below becomes ~10 chunks
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["packtool", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

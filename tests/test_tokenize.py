@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,27 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import big_vocab_texts, zipf_texts
+from conftest import big_vocab_texts, run_cli, zipf_texts
 from tokenizers import Tokenizer
 
 import packtool
-from packtool.cli import main
 from packtool.formats.token_store import open_token_store
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run `packtool ARGS` in-process through the real entry point; (exit code, stdout, stderr)."""
-    old = sys.argv
-    sys.argv = ["packtool", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_jsonl(path: Path, rows: list[object]) -> Path:

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import zipf_texts
-from test_tokenize import run_cli, write_jsonl
+from conftest import run_cli, zipf_texts
+from test_tokenize import write_jsonl
 
 import packtool
 from packtool.formats.token_store import open_token_store

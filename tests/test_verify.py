@@ -5,18 +5,14 @@ consistent shows that the specific check, not an earlier one, catches it."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import zipf_texts
+from conftest import cli, zipf_texts
 
-from packtool.cli import main
 from packtool.config import VerifyConfig
 from packtool.errors import FormatError
 from packtool.formats.pack_store import (
@@ -32,19 +28,6 @@ from packtool.verify import verify_path
 N = 128
 
 
-def cli(*args: str) -> tuple[int, str, str]:
-    """The real entry point in-process: (exit code, stdout, stderr)."""
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv = ["packtool", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
 
 
 def fails(*args: str) -> str:
