@@ -1,4 +1,6 @@
-"""`packtool stats` through the CLI: JSON numbers consistent with each other, table, PNG, failures."""
+"""`packtool stats` through the CLI: hand-checked waste ratios on a tiny store, consistency of every
+strategy on a Zipf-length store (packers >= lower bound, naive >= sorted batches >= lower bound), pack
+store fill, --json, --plot PNGs, and one-line errors for bad input."""
 
 from __future__ import annotations
 
@@ -6,66 +8,130 @@ import json
 from pathlib import Path
 
 import numpy as np
-from test_pack_store import cli, make_store, zipf_lengths
+import pytest
+from conftest import cli, zipf_texts
+
+from packtool.config import StatsConfig
+from packtool.formats.token_store import TokenStoreWriter, dtype_for_max_id
+from packtool.packing import ALGORITHMS
+from packtool.stats import compute_stats
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+NAIVE, RANDOM, SORTED, BOUND = "naive (pad each to N)", "random batches of B", "sorted batches of B", "lower bound"
 
 
-def test_token_store_stats_json_is_consistent(tmp_path: Path) -> None:
-    lengths = zipf_lengths(1500, seed=2, cap=900)
-    store = make_store(tmp_path / "tok", lengths)
-    code, out = cli("stats", str(store), "--size", "256", "--batch-size", "16", "--json")
-    assert code == 0, out
-    s = json.loads(out)
-    waste = s["waste"]
-    assert s["n_documents"] == 1500 and s["n_tokens"] == int(lengths.sum())
-    assert s["n_empty_documents"] == int(np.sum(lengths == 0)) and s["n_overlong"] == int(np.sum(lengths > 256))
-    assert s["lengths"]["max"] == int(lengths.max()) and s["lengths"]["p50"] <= s["lengths"]["p90"] <= s["lengths"]["p99"]
-    lb = waste["lower bound"]
-    assert abs(lb - (1 - lengths.sum() / (np.ceil(lengths.sum() / 256) * 256))) < 1e-12
-    for name in ("pack ffd", "pack bfd", "pack mffd", "pack ffs", "pack concat"):
-        assert waste[name] >= lb - 1e-12, name
-        assert s["rows"][name] >= s["rows"]["lower bound"]
-    assert waste["naive (pad each to N)"] >= waste["sorted batches of B"]
-    assert waste["random batches of B"] >= waste["sorted batches of B"]
-    assert waste["naive (pad each to N)"] >= waste["pack ffd"]
-    # naive waste is exactly 1 - total / (items * N), with over-long documents split into fragments
-    items = np.concatenate([np.full(x // 256, 256), [x % 256]] if False else [np.minimum(256, lengths[lengths > 0])])
-    n_items = int(np.sum(-(-lengths[lengths > 0] // 256)))
-    assert s["n_items"] == n_items >= items.size
-    assert abs(waste["naive (pad each to N)"] - (1 - lengths.sum() / (n_items * 256))) < 1e-12
+def stats_json(*args: str) -> dict:
+    code, out, err = cli("stats", *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
 
 
-def test_token_store_table_and_plot(tmp_path: Path) -> None:
-    store = make_store(tmp_path / "tok", zipf_lengths(300, seed=4))
-    png = tmp_path / "plots/waste.png"
-    code, out = cli("stats", str(store), "--size", "64", "--plot", str(png))
-    assert code == 0, out
-    assert "pack ffd" in out and "lower bound" in out and "p99" in out
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def fails(*args: str) -> str:
+    code, out, err = cli("stats", *args)
+    lines = err.strip().splitlines()
+    assert code == 1, (out, err)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err
+    return lines[0]
 
 
-def test_pack_store_stats(tmp_path: Path) -> None:
-    lengths = zipf_lengths(600, seed=8)
-    store = make_store(tmp_path / "tok", lengths)
-    assert cli("pack", str(store), "--size", "128", "--output", str(tmp_path / "out"), "-q")[0] == 0
-    code, out = cli("stats", str(tmp_path / "out"), "--json", "--plot", str(tmp_path / "p.png"))
-    assert code == 0, out
-    s = json.loads(out)
-    assert s["kind"] == "packs" and s["size"] == 128 and s["n_tokens"] == int(lengths.sum())
-    assert abs(s["efficiency"] + s["pad_share"] - 1) < 1e-12
-    assert abs(s["efficiency"] - lengths.sum() / (s["n_packs"] * 128)) < 1e-12
-    assert s["docs_per_pack_max"] >= s["docs_per_pack_mean"] >= 1
-    assert s["overlong"] == {"policy": "split", "count": int(np.sum(lengths > 128))}
-    assert (tmp_path / "p.png").stat().st_size > 1000
-    code, out = cli("stats", str(tmp_path / "out/packed/org--tiny-tok/training_128.npy"))
-    assert code == 0 and "efficiency" in out
+def write_store(path: Path, lengths: list[int], vocab: int = 600) -> Path:
+    """A token store of random ids with the given document lengths (format module writer)."""
+    rng = np.random.default_rng(0)
+    path.mkdir(parents=True)
+    writer = TokenStoreWriter(path, dtype_for_max_id(vocab - 1))
+    writer.append(rng.integers(2, vocab, size=sum(lengths)), np.array(lengths, np.int64))
+    writer.finish({"packtool_version": "test", "tokenizer": {"name": "tiny", "sha256": "0" * 64, "vocab_size": vocab,
+                                                             "bos_id": None, "eos_id": 0, "pad_id": 1}})
+    return path
 
 
-def test_stats_failures_are_one_line(tmp_path: Path) -> None:
-    code, out = cli("stats", str(tmp_path / "missing"))
-    assert code == 1 and out.startswith("error: ") and out.count("\n") == 1
-    store = make_store(tmp_path / "tok", np.array([3, 4]))
-    code, out = cli("stats", str(store), "--batch-size", "0")
-    assert code == 1 and "--batch-size" in out
-    (store / "tokens.bin").write_bytes(b"\x00")
-    code, out = cli("stats", str(store))
-    assert code == 1 and "tokens.bin" in out and out.count("\n") == 1
+@pytest.fixture(scope="module")
+def zipf_store(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer_dir: Path) -> Path:
+    d = tmp_path_factory.mktemp("stats")
+    (d / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in zipf_texts(400, seed=9)))
+    code, _, err = cli("tokenize", str(d / "in.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(d / "store"),
+                       "--workers", "1", "-q")
+    assert code == 0, err
+    return d / "store"
+
+
+def test_hand_checked_waste_on_a_tiny_store(tmp_path: Path) -> None:
+    """Lengths [4096, 100, 100] at N = 4096: naive pads 3 rows; packing needs 2 rows (4096 | 100+100)."""
+    store = write_store(tmp_path / "s", [4096, 100, 100])
+    s = stats_json(str(store), "--size", "4096", "--batch-size", "8")
+    total = 4296
+    assert s["kind"] == "tokens" and s["n_tokens"] == total and s["n_documents"] == 3 and s["n_items"] == 3
+    assert s["waste"][NAIVE] == pytest.approx(1 - total / (3 * 4096))
+    assert s["waste"][RANDOM] == pytest.approx(1 - total / (3 * 4096))  # one batch of 3, padded to 4096
+    assert s["rows"][BOUND] == 2 and s["waste"][BOUND] == pytest.approx(1 - total / (2 * 4096))
+    for name in ALGORITHMS:
+        assert s["rows"][f"pack {name}"] == 2
+        assert s["waste"][f"pack {name}"] == pytest.approx(1 - total / 8192)
+    assert s["lengths"]["max"] == 4096 and s["n_overlong"] == 0
+    # B = 2, sorted: [100, 100] then [4096] -> no padding at all
+    assert stats_json(str(store), "--size", "4096", "--batch-size", "2")["waste"][SORTED] == pytest.approx(0.0)
+
+
+def test_overlong_documents_count_as_fragments(tmp_path: Path) -> None:
+    store = write_store(tmp_path / "s", [300, 0, 50, 100])
+    s = stats_json(str(store), "--size", "128")
+    assert s["n_overlong"] == 1 and s["n_empty_documents"] == 1
+    assert s["n_items"] == 3 + 2  # 300 -> 128 + 128 + 44; the empty document is left out
+    assert s["rows"][NAIVE] == 5 and s["rows"][BOUND] == -(-450 // 128)
+
+
+def test_strategies_are_consistent_on_a_zipf_store(zipf_store: Path) -> None:
+    for size in ("64", "256"):
+        s = stats_json(str(zipf_store), "--size", size, "--batch-size", "4")
+        n = int(size)
+        assert s["rows"][BOUND] == -(-s["n_tokens"] // n)
+        bound = s["waste"][BOUND]
+        for name in ALGORITHMS:
+            assert s["waste"][f"pack {name}"] >= bound - 1e-12
+            assert s["rows"][f"pack {name}"] >= s["rows"][BOUND]
+        assert s["waste"][NAIVE] >= s["waste"][SORTED] >= bound
+        assert s["waste"][NAIVE] >= s["waste"][RANDOM]
+        assert s["waste"]["pack ffd"] < s["waste"][SORTED]  # packing is the point
+        assert set(s["lengths"]) == {"p50", "p90", "p99", "max"}
+        assert s["lengths"]["p50"] <= s["lengths"]["p90"] <= s["lengths"]["p99"] <= s["lengths"]["max"]
+    code, out, _ = cli("stats", str(zipf_store), "--size", "256")
+    assert code == 0 and "lower bound" in out and "pack ffd" in out
+
+
+def test_pack_store_stats_match_its_metadata(tmp_path: Path) -> None:
+    store = write_store(tmp_path / "s", [4096, 100, 100])
+    code, _, err = cli("pack", str(store), "--size", "4096", "--output", str(tmp_path / "out"), "--quiet")
+    assert code == 0, err
+    s = stats_json(str(tmp_path / "out"))
+    assert s["kind"] == "packs" and s["n_packs"] == 2 and s["n_segments"] == 3 and s["lower_bound_packs"] == 2
+    assert s["efficiency"] == pytest.approx(4296 / 8192) and s["pad_share"] == pytest.approx(1 - 4296 / 8192)
+    assert s["docs_per_pack_mean"] == pytest.approx(1.5) and s["docs_per_pack_max"] == 2
+    npy = tmp_path / "out" / "packed" / "tiny" / "training_4096.npy"
+    assert stats_json(str(npy))["n_packs"] == 2
+    lib = compute_stats(StatsConfig(tmp_path / "out"))
+    assert lib.to_dict() == s
+
+
+def test_plot_writes_png(tmp_path: Path, zipf_store: Path) -> None:
+    out = tmp_path / "plots" / "tokens.png"
+    code, _, err = cli("stats", str(zipf_store), "--size", "128", "--plot", str(out))
+    assert code == 0, err
+    assert out.read_bytes()[:8] == PNG_SIGNATURE and out.stat().st_size > 1000
+    code, _, err = cli("pack", str(zipf_store), "--size", "128", "--output", str(tmp_path / "packs"), "--quiet")
+    assert code == 0, err
+    png = tmp_path / "packs.png"
+    code, _, err = cli("stats", str(tmp_path / "packs"), "--plot", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_bad_input_exits_1_with_one_line(tmp_path: Path, zipf_store: Path) -> None:
+    assert "no pack store" in fails(str(tmp_path / "missing"))
+    assert "--batch-size" in fails(str(zipf_store), "--batch-size", "0")
+    for size in ("64", "128"):
+        code, _, err = cli("pack", str(zipf_store), "--size", size, "--output", str(tmp_path / "two"), "--quiet")
+        assert code == 0, err
+    assert "pass --size" in fails(str(tmp_path / "two"))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "manifest.json").write_text("{not json")
+    assert "manifest.json is not valid JSON" in fails(str(tmp_path / "broken"))
