@@ -27,7 +27,7 @@ MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
 BOUNDARY_DTYPE = np.dtype("<i8")
 LOSS_DTYPE = np.dtype("u1")
-_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 def dtype_for_max_id(max_id: int) -> np.dtype:
