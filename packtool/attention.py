@@ -37,27 +37,49 @@ def flash_available(q: torch.Tensor) -> bool:
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _flash() is not None
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                     causal: bool = True, softmax_scale: float | None = None, backend: str = "auto") -> torch.Tensor:
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """Attention of `(total_tokens, heads, head_dim)` q/k/v within each `cu_seqlens` segment.
 
     k and v may have fewer heads than q (GQA/MQA) as long as they divide q's heads.
     Zero-length segments (static `cu_seqlens` padding) are allowed. `backend` is `auto`,
     `flash` (fail if unavailable) or `torch` (always the exact fallback).
     """
-    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ConfigError(f"q, k, v must be (total_tokens, heads, head_dim) with matching tokens and head_dim, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, varlen_attention, reshape [B, N, H, D] to [B*N, H, D]")
+    if (
+        q.ndim != 3
+        or k.ndim != 3
+        or v.ndim != 3
+        or k.shape != v.shape
+        or q.shape[0] != k.shape[0]
+        or q.shape[2] != k.shape[2]
+    ):
+        raise ConfigError(
+            f"q, k, v must be (total_tokens, heads, head_dim) with matching tokens and head_dim, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, varlen_attention, reshape [B, N, H, D] to [B*N, H, D]"
+        )
     if q.shape[1] % k.shape[1]:
-        raise ConfigError(f"query heads ({q.shape[1]}) are not a multiple of key/value heads ({k.shape[1]}), varlen_attention, use a GQA layout with kv heads dividing q heads")
+        raise ConfigError(
+            f"query heads ({q.shape[1]}) are not a multiple of key/value heads ({k.shape[1]}), varlen_attention, use a GQA layout with kv heads dividing q heads"
+        )
     if backend not in ("auto", "flash", "torch"):
         raise ConfigError(f"unknown backend {backend!r}, varlen_attention, use auto, flash or torch")
     use_flash = backend == "flash" or (backend == "auto" and flash_available(q))
     if use_flash:
         if not flash_available(q):
-            raise ConfigError("flash-attn is not usable here (needs it installed, CUDA tensors and fp16/bf16), varlen_attention, use backend='auto'")
+            raise ConfigError(
+                "flash-attn is not usable here (needs it installed, CUDA tensors and fp16/bf16), varlen_attention, use backend='auto'"
+            )
         cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-        return _flash()(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), dropout_p=0.0,
-                        softmax_scale=softmax_scale, causal=causal)
+        return _flash()(
+            q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), dropout_p=0.0, softmax_scale=softmax_scale, causal=causal
+        )
     return _sdpa_segments(q, k, v, cu_seqlens, int(max_seqlen), causal, softmax_scale)
 
 
@@ -66,14 +88,25 @@ def _segments(cu_seqlens: torch.Tensor, total: int, max_seqlen: int) -> tuple[np
     cu = cu_seqlens.detach().cpu().numpy().astype(np.int64).reshape(-1)
     lens = np.diff(cu)
     if cu.size < 2 or cu[0] != 0 or cu[-1] != total or lens.min() < 0:
-        raise FormatError(f"cu_seqlens must start at 0, never decrease and end at {total} (the token count), got {cu[:4].tolist()}...{cu[-2:].tolist()}, varlen_attention, pass the collator's cu_seqlens")
+        raise FormatError(
+            f"cu_seqlens must start at 0, never decrease and end at {total} (the token count), got {cu[:4].tolist()}...{cu[-2:].tolist()}, varlen_attention, pass the collator's cu_seqlens"
+        )
     if int(lens.max()) > max_seqlen:
-        raise FormatError(f"max_seqlen {max_seqlen} is below the longest segment ({int(lens.max())}), varlen_attention, pass the collator's max_seqlen")
+        raise FormatError(
+            f"max_seqlen {max_seqlen} is below the longest segment ({int(lens.max())}), varlen_attention, pass the collator's max_seqlen"
+        )
     return cu[:-1], lens
 
 
-def _sdpa_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                   causal: bool, scale: float | None) -> torch.Tensor:
+def _sdpa_segments(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
     total, heads, dim = q.shape
     starts, lens = _segments(cu_seqlens, total, max_seqlen)
     if k.shape[1] != heads:  # GQA: each kv head serves heads/kv_heads consecutive q heads
@@ -86,7 +119,7 @@ def _sdpa_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         seg_starts = starts[lens == length]
         per_call = max(1, _SCORE_BUDGET // (heads * length * length))
         for c in range(0, seg_starts.size, per_call):
-            chunk = seg_starts[c:c + per_call]
+            chunk = seg_starts[c : c + per_call]
             idx = torch.from_numpy((chunk[:, None] + np.arange(length)).reshape(-1)).to(q.device)
             s = chunk.size
 

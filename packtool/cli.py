@@ -35,7 +35,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """packtool: raw data -> token store -> pack store -> GPU batches."""
 
@@ -65,41 +67,87 @@ def _done_total_bar(quiet: bool, desc: str, unit: str) -> Iterator[Callable[[int
 
 @app.command()
 def tokenize(
-    inputs: Annotated[list[str], typer.Argument(help="Files, directories or globs: .jsonl, .jsonl.gz, .jsonl.zst, .parquet, .txt.")],
-    tokenizer: Annotated[str, typer.Option("--tokenizer", help="tokenizer.json, a model directory, or a cached hub name.")],
+    inputs: Annotated[
+        list[str], typer.Argument(help="Files, directories or globs: .jsonl, .jsonl.gz, .jsonl.zst, .parquet, .txt.")
+    ],
+    tokenizer: Annotated[
+        str, typer.Option("--tokenizer", help="tokenizer.json, a model directory, or a cached hub name.")
+    ],
     output: Annotated[Path, typer.Option("--output", help="Token store directory to create.")],
-    format: Annotated[InputFormat, typer.Option("--format", help="How records become tokens and loss.")] = InputFormat.TEXT,
+    format: Annotated[
+        InputFormat, typer.Option("--format", help="How records become tokens and loss.")
+    ] = InputFormat.TEXT,
     field: Annotated[str, typer.Option("--field", help="Text field (dotted path) for --format text.")] = "text",
     prompt_field: Annotated[str, typer.Option("--prompt-field")] = "prompt",
     completion_field: Annotated[str, typer.Option("--completion-field")] = "completion",
     messages_field: Annotated[str, typer.Option("--messages-field")] = "messages",
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
-    separator: Annotated[str | None, typer.Option("--separator", help="Split .txt files into documents at STR.")] = None,
+    separator: Annotated[
+        str | None, typer.Option("--separator", help="Split .txt files into documents at STR.")
+    ] = None,
     bos: Annotated[bool | None, typer.Option("--bos/--no-bos", help="Default: as the tokenizer does.")] = None,
-    eos: Annotated[bool | None, typer.Option("--eos/--no-eos", help="Default: append EOS when defined (not for chat).")] = None,
+    eos: Annotated[
+        bool | None, typer.Option("--eos/--no-eos", help="Default: append EOS when defined (not for chat).")
+    ] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Default: all cores.")] = None,
-    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at file:line; skip: log to rejects.jsonl.")] = OnError.FAIL,
+    on_error: Annotated[
+        OnError, typer.Option("--on-error", help="fail: stop at file:line; skip: log to rejects.jsonl.")
+    ] = OnError.FAIL,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a different existing store.")] = False,
-    chunk_bytes: Annotated[int, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume.")] = 16 << 20,
-    backend: Annotated[str, typer.Option("--backend", help="auto|hf|fast: auto uses fast (fastokens) when installed and verified identical.")] = "auto",
-    num_shards: Annotated[int, typer.Option("--num-shards", min=1, help="Split the chunks into N contiguous shards (join with `merge`).")] = 1,
-    shard_index: Annotated[int, typer.Option("--shard-index", min=0, help="Which shard this run writes (0-based).")] = 0,
+    chunk_bytes: Annotated[int, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume.")] = 16
+    << 20,
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend", help="auto|hf|fast: auto uses fast (fastokens) when installed and verified identical."
+        ),
+    ] = "auto",
+    num_shards: Annotated[
+        int, typer.Option("--num-shards", min=1, help="Split the chunks into N contiguous shards (join with `merge`).")
+    ] = 1,
+    shard_index: Annotated[
+        int, typer.Option("--shard-index", min=0, help="Which shard this run writes (0-based).")
+    ] = 0,
     executor: Annotated[str, typer.Option("--executor", help="local|ray: where chunks run.")] = "local",
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start a local one).")] = None,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start a local one).")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Tokenize raw data into a token store (tokens.bin + tokens.boundaries [+ tokens.loss] + manifest.json)."""
     from packtool.tokenization import TokenizeConfig, tokenize_corpus
 
-    config = TokenizeConfig(tuple(inputs), tokenizer, str(output), format, field, prompt_field, completion_field, messages_field,
-                            chat_template, separator, bos, eos, workers, on_error, overwrite, chunk_bytes,
-                            backend=backend, num_shards=num_shards, shard_index=shard_index, executor=executor, ray_address=ray_address)
+    config = TokenizeConfig(
+        tuple(inputs),
+        tokenizer,
+        str(output),
+        format,
+        field,
+        prompt_field,
+        completion_field,
+        messages_field,
+        chat_template,
+        separator,
+        bos,
+        eos,
+        workers,
+        on_error,
+        overwrite,
+        chunk_bytes,
+        backend=backend,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        executor=executor,
+        ray_address=ray_address,
+    )
     with _done_total_bar(quiet, "tokenize", "B") as progress:
         result = tokenize_corpus(config, progress)
     m = result.manifest
     state = "up to date" if result.up_to_date else f"{result.reused_chunks}/{result.n_chunks} chunks reused"
-    typer.echo(f"tokenized {m['n_documents']} documents, {m['n_tokens']} tokens ({m['n_target_tokens']} targets, {m['dtype']}), "
-               f"{m.get('n_rejected', 0)} rejected, {state} -> {result.path}")
+    typer.echo(
+        f"tokenized {m['n_documents']} documents, {m['n_tokens']} tokens ({m['n_target_tokens']} targets, {m['dtype']}), "
+        f"{m.get('n_rejected', 0)} rejected, {state} -> {result.path}"
+    )
 
 
 @app.command()
@@ -107,30 +155,51 @@ def pack(
     tokens_dir: Annotated[Path, typer.Argument(help="Token store made by `packtool tokenize`.")],
     size: Annotated[int, typer.Option("--size", help="Pack size N in tokens.")],
     output: Annotated[Path, typer.Option("--output", help="Pack ROOT; files go to ROOT/packed/{tokenizer}/.")],
-    algorithm: Annotated[Algorithm, typer.Option("--algorithm", help="Bin-packing algorithm.")] = Algorithm.FFD,
+    algorithm: Annotated[Algorithm, typer.Option("--algorithm", help="Bin-packing algorithm.")] = Algorithm.BFD,
     seed: Annotated[int, typer.Option("--seed", help="Seed: same input and seed give identical bytes.")] = 0,
     shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle", help="Seeded random pack order.")] = True,
     overlong: Annotated[Overlong, typer.Option("--overlong", help="Documents longer than N.")] = Overlong.SPLIT,
     pad_multiple: Annotated[int, typer.Option("--pad-multiple", help="Pad every segment to a multiple of M.")] = 1,
-    max_docs_per_pack: Annotated[int | None, typer.Option("--max-docs-per-pack", help="At most K segments per pack.")] = None,
+    max_docs_per_pack: Annotated[
+        int | None, typer.Option("--max-docs-per-pack", help="At most K segments per pack.")
+    ] = None,
     split: Annotated[Split, typer.Option("--split", help="Which split this is.")] = Split.TRAINING,
-    workers: Annotated[int | None, typer.Option("--workers", min=1, help="Parallel block writers (default: all cores).")] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=1, help="Parallel block writers (default: all cores).")
+    ] = None,
     executor: Annotated[str, typer.Option("--executor", help="local|ray: where pack blocks are written.")] = "local",
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start a local one).")] = None,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start a local one).")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Bin-pack a token store into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
     from packtool.packing.writer import pack_store
 
-    config = PackConfig(tokens_dir, size, output, algorithm, seed, shuffle, overlong, pad_multiple, max_docs_per_pack, split,
-                        workers, executor, ray_address)
+    config = PackConfig(
+        tokens_dir,
+        size,
+        output,
+        algorithm,
+        seed,
+        shuffle,
+        overlong,
+        pad_multiple,
+        max_docs_per_pack,
+        split,
+        workers,
+        executor,
+        ray_address,
+    )
     with _done_total_bar(quiet, "pack", "pack") as progress:
         result = pack_store(config, progress)
     m = result.metadata
-    typer.echo(f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
-               f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% "
-               f"(real tokens {100 * m['n_tokens'] / max(1, m['n_packs'] * m['pack_size']):.2f}%), "
-               f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}")
+    typer.echo(
+        f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
+        f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% "
+        f"(real tokens {100 * m['n_tokens'] / max(1, m['n_packs'] * m['pack_size']):.2f}%), "
+        f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}"
+    )
 
 
 @app.command()
@@ -141,7 +210,9 @@ def stats(
     seed: Annotated[int, typer.Option("--seed", help="Seed for random batches and shuffling algorithms.")] = 0,
     split: Annotated[Split, typer.Option("--split", help="Split of a pack store.")] = Split.TRAINING,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG (length histogram, waste per strategy).")] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG (length histogram, waste per strategy).")
+    ] = None,
 ) -> None:
     """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
     import json
@@ -157,7 +228,10 @@ def stats(
 @app.command()
 def verify(
     path: Annotated[Path, typer.Argument(help="A token store or a pack store (ROOT, packed/{tokenizer} or .npy).")],
-    source: Annotated[Path | None, typer.Option("--source", help="Token store the packs were made from: check every document round-trips.")] = None,
+    source: Annotated[
+        Path | None,
+        typer.Option("--source", help="Token store the packs were made from: check every document round-trips."),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Check every invariant and checksum of a store; with --source, that every document is packed exactly once, unchanged."""
@@ -171,7 +245,9 @@ def verify(
 
 @app.command()
 def merge(
-    shards: Annotated[list[Path], typer.Argument(help="Shard token stores of one `tokenize --num-shards N` run, any order.")],
+    shards: Annotated[
+        list[Path], typer.Argument(help="Shard token stores of one `tokenize --num-shards N` run, any order.")
+    ],
     output: Annotated[Path, typer.Option("--output", help="Merged token store (byte-identical to a single run).")],
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
@@ -182,12 +258,16 @@ def merge(
     with _done_total_bar(quiet, "merge", "tok") as progress:
         result = merge_shards(shards, output, overwrite=overwrite, progress=progress)
     m = result.manifest
-    typer.echo(f"merged {result.n_shards} shards: {m['n_documents']} documents, {m['n_tokens']} tokens -> {result.path}")
+    typer.echo(
+        f"merged {result.n_shards} shards: {m['n_documents']} documents, {m['n_tokens']} tokens -> {result.path}"
+    )
 
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Argument(help="YAML file: sections tokenize/pack/stats/verify (or a `steps` list); keys = flags.")],
+    config: Annotated[
+        Path, typer.Argument(help="YAML file: sections tokenize/pack/stats/verify (or a `steps` list); keys = flags.")
+    ],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Run tokenize -> pack -> stats (+ plot) -> verify from one config file (examples in configs/)."""

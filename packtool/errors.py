@@ -14,8 +14,9 @@ class PacktoolError(Exception):
 class InputError(PacktoolError):
     """A raw input record or file is malformed; carries the file and 1-based line."""
 
-    def __init__(self, reason: str, source: str | None = None, line: int | None = None,
-                 hint: str | None = None) -> None:
+    def __init__(
+        self, reason: str, source: str | None = None, line: int | None = None, hint: str | None = None
+    ) -> None:
         self.reason = reason
         self.source = source
         self.line = line

@@ -26,8 +26,16 @@ from packtool.tokenization.journal import ChunkResult
 if TYPE_CHECKING:
     from packtool.packing.writer import PackBlockTask
 
-__all__ = ["ExecutorName", "PackExecutor", "local_executor", "local_pack_executor", "make_executor",
-           "make_pack_executor", "ray_executor", "ray_pack_executor"]
+__all__ = [
+    "ExecutorName",
+    "PackExecutor",
+    "local_executor",
+    "local_pack_executor",
+    "make_executor",
+    "make_pack_executor",
+    "ray_executor",
+    "ray_pack_executor",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -61,7 +69,9 @@ def _ray_session(workers: int, address: str | None) -> Iterator[Any]:
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError("--executor ray needs the ray package, pip install 'packtool[ray]' or use --executor local") from exc
+        raise ConfigError(
+            "--executor ray needs the ray package, pip install 'packtool[ray]' or use --executor local"
+        ) from exc
     started = not ray.is_initialized()
     if started:
         try:
@@ -70,8 +80,10 @@ def _ray_session(workers: int, address: str | None) -> Iterator[Any]:
             else:
                 ray.init(address=address, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ConfigError(f"cannot start or join Ray ({exc}), --ray-address {address}, "
-                              "check the address (ray status) or leave it out for a local Ray") from exc
+            raise ConfigError(
+                f"cannot start or join Ray ({exc}), --ray-address {address}, "
+                "check the address (ray status) or leave it out for a local Ray"
+            ) from exc
     try:
         yield ray
     finally:
@@ -103,7 +115,9 @@ def _require_ray() -> None:
     try:
         import ray  # noqa: F401
     except ImportError as exc:
-        raise ConfigError("--executor ray needs the ray package, pip install 'packtool[ray]' or use --executor local") from exc
+        raise ConfigError(
+            "--executor ray needs the ray package, pip install 'packtool[ray]' or use --executor local"
+        ) from exc
 
 
 def ray_executor(workers: int, address: str | None = None) -> Executor:

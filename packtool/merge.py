@@ -38,8 +38,10 @@ def shard_bounds(n_chunks: int, num_shards: int, shard_index: int) -> tuple[int,
     if num_shards < 1:
         raise ConfigError(f"--num-shards must be at least 1, got {num_shards}, pass a positive count")
     if not 0 <= shard_index < num_shards:
-        raise ConfigError(f"--shard-index {shard_index} is outside 0..{num_shards - 1} for --num-shards {num_shards}, "
-                          "pass an index below the shard count (Slurm: --shard-index $SLURM_ARRAY_TASK_ID)")
+        raise ConfigError(
+            f"--shard-index {shard_index} is outside 0..{num_shards - 1} for --num-shards {num_shards}, "
+            "pass an index below the shard count (Slurm: --shard-index $SLURM_ARRAY_TASK_ID)"
+        )
     return shard_index * n_chunks // num_shards, (shard_index + 1) * n_chunks // num_shards
 
 
@@ -56,8 +58,14 @@ def shard_build(build: str, num_shards: int, shard_index: int) -> str:
 def shard_entry(build: str, n_chunks: int, num_shards: int, shard_index: int) -> dict[str, Any]:
     """The manifest's `shard` entry: enough for merge to check completeness and order."""
     start, end = shard_bounds(n_chunks, num_shards, shard_index)
-    return {"index": shard_index, "count": num_shards, "chunk_start": start, "chunk_end": end,
-            "n_chunks": n_chunks, "build": build}
+    return {
+        "index": shard_index,
+        "count": num_shards,
+        "chunk_start": start,
+        "chunk_end": end,
+        "n_chunks": n_chunks,
+        "build": build,
+    }
 
 
 @dataclass(frozen=True)
@@ -67,16 +75,25 @@ class MergeResult:
     n_shards: int
 
 
-def merge_shards(shard_dirs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str], *,
-                 overwrite: bool = False, progress: Progress | None = None) -> MergeResult:
+def merge_shards(
+    shard_dirs: Sequence[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> MergeResult:
     """Join the shard stores of one sharded run into the store a single run would have written."""
     if not shard_dirs:
-        raise ConfigError("merge needs at least one shard directory, pass the --output of every `tokenize --shard-index` run")
+        raise ConfigError(
+            "merge needs at least one shard directory, pass the --output of every `tokenize --shard-index` run"
+        )
     stores = [open_token_store(d, check_hashes=True) for d in shard_dirs]
     stores = _check_shards(stores)
     out = Path(output).expanduser().resolve()
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise OutputExistsError(f"output {out} already exists and is not empty, pass --overwrite to replace it or choose another --output")
+        raise OutputExistsError(
+            f"output {out} already exists and is not empty, pass --overwrite to replace it or choose another --output"
+        )
     first = stores[0].manifest
     total = sum(s.n_tokens for s in stores)
     done = 0
@@ -97,8 +114,21 @@ def merge_shards(shard_dirs: Sequence[str | os.PathLike[str]], output: str | os.
                     done += b - a
                     if progress:
                         progress(done, total)
-            manifest = {k: v for k, v in first.items()
-                        if k not in ("format", "format_version", "dtype", "n_documents", "n_tokens", "n_target_tokens", "files", "shard")}
+            manifest = {
+                k: v
+                for k, v in first.items()
+                if k
+                not in (
+                    "format",
+                    "format_version",
+                    "dtype",
+                    "n_documents",
+                    "n_tokens",
+                    "n_target_tokens",
+                    "files",
+                    "shard",
+                )
+            }
             manifest["sources"] = _sum_sources([s.manifest for s in stores])
             if "n_rejected" in manifest:
                 manifest["n_rejected"] = sum(int(s.manifest.get("n_rejected", 0)) for s in stores)
@@ -113,8 +143,10 @@ def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
     """Same run, every shard once, in order; raise a ConfigError naming the problem otherwise."""
     for store in stores:
         if "shard" not in store.manifest:
-            raise ConfigError(f"{store.path} is not a shard (its manifest has no 'shard' entry), "
-                              "pass only stores written with `tokenize --num-shards N --shard-index I`")
+            raise ConfigError(
+                f"{store.path} is not a shard (its manifest has no 'shard' entry), "
+                "pass only stores written with `tokenize --num-shards N --shard-index I`"
+            )
     stores = sorted(stores, key=lambda s: int(s.manifest["shard"]["index"]))
     first = stores[0].manifest
     count = int(first["shard"]["count"])
@@ -122,31 +154,43 @@ def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
         m = store.manifest
         for key in sorted((set(m) | set(first)) - _PER_SHARD):
             if m.get(key) != first.get(key):
-                raise ConfigError(f"shard {store.path} differs from {stores[0].path} in {key!r} "
-                                  f"({json.dumps(m.get(key))[:80]} vs {json.dumps(first.get(key))[:80]}), "
-                                  "merge only shards of one run (same inputs, tokenizer, settings, backend)")
+                raise ConfigError(
+                    f"shard {store.path} differs from {stores[0].path} in {key!r} "
+                    f"({json.dumps(m.get(key))[:80]} vs {json.dumps(first.get(key))[:80]}), "
+                    "merge only shards of one run (same inputs, tokenizer, settings, backend)"
+                )
         for key in ("count", "n_chunks", "build"):
             if m["shard"][key] != first["shard"][key]:
-                raise ConfigError(f"shard {store.path} belongs to another run ({key} {m['shard'][key]} vs {first['shard'][key]}), "
-                                  "re-run that shard with the same inputs and settings")
+                raise ConfigError(
+                    f"shard {store.path} belongs to another run ({key} {m['shard'][key]} vs {first['shard'][key]}), "
+                    "re-run that shard with the same inputs and settings"
+                )
     indices = [int(s.manifest["shard"]["index"]) for s in stores]
     if len(set(indices)) != len(indices):
         dup = sorted({i for i in indices if indices.count(i) > 1})
-        raise ConfigError(f"shard index {dup[0]} is given twice ({', '.join(str(s.path) for s in stores if s.manifest['shard']['index'] == dup[0])}), "
-                          "pass each shard once")
+        raise ConfigError(
+            f"shard index {dup[0]} is given twice ({', '.join(str(s.path) for s in stores if s.manifest['shard']['index'] == dup[0])}), "
+            "pass each shard once"
+        )
     missing = sorted(set(range(count)) - set(indices))
     if missing:
-        raise ConfigError(f"shards {missing[:10]} of {count} are missing, run `packtool tokenize ... --num-shards {count} "
-                          f"--shard-index I` for them and pass every shard directory")
+        raise ConfigError(
+            f"shards {missing[:10]} of {count} are missing, run `packtool tokenize ... --num-shards {count} "
+            f"--shard-index I` for them and pass every shard directory"
+        )
     end = 0
     for store in stores:
         shard = store.manifest["shard"]
         if int(shard["chunk_start"]) != end:
-            raise FormatError(f"shard {shard['index']} starts at chunk {shard['chunk_start']} but the previous one ends at {end}, "
-                              f"{store.path / MANIFEST}, re-run that shard")
+            raise FormatError(
+                f"shard {shard['index']} starts at chunk {shard['chunk_start']} but the previous one ends at {end}, "
+                f"{store.path / MANIFEST}, re-run that shard"
+            )
         end = int(shard["chunk_end"])
     if end != int(first["shard"]["n_chunks"]):
-        raise FormatError(f"shards cover chunks 0..{end} of {first['shard']['n_chunks']}, {stores[-1].path / MANIFEST}, re-run the last shard")
+        raise FormatError(
+            f"shards cover chunks 0..{end} of {first['shard']['n_chunks']}, {stores[-1].path / MANIFEST}, re-run the last shard"
+        )
     return stores
 
 

@@ -34,7 +34,12 @@ from packtool.config import PackConfig, StatsConfig, VerifyConfig
 from packtool.errors import ConfigError, FormatError
 from packtool.tokenization.settings import TokenizeConfig
 
-SECTIONS: dict[str, type] = {"tokenize": TokenizeConfig, "pack": PackConfig, "stats": StatsConfig, "verify": VerifyConfig}
+SECTIONS: dict[str, type] = {
+    "tokenize": TokenizeConfig,
+    "pack": PackConfig,
+    "stats": StatsConfig,
+    "verify": VerifyConfig,
+}
 #: flags of a command that are not fields of its config (output options of the CLI)
 EXTRA_KEYS: dict[str, dict[str, Any]] = {"stats": {"plot": Path | None, "json": bool}}
 #: keys filled from the earlier sections of the same step when left out
@@ -105,22 +110,30 @@ def load_run_config(path: str | Path) -> list[Step]:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(file)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"YAML syntax error ({problem}), {where}, fix the YAML (indentation, quotes, colons)") from exc
+        raise ConfigError(
+            f"YAML syntax error ({problem}), {where}, fix the YAML (indentation, quotes, colons)"
+        ) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config is not UTF-8 text ({exc.reason}), {file}, save it as UTF-8") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"config must be a mapping with sections {', '.join(SECTIONS)} or a `steps` list, got "
-                          f"{type(data).__name__}, {file}, see configs/demo.yaml")
+        raise ConfigError(
+            f"config must be a mapping with sections {', '.join(SECTIONS)} or a `steps` list, got "
+            f"{type(data).__name__}, {file}, see configs/demo.yaml"
+        )
     base = file.resolve().parent
     if "steps" in data:
         others = sorted(str(k) for k in data if k != "steps")
         if others:
-            raise ConfigError(f"config has both `steps` and top-level {', '.join(others)}, {_at(file, data, others[0])}, "
-                              "put every section inside a step")
+            raise ConfigError(
+                f"config has both `steps` and top-level {', '.join(others)}, {_at(file, data, others[0])}, "
+                "put every section inside a step"
+            )
         steps = data["steps"]
         if not isinstance(steps, list) or not steps:
-            raise ConfigError(f"`steps` must be a non-empty list of steps, {_at(file, data, 'steps')}, "
-                              f"each a mapping with keys {', '.join(STEP_KEYS)}")
+            raise ConfigError(
+                f"`steps` must be a non-empty list of steps, {_at(file, data, 'steps')}, "
+                f"each a mapping with keys {', '.join(STEP_KEYS)}"
+            )
         parsed = [_step(file, base, s, f"steps[{i}]", f"step{i + 1}") for i, s in enumerate(steps)]
     else:
         parsed = [_step(file, base, data, "config", "run")]
@@ -139,11 +152,15 @@ def _at(file: Path, mapping: Any, key: Any = None) -> str:
 
 def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> Step:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a mapping with keys {', '.join(STEP_KEYS)}, got {type(raw).__name__}, {file}")
+        raise ConfigError(
+            f"{where} must be a mapping with keys {', '.join(STEP_KEYS)}, got {type(raw).__name__}, {file}"
+        )
     unknown = [k for k in raw if k not in STEP_KEYS]
     if unknown:
-        raise ConfigError(f"unknown section {unknown[0]!r} in {where}, {_at(file, raw, unknown[0])}, "
-                          f"valid sections: {', '.join(STEP_KEYS)}" + (" (or a top-level `steps` list)" if where == "config" else ""))
+        raise ConfigError(
+            f"unknown section {unknown[0]!r} in {where}, {_at(file, raw, unknown[0])}, "
+            f"valid sections: {', '.join(STEP_KEYS)}" + (" (or a top-level `steps` list)" if where == "config" else "")
+        )
     if not any(k in raw for k in SECTIONS):
         raise ConfigError(f"{where} has none of the sections {', '.join(SECTIONS)}, {_at(file, raw)}, add at least one")
     name = str(raw.get("name", default_name))
@@ -152,8 +169,10 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
         if section in raw:
             body = raw[section] if raw[section] is not None else _Mapping()
             if not isinstance(body, dict):
-                raise ConfigError(f"section {section!r} of {where} must be a mapping of flags, got {type(body).__name__}, "
-                                  f"{_at(file, raw, section)}, e.g. `{section}: {{key: value}}`")
+                raise ConfigError(
+                    f"section {section!r} of {where} must be a mapping of flags, got {type(body).__name__}, "
+                    f"{_at(file, raw, section)}, e.g. `{section}: {{key: value}}`"
+                )
             sections[section] = _section(file, base, section, body, linked=_has_link(section, raw))
     tokenize = TokenizeConfig(**sections["tokenize"]) if "tokenize" in sections else None
     pack_keys = sections.get("pack")
@@ -180,17 +199,28 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
     for key, value in body.items():
         norm = str(key).replace("-", "_")
         if norm not in types_:
-            raise ConfigError(f"unknown key {key!r} in section {section!r}, {_at(file, body, key)}, valid keys: {valid}")
+            raise ConfigError(
+                f"unknown key {key!r} in section {section!r}, {_at(file, body, key)}, valid keys: {valid}"
+            )
         if norm in out:
-            raise ConfigError(f"key {norm!r} given twice in section {section!r} (dashes and underscores are the same key), "
-                              f"{_at(file, body, key)}, keep one")
+            raise ConfigError(
+                f"key {norm!r} given twice in section {section!r} (dashes and underscores are the same key), "
+                f"{_at(file, body, key)}, keep one"
+            )
         out[norm] = _coerce(value, types_[norm], norm, base, f"{section}.{key}, {_at(file, body, key)}")
-    required = [n for n, f in fields.items()
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
-                and n not in out and not (linked and n in LINKED.get(section, set()))]
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+        and n not in out
+        and not (linked and n in LINKED.get(section, set()))
+    ]
     if required:
-        raise ConfigError(f"section {section!r} lacks the required key {required[0]!r}, {_at(file, body)}, "
-                          f"add `{required[0]}: ...` (required: {', '.join(n for n, f in fields.items() if f.default is dataclasses.MISSING)})")
+        raise ConfigError(
+            f"section {section!r} lacks the required key {required[0]!r}, {_at(file, body)}, "
+            f"add `{required[0]}: ...` (required: {', '.join(n for n, f in fields.items() if f.default is dataclasses.MISSING)})"
+        )
     return out
 
 
@@ -214,11 +244,15 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
         try:
             return tp(value)
         except ValueError:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}, pick one") from None
+            raise ConfigError(
+                f"{where}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}, pick one"
+            ) from None
     if typing.get_origin(tp) is tuple:  # inputs: one path/glob or a list of them
         items = value if isinstance(value, list) else [value]
         if not items or not all(isinstance(v, str) for v in items):
-            raise ConfigError(f"{where}: expected a path or a list of paths, got {value!r}, write `{key}: [a.jsonl, dir/]`")
+            raise ConfigError(
+                f"{where}: expected a path or a list of paths, got {value!r}, write `{key}: [a.jsonl, dir/]`"
+            )
         return tuple(_resolve(v, base, key) for v in items)
     if tp is Path or tp is str:
         if not isinstance(value, str) or (not value and key in PATH_KEYS):
@@ -291,8 +325,10 @@ def _run_step(step: Step, progress: RunProgress | None) -> StepResult:
                 keys.setdefault("source", tokens_dir)
         out.verify = verify_path(VerifyConfig(**keys))
         if getattr(out.verify, "ok", True) is False:
-            raise FormatError(f"verify failed for step {step.name!r}: {_first_problem(out.verify)}, {keys['path']}, "
-                              f"run `packtool verify {keys['path']}` for the full report")
+            raise FormatError(
+                f"verify failed for step {step.name!r}: {_first_problem(out.verify)}, {keys['path']}, "
+                f"run `packtool verify {keys['path']}` for the full report"
+            )
     return out
 
 
@@ -304,11 +340,15 @@ def describe(result: RunResult) -> list[str]:
     for step in result.steps:
         if step.tokenize is not None:
             m = step.tokenize.manifest
-            lines.append(f"[{step.name}] tokenized {m['n_documents']} documents, {m['n_tokens']} tokens -> {step.tokenize.path}")
+            lines.append(
+                f"[{step.name}] tokenized {m['n_documents']} documents, {m['n_tokens']} tokens -> {step.tokenize.path}"
+            )
         if step.pack is not None:
             m = step.pack.metadata
-            lines.append(f"[{step.name}] packed {m['n_segments']} segments into {m['n_packs']} packs of {m['pack_size']} "
-                         f"(lower bound {m['lower_bound_packs']}), efficiency {m['packing_efficiency']}% -> {step.pack.directory}")
+            lines.append(
+                f"[{step.name}] packed {m['n_segments']} segments into {m['n_packs']} packs of {m['pack_size']} "
+                f"(lower bound {m['lower_bound_packs']}), efficiency {m['packing_efficiency']}% -> {step.pack.directory}"
+            )
         if step.stats is not None:
             lines.append(json.dumps(step.stats.to_dict(), sort_keys=True) if step.stats_json else step.stats.to_text())
             if step.plot is not None:

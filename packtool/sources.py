@@ -52,7 +52,9 @@ def source_kind(path: str | os.PathLike[str]) -> str | None:
 def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Files, directories (recursive) and globs -> sorted, de-duplicated supported files."""
     if not inputs:
-        raise InputError("no input given", hint="pass files, directories or globs of .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt")
+        raise InputError(
+            "no input given", hint="pass files, directories or globs of .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt"
+        )
     found: set[Path] = set()
     for item in inputs:
         text = os.fspath(item)
@@ -60,15 +62,25 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
         if path.is_dir():
             matches = [p for p in path.rglob("*") if p.is_file() and source_kind(p) and not _hidden(p, path)]
             if not matches:
-                raise InputError("directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt files", text, hint="check the path")
+                raise InputError(
+                    "directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt files", text, hint="check the path"
+                )
         elif path.is_file():
             if source_kind(path) is None:
-                raise InputError("unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .txt)", text, hint="rename or convert the file")
+                raise InputError(
+                    "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .txt)",
+                    text,
+                    hint="rename or convert the file",
+                )
             matches = [path]
         else:
             matches = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and source_kind(p)]
             if not matches:
-                raise InputError("input does not exist or the glob matches no supported file", text, hint="check the path or quote the glob")
+                raise InputError(
+                    "input does not exist or the glob matches no supported file",
+                    text,
+                    hint="check the path or quote the glob",
+                )
         found.update(p.resolve() for p in matches)
     return sorted(found, key=lambda p: str(p))
 
@@ -117,7 +129,9 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
 
     def flush_txt() -> None:
         if txt_run:
-            chunks.append(Chunk(len(chunks), "txt", tuple(s.path for s in txt_run), n_bytes=sum(s.n_bytes for s in txt_run)))
+            chunks.append(
+                Chunk(len(chunks), "txt", tuple(s.path for s in txt_run), n_bytes=sum(s.n_bytes for s in txt_run))
+            )
             txt_run.clear()
 
     for path in paths:
@@ -127,7 +141,9 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
             sources.append(source)
             flush_txt()
             base = len(chunks)
-            chunks.extend(Chunk(base + i, kind, (source.path,), s, e, line, e - s) for i, (s, e, line) in enumerate(ranges))
+            chunks.extend(
+                Chunk(base + i, kind, (source.path,), s, e, line, e - s) for i, (s, e, line) in enumerate(ranges)
+            )
             continue
         source = _hash(path)
         sources.append(source)
@@ -191,7 +207,9 @@ def _plan_parquet(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
     try:
         meta = pq.ParquetFile(path).metadata
     except Exception as exc:  # pyarrow raises several types for a broken file
-        raise InputError(f"cannot read parquet metadata ({exc})", str(path), hint="check that the file is a complete parquet file") from exc
+        raise InputError(
+            f"cannot read parquet metadata ({exc})", str(path), hint="check that the file is a complete parquet file"
+        ) from exc
     groups: list[tuple[int, int, int]] = []
     start, size = 0, 0
     for i in range(meta.num_row_groups):
@@ -240,7 +258,9 @@ def _stream_lines(chunk: Chunk) -> Iterator[bytes]:
             import zstandard
 
             with open(path, "rb") as raw:
-                stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True), _BLOCK)  # type: ignore[arg-type]
+                stream = io.BufferedReader(
+                    zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True), _BLOCK
+                )  # type: ignore[arg-type]
                 for line in stream:
                     yield line.rstrip(b"\n")
     except (OSError, EOFError) as exc:

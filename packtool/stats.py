@@ -51,11 +51,13 @@ class TokenStoreStats:
         return d
 
     def to_text(self) -> str:
-        lines = [f"token store {self.path}",
-                 f"  documents {self.n_documents} ({self.n_empty_documents} empty), tokens {self.n_tokens}",
-                 "  length p50 {p50}  p90 {p90}  p99 {p99}  max {max}".format(**self.lengths),
-                 f"  over-long (> {self.size}): {self.n_overlong} documents, counted as fragments -> {self.n_items} items",
-                 f"  {'strategy (N=' + str(self.size) + ', B=' + str(self.batch_size) + ')':<28}{'rows':>10}{'waste':>10}"]
+        lines = [
+            f"token store {self.path}",
+            f"  documents {self.n_documents} ({self.n_empty_documents} empty), tokens {self.n_tokens}",
+            "  length p50 {p50}  p90 {p90}  p99 {p99}  max {max}".format(**self.lengths),
+            f"  over-long (> {self.size}): {self.n_overlong} documents, counted as fragments -> {self.n_items} items",
+            f"  {'strategy (N=' + str(self.size) + ', B=' + str(self.batch_size) + ')':<28}{'rows':>10}{'waste':>10}",
+        ]
         lines += [f"  {name:<28}{self.rows[name]:>10}{self.waste[name]:>10.2%}" for name in self.waste]
         return "\n".join(lines)
 
@@ -89,14 +91,16 @@ class PackStoreStats:
         return d
 
     def to_text(self) -> str:
-        return "\n".join([
-            f"pack store {self.path} split {self.split} size {self.size} ({self.algorithm})",
-            f"  packs {self.n_packs} (lower bound {self.lower_bound_packs}), segments {self.n_segments}, "
-            f"documents {self.n_documents} ({self.n_empty_documents} empty)",
-            f"  tokens {self.n_tokens}, efficiency {self.efficiency:.2%}, pad share {self.pad_share:.2%}",
-            f"  docs per pack mean {self.docs_per_pack_mean:.2f}, max {self.docs_per_pack_max}",
-            f"  over-long: {self.overlong['count']} ({self.overlong['policy']})",
-        ])
+        return "\n".join(
+            [
+                f"pack store {self.path} split {self.split} size {self.size} ({self.algorithm})",
+                f"  packs {self.n_packs} (lower bound {self.lower_bound_packs}), segments {self.n_segments}, "
+                f"documents {self.n_documents} ({self.n_empty_documents} empty)",
+                f"  tokens {self.n_tokens}, efficiency {self.efficiency:.2%}, pad share {self.pad_share:.2%}",
+                f"  docs per pack mean {self.docs_per_pack_mean:.2f}, max {self.docs_per_pack_max}",
+                f"  over-long: {self.overlong['count']} ({self.overlong['policy']})",
+            ]
+        )
 
 
 def _padded_batches(lengths: np.ndarray, batch: int, cap: int) -> tuple[int, int]:
@@ -127,7 +131,10 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
     rng = np.random.default_rng(seed)
     rows: dict[str, int] = {"naive (pad each to N)": int(items.size)}
     computed: dict[str, int] = {"naive (pad each to N)": int(items.size) * size}
-    for name, order in (("random batches of B", rng.permutation(items.size)), ("sorted batches of B", np.argsort(items, kind="stable"))):
+    for name, order in (
+        ("random batches of B", rng.permutation(items.size)),
+        ("sorted batches of B", np.argsort(items, kind="stable")),
+    ):
         rows[name], computed[name] = _padded_batches(items[order], batch_size, size)
     for name in ALGORITHMS:
         offsets, _ = pack_lengths(items, size, algorithm=name, seed=seed)
@@ -137,11 +144,18 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
     computed["lower bound"] = rows["lower bound"] * size
     pct = np.percentile(doc_lengths, [50, 90, 99]) if doc_lengths.size else np.zeros(3)
     return TokenStoreStats(
-        path=str(path), size=size, batch_size=batch_size, n_documents=store.n_documents, n_tokens=store.n_tokens,
-        n_empty_documents=int(np.count_nonzero(doc_lengths == 0)), n_overlong=int(np.count_nonzero(doc_lengths > size)),
+        path=str(path),
+        size=size,
+        batch_size=batch_size,
+        n_documents=store.n_documents,
+        n_tokens=store.n_tokens,
+        n_empty_documents=int(np.count_nonzero(doc_lengths == 0)),
+        n_overlong=int(np.count_nonzero(doc_lengths > size)),
         n_items=int(items.size),
         lengths={"p50": int(pct[0]), "p90": int(pct[1]), "p99": int(pct[2]), "max": int(doc_lengths.max(initial=0))},
-        waste={k: _waste(total, v) for k, v in computed.items()}, rows=rows, _doc_lengths=np.asarray(doc_lengths),
+        waste={k: _waste(total, v) for k, v in computed.items()},
+        rows=rows,
+        _doc_lengths=np.asarray(doc_lengths),
     )
 
 
@@ -164,13 +178,23 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
     positions = ps.n_packs * size
     eff = n_tokens / positions if positions else 0.0
     return PackStoreStats(
-        path=str(directory), split=split, size=size, algorithm=str(meta.get("algorithm")),
-        n_documents=int(meta["n_documents"]), n_segments=int(per_pack.sum()), n_packs=ps.n_packs, n_tokens=n_tokens,
-        efficiency=eff, pad_share=1.0 - eff if positions else 0.0, packing_efficiency=float(meta["packing_efficiency"]),
+        path=str(directory),
+        split=split,
+        size=size,
+        algorithm=str(meta.get("algorithm")),
+        n_documents=int(meta["n_documents"]),
+        n_segments=int(per_pack.sum()),
+        n_packs=ps.n_packs,
+        n_tokens=n_tokens,
+        efficiency=eff,
+        pad_share=1.0 - eff if positions else 0.0,
+        packing_efficiency=float(meta["packing_efficiency"]),
         lower_bound_packs=int(meta["lower_bound_packs"]),
         docs_per_pack_mean=float(per_pack.mean()) if per_pack.size else 0.0,
-        docs_per_pack_max=int(per_pack.max(initial=0)), overlong=dict(meta["overlong"]),
-        n_empty_documents=int(meta.get("n_empty_documents", 0)), _seg_lens=np.asarray(ps.seg_lens),
+        docs_per_pack_max=int(per_pack.max(initial=0)),
+        overlong=dict(meta["overlong"]),
+        n_empty_documents=int(meta.get("n_empty_documents", 0)),
+        _seg_lens=np.asarray(ps.seg_lens),
     )
 
 
@@ -193,14 +217,21 @@ def plot_stats(stats: TokenStoreStats | PackStoreStats, out: Path) -> Path:
     lengths = stats._doc_lengths if isinstance(stats, TokenStoreStats) else stats._seg_lens
     left.hist(lengths, bins=60, color="#4878d0")
     left.axvline(stats.size, color="#d65f5f", linestyle="--", label=f"N = {stats.size}")
-    left.set(yscale="log", xlabel="document length (tokens)" if stats.kind == "tokens" else "segment length (tokens)",
-             ylabel="count", title="length histogram")
+    left.set(
+        yscale="log",
+        xlabel="document length (tokens)" if stats.kind == "tokens" else "segment length (tokens)",
+        ylabel="count",
+        title="length histogram",
+    )
     left.legend()
     if isinstance(stats, TokenStoreStats):
         names = list(stats.waste)
         right.barh(names, [100 * stats.waste[n] for n in names], color="#6acc64")
         right.invert_yaxis()
-        right.set(xlabel="waste (% of computed positions that are padding)", title=f"waste per strategy (N={stats.size}, B={stats.batch_size})")
+        right.set(
+            xlabel="waste (% of computed positions that are padding)",
+            title=f"waste per strategy (N={stats.size}, B={stats.batch_size})",
+        )
     else:
         right.bar(["tokens", "padding"], [100 * stats.efficiency, 100 * stats.pad_share], color=["#6acc64", "#d65f5f"])
         right.set(ylabel="% of positions", title=f"{stats.split} {stats.size}: {stats.n_packs} packs")

@@ -78,8 +78,10 @@ def verify_token_store(path: Path, progress: Progress | None = None) -> tuple[To
     store = open_token_store(path, check_hashes=True)
     root, m = store.path, store.manifest
     if int(m["n_documents"]) != store.n_documents or int(m["n_tokens"]) != store.n_tokens:
-        raise FormatError(f"manifest counts ({m['n_documents']} documents, {m['n_tokens']} tokens) differ from the files "
-                          f"({store.n_documents}, {store.n_tokens}), {root / MANIFEST}, {_RETOK}")
+        raise FormatError(
+            f"manifest counts ({m['n_documents']} documents, {m['n_tokens']} tokens) differ from the files "
+            f"({store.n_documents}, {store.n_tokens}), {root / MANIFEST}, {_RETOK}"
+        )
     bound = _id_bound(store)
     n, targets = store.n_tokens, 0
     for a in range(0, n, _BLOCK_TOKENS):
@@ -88,21 +90,27 @@ def verify_token_store(path: Path, progress: Progress | None = None) -> tuple[To
         if int(ids.max()) >= bound:
             k = a + int(np.argmax(ids >= bound))
             doc = int(np.searchsorted(store.boundaries, k, side="right"))
-            raise FormatError(f"token {k} (document {doc}) is id {int(store.tokens[k])}, expected < {bound} (the tokenizer's "
-                              f"vocabulary), {root / TOKENS_BIN}, {_RETOK} with the right tokenizer")
+            raise FormatError(
+                f"token {k} (document {doc}) is id {int(store.tokens[k])}, expected < {bound} (the tokenizer's "
+                f"vocabulary), {root / TOKENS_BIN}, {_RETOK} with the right tokenizer"
+            )
         if store.loss is not None:
             bits = np.asarray(store.loss[a:b])
             if int(bits.max()) > 1:
                 k = a + int(np.argmax(bits > 1))
-                raise FormatError(f"loss value {int(store.loss[k])} at token {k}, expected 0 or 1, {root / TOKENS_LOSS}, {_RETOK}")
+                raise FormatError(
+                    f"loss value {int(store.loss[k])} at token {k}, expected 0 or 1, {root / TOKENS_LOSS}, {_RETOK}"
+                )
             targets += int(np.count_nonzero(bits))
         if progress is not None:
             progress(b, n)
     if store.loss is None:
         targets = n
     if int(m.get("n_target_tokens", targets)) != targets:
-        raise FormatError(f"manifest n_target_tokens is {m.get('n_target_tokens')} but the loss mask holds {targets} targets, "
-                          f"{root / MANIFEST}, {_RETOK}")
+        raise FormatError(
+            f"manifest n_target_tokens is {m.get('n_target_tokens')} but the loss mask holds {targets} targets, "
+            f"{root / MANIFEST}, {_RETOK}"
+        )
     return store, f"{store.n_documents} documents, {n} tokens ({store.dtype.name}, ids < {bound}), {targets} targets"
 
 
@@ -141,20 +149,32 @@ def _geometry(ps: PackSplit) -> _Geometry:
     bad = (pad < 0) | (real < 1) | (lens % multiple != 0)
     if bad.any():
         j = int(np.argmax(bad))
-        raise _fail(ps, name("seg_pad"), f"segment {j} (pack {_pack_of(po, j)}) has length {int(lens[j])} with {int(pad[j])} "
-                    f"--pad-multiple padding, expected 0 <= padding < length and length a multiple of {multiple}")
+        raise _fail(
+            ps,
+            name("seg_pad"),
+            f"segment {j} (pack {_pack_of(po, j)}) has length {int(lens[j])} with {int(pad[j])} "
+            f"--pad-multiple padding, expected 0 <= padding < length and length a multiple of {multiple}",
+        )
     ends = np.concatenate(([0], np.cumsum(lens)))
     used = ends[po[1:]] - ends[po[:-1]]
     per_pack = np.diff(po)
     bad_pack = (used > size) | (per_pack == 0)
     if bad_pack.any():
         p = int(np.argmax(bad_pack))
-        raise _fail(ps, name("seg_lens"), f"pack {p} holds {int(per_pack[p])} segments of {int(used[p])} tokens in all, "
-                    f"expected 1 or more segments of at most {size} tokens")
+        raise _fail(
+            ps,
+            name("seg_lens"),
+            f"pack {p} holds {int(per_pack[p])} segments of {int(used[p])} tokens in all, "
+            f"expected 1 or more segments of at most {size} tokens",
+        )
     cap = meta.get("max_docs_per_pack")
     if isinstance(cap, int) and per_pack.size and int(per_pack.max()) > cap:
         p = int(np.argmax(per_pack > cap))
-        raise _fail(ps, name("pack_offsets"), f"pack {p} holds {int(per_pack[p])} segments, expected at most max_docs_per_pack={cap}")
+        raise _fail(
+            ps,
+            name("pack_offsets"),
+            f"pack {p} holds {int(per_pack[p])} segments, expected at most max_docs_per_pack={cap}",
+        )
     within = ends[:-1] - np.repeat(ends[po[:-1]], per_pack)
     dst = np.repeat(np.arange(per_pack.size, dtype=np.int64) * size, per_pack) + within
     return _Geometry(po, lens, pad, real, used, dst)
@@ -164,22 +184,37 @@ def _check_counts(ps: PackSplit, g: _Geometry) -> None:
     """The metadata's counts and dtype must be the arrays' (a stale or hand-edited line is caught here)."""
     meta, size = ps.metadata, ps.size
     n_tokens = int(g.real.sum())
-    got = {"pack_size": size, "n_packs": ps.n_packs, "n_segments": int(g.lens.size), "n_tokens": n_tokens,
-           "n_pad_tokens": ps.n_packs * size - n_tokens}
+    got = {
+        "pack_size": size,
+        "n_packs": ps.n_packs,
+        "n_segments": int(g.lens.size),
+        "n_tokens": n_tokens,
+        "n_pad_tokens": ps.n_packs * size - n_tokens,
+    }
     for key, value in got.items():
         if key not in meta or int(meta[key]) != value:
-            raise FormatError(f"metadata {key} of split {ps.split!r} is {meta.get(key)!r} but the arrays give {value}, "
-                              f"{ps.directory / metadata_name(size)}, {_REPACK}")
+            raise FormatError(
+                f"metadata {key} of split {ps.split!r} is {meta.get(key)!r} but the arrays give {value}, "
+                f"{ps.directory / metadata_name(size)}, {_REPACK}"
+            )
 
 
 def _check_dtype(ps: PackSplit) -> np.dtype:
     name = ps.metadata.get("dtype")
     expected = _TOKEN_DTYPES.get(str(name))
     if expected is None:
-        raise _fail(ps, metadata_name(ps.size), f"metadata dtype {name!r} of split {ps.split!r} is unknown, expected uint16 or uint32")
+        raise _fail(
+            ps,
+            metadata_name(ps.size),
+            f"metadata dtype {name!r} of split {ps.split!r} is unknown, expected uint16 or uint32",
+        )
     if ps.tokens.dtype != expected:
-        raise _fail(ps, data_name(ps.split, ps.size), f"{data_name(ps.split, ps.size)} has dtype {ps.tokens.dtype.str}, "
-                    f"expected {expected.str} ({name}, as the metadata says)")
+        raise _fail(
+            ps,
+            data_name(ps.split, ps.size),
+            f"{data_name(ps.split, ps.size)} has dtype {ps.tokens.dtype.str}, "
+            f"expected {expected.str} ({name}, as the metadata says)",
+        )
     return expected
 
 
@@ -193,7 +228,9 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
     n_docs, lengths, starts = store.n_documents, store.lengths, store.starts
     fname = f"{ps.split}_{size}.seg_doc.npy"
     if int(meta.get("n_documents", -1)) != n_docs:
-        raise _fail(ps, metadata_name(size), f"metadata n_documents is {meta.get('n_documents')!r}, the source has {n_docs}")
+        raise _fail(
+            ps, metadata_name(size), f"metadata n_documents is {meta.get('n_documents')!r}, the source has {n_docs}"
+        )
     bad = (doc < 0) | (doc >= n_docs)
     if bad.any():
         j = int(np.argmax(bad))
@@ -204,8 +241,10 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
     except (ValueError, ConfigError) as exc:
         raise _fail(ps, metadata_name(size), f"metadata overlong policy or pad_multiple is invalid ({exc})") from exc
     long_docs = lengths > cap
-    expect = {"overlong count": (int((meta.get("overlong") or {}).get("count", -1)), int(np.count_nonzero(long_docs))),
-              "n_empty_documents": (int(meta.get("n_empty_documents", -1)), int(np.count_nonzero(lengths == 0)))}
+    expect = {
+        "overlong count": (int((meta.get("overlong") or {}).get("count", -1)), int(np.count_nonzero(long_docs))),
+        "n_empty_documents": (int(meta.get("n_empty_documents", -1)), int(np.count_nonzero(lengths == 0))),
+    }
     for key, (got_v, want) in expect.items():
         if got_v != want:
             raise _fail(ps, metadata_name(size), f"metadata {key} is {got_v}, the source gives {want}")
@@ -226,16 +265,24 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
     if bad.any():
         i = int(np.argmax(bad))
         j, dd = int(order[i]), int(d[i])
-        raise _fail(ps, f"{ps.split}_{size}.seg_src.npy", f"document {dd}: segment {j} (pack {_pack_of(g.po, j)}) starts at "
-                    f"token {int(s[i])}, expected {int(expected_start[i])} (duplicated, overlapping or missing fragment)")
+        raise _fail(
+            ps,
+            f"{ps.split}_{size}.seg_src.npy",
+            f"document {dd}: segment {j} (pack {_pack_of(g.po, j)}) starts at "
+            f"token {int(s[i])}, expected {int(expected_start[i])} (duplicated, overlapping or missing fragment)",
+        )
     covered = np.zeros(n_docs, np.int64)
     if d.size:
         covered[d[first]] = np.add.reduceat(r, np.flatnonzero(first))
     bad = covered != keep
     if bad.any():
         dd = int(np.argmax(bad))
-        raise _fail(ps, fname, f"document {dd} ({int(lengths[dd])} tokens, --overlong {policy}) is covered by {int(covered[dd])} "
-                    f"packed tokens, expected {int(keep[dd])}")
+        raise _fail(
+            ps,
+            fname,
+            f"document {dd} ({int(lengths[dd])} tokens, --overlong {policy}) is covered by {int(covered[dd])} "
+            f"packed tokens, expected {int(keep[dd])}",
+        )
 
 
 # ---------------------------------------------------------------- pack store: token data, block by block
@@ -255,15 +302,22 @@ def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, sto
         k = int(np.argmax(bad))
         p, c = p0 + k // size, k % size
         where = "tail padding" if c >= g.used[p] else "--pad-multiple padding"
-        raise _fail(ps, data_name(ps.split, size), f"pack {p} column {c} ({where}) holds id {int(blk[k])}, expected the pad id {pad_id}")
+        raise _fail(
+            ps,
+            data_name(ps.split, size),
+            f"pack {p} column {c} ({where}) holds id {int(blk[k])}, expected the pad id {pad_id}",
+        )
     loss = None if ps.loss is None else np.asarray(ps.loss[p0:p1]).reshape(-1)
     if loss is not None:
         bad = (loss > 1) | (mask & (loss != 0))
         if bad.any():
             k = int(np.argmax(bad))
             p, c = p0 + k // size, k % size
-            raise _fail(ps, loss_name(ps.split, size), f"pack {p} column {c} holds loss {int(loss[k])}, expected "
-                        + ("0 (padding)" if mask[k] else "0 or 1"))
+            raise _fail(
+                ps,
+                loss_name(ps.split, size),
+                f"pack {p} column {c} holds loss {int(loss[k])}, expected " + ("0 (padding)" if mask[k] else "0 or 1"),
+            )
     if store is None:
         return
     run_begin = np.cumsum(g.real[s0:s1]) - g.real[s0:s1]
@@ -282,8 +336,12 @@ def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, sto
             j = s0 + int(np.searchsorted(run_begin, k, side="right")) - 1
             doc, t = int(ps.seg_doc[j]), int(src_idx[k])
             pos = t - int(store.starts[doc])
-            raise _fail(ps, fname, f"pack {_pack_of(g.po, j)} segment {j} (document {doc}, its token {pos}, tokens.bin offset {t}) "
-                        f"holds {what} {int(got[k])}, the source {store.path} has {int(want[k])}")
+            raise _fail(
+                ps,
+                fname,
+                f"pack {_pack_of(g.po, j)} segment {j} (document {doc}, its token {pos}, tokens.bin offset {t}) "
+                f"holds {what} {int(got[k])}, the source {store.path} has {int(want[k])}",
+            )
 
 
 def verify_pack_split(ps: PackSplit, store: TokenStore | None, progress: Progress | None = None) -> str:
@@ -293,13 +351,21 @@ def verify_pack_split(ps: PackSplit, store: TokenStore | None, progress: Progres
     _check_counts(ps, g)
     pad_id = ps.metadata.get("pad_id")
     if not isinstance(pad_id, int) or pad_id < 0 or pad_id > int(np.iinfo(ps.tokens.dtype).max):
-        raise _fail(ps, metadata_name(ps.size), f"metadata pad_id {pad_id!r} is not a token id of dtype {ps.tokens.dtype.name}")
+        raise _fail(
+            ps, metadata_name(ps.size), f"metadata pad_id {pad_id!r} is not a token id of dtype {ps.tokens.dtype.name}"
+        )
     if store is not None:
         if (store.loss is None) != (ps.loss is None):
-            raise _fail(ps, loss_name(ps.split, ps.size), f"the source {'has' if store.loss is not None else 'has no'} tokens.loss "
-                        f"but the packs {'have' if ps.loss is not None else 'have no'} a loss matrix")
+            raise _fail(
+                ps,
+                loss_name(ps.split, ps.size),
+                f"the source {'has' if store.loss is not None else 'has no'} tokens.loss "
+                f"but the packs {'have' if ps.loss is not None else 'have no'} a loss matrix",
+            )
         if store.dtype != ps.tokens.dtype:
-            raise _fail(ps, data_name(ps.split, ps.size), f"packs are {ps.tokens.dtype.name}, the source is {store.dtype.name}")
+            raise _fail(
+                ps, data_name(ps.split, ps.size), f"packs are {ps.tokens.dtype.name}, the source is {store.dtype.name}"
+            )
         _check_coverage(ps, g, store)
     rows = max(1, _BLOCK_TOKENS // ps.size)
     for p0 in range(0, ps.n_packs, rows):
@@ -315,7 +381,9 @@ def _splits(path: Path, directory: Path) -> list[tuple[str, int]]:
     if path.is_file():
         split, _, n = path.name.split(".")[0].rpartition("_")
         if not split or not n.isdigit():
-            raise FormatError(f"{path.name} is not a pack file name ({{split}}_{{N}}.npy), {path}, pass a pack store directory")
+            raise FormatError(
+                f"{path.name} is not a pack file name ({{split}}_{{N}}.npy), {path}, pass a pack store directory"
+            )
         return [(split, int(n))]
     pairs = [(str(rec["split"]), size) for size in sizes_in(directory) for rec in read_metadata(directory, size)]
     if not pairs:
@@ -342,9 +410,11 @@ def verify_path(config: VerifyConfig, progress: Progress | None = None) -> Verif
         if store is not None:
             recorded = (ps.metadata.get("source") or {}).get("manifest_sha256")
             if recorded != manifest_sha:
-                raise FormatError(f"packs were made from another token store: {split}_{size} records source manifest sha256 "
-                                  f"{str(recorded)[:12]}..., {store.path / MANIFEST} has {manifest_sha[:12]}..., "
-                                  f"{directory / metadata_name(size)}, pass the right --source or re-run `packtool pack` on it")
+                raise FormatError(
+                    f"packs were made from another token store: {split}_{size} records source manifest sha256 "
+                    f"{str(recorded)[:12]}..., {store.path / MANIFEST} has {manifest_sha[:12]}..., "
+                    f"{directory / metadata_name(size)}, pass the right --source or re-run `packtool pack` on it"
+                )
         lines.append(verify_pack_split(ps, store, progress))
     n_bytes = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
     return VerifyReport("pack", str(directory), lines, None if store is None else str(store.path), n_bytes)

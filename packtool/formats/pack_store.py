@@ -82,9 +82,13 @@ def read_metadata(directory: Path, size: int) -> list[dict[str, Any]]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise FormatError(f"invalid JSON in pack metadata ({exc.msg}), {path}:{lineno}, re-run `packtool pack`") from exc
+            raise FormatError(
+                f"invalid JSON in pack metadata ({exc.msg}), {path}:{lineno}, re-run `packtool pack`"
+            ) from exc
         if not isinstance(rec, dict) or "split" not in rec:
-            raise FormatError(f"pack metadata line is not an object with a 'split', {path}:{lineno}, re-run `packtool pack`")
+            raise FormatError(
+                f"pack metadata line is not an object with a 'split', {path}:{lineno}, re-run `packtool pack`"
+            )
         records.append(rec)
     return records
 
@@ -94,9 +98,13 @@ def metadata_for(directory: Path, split: str, size: int) -> dict[str, Any]:
         if rec["split"] == split:
             version = rec.get("format_version")
             if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-                raise FormatError(f"pack store format_version {version!r} is not supported (this packtool reads {FORMAT_VERSION}), {Path(directory) / metadata_name(size)}, upgrade packtool or re-pack")
+                raise FormatError(
+                    f"pack store format_version {version!r} is not supported (this packtool reads {FORMAT_VERSION}), {Path(directory) / metadata_name(size)}, upgrade packtool or re-pack"
+                )
             return rec
-    raise FormatError(f"no metadata line for split {split!r} at size {size}, {Path(directory) / metadata_name(size)}, run `packtool pack --split {split} --size {size}`")
+    raise FormatError(
+        f"no metadata line for split {split!r} at size {size}, {Path(directory) / metadata_name(size)}, run `packtool pack --split {split} --size {size}`"
+    )
 
 
 def write_metadata_line(directory: Path, record: dict[str, Any]) -> None:
@@ -137,13 +145,19 @@ def _load(path: Path, dtype: np.dtype, ndim: int) -> np.ndarray:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise FormatError(f"{path.name} is not a readable .npy ({exc}; truncated or corrupted), {path}, re-run `packtool pack`") from exc
+        raise FormatError(
+            f"{path.name} is not a readable .npy ({exc}; truncated or corrupted), {path}, re-run `packtool pack`"
+        ) from exc
     if arr.ndim != ndim or arr.dtype.kind != dtype.kind or arr.dtype.itemsize != dtype.itemsize:
-        raise FormatError(f"{path.name} has dtype {arr.dtype} and {arr.ndim} dims, expected {dtype} with {ndim}, {path}, re-run `packtool pack`")
+        raise FormatError(
+            f"{path.name} has dtype {arr.dtype} and {arr.ndim} dims, expected {dtype} with {ndim}, {path}, re-run `packtool pack`"
+        )
     return arr
 
 
-def open_pack_split(directory: str | os.PathLike[str], split: str, size: int, *, check_hashes: bool = False) -> PackSplit:
+def open_pack_split(
+    directory: str | os.PathLike[str], split: str, size: int, *, check_hashes: bool = False
+) -> PackSplit:
     """Open one split at one size after checking metadata, shapes and CSR consistency."""
     d = Path(directory)
     meta = metadata_for(d, split, size)
@@ -151,7 +165,9 @@ def open_pack_split(directory: str | os.PathLike[str], split: str, size: int, *,
     for name, info in files.items():
         fpath = d / name
         if not fpath.is_file() or fpath.stat().st_size != int(info["bytes"]):
-            raise FormatError(f"{name} does not match the metadata (missing or wrong size: truncated?), {fpath}, re-run `packtool pack`")
+            raise FormatError(
+                f"{name} does not match the metadata (missing or wrong size: truncated?), {fpath}, re-run `packtool pack`"
+            )
         if check_hashes and sha256_file(fpath) != info["sha256"]:
             raise FormatError(f"{name} sha256 differs from the metadata (corrupted), {fpath}, re-run `packtool pack`")
     token_dtype = np.dtype("<u2") if meta.get("dtype") == "uint16" else np.dtype("<u4")
@@ -161,17 +177,37 @@ def open_pack_split(directory: str | os.PathLike[str], split: str, size: int, *,
     loss = _load(lpath, LOSS_DTYPE, 2) if lpath.exists() else None
     n_packs = int(tokens.shape[0])
     if tokens.shape[1] != size:
-        raise FormatError(f"{data_name(split, size)} has rows of {tokens.shape[1]} tokens, expected {size}, {d}, re-run `packtool pack`")
+        raise FormatError(
+            f"{data_name(split, size)} has rows of {tokens.shape[1]} tokens, expected {size}, {d}, re-run `packtool pack`"
+        )
     po = arrays["pack_offsets"]
     n_seg = int(arrays["seg_lens"].size)
     if po.size != n_packs + 1 or int(po[0]) != 0 or int(po[-1]) != n_seg or bool(np.any(np.diff(po) < 0)):
-        raise FormatError(f"pack_offsets is inconsistent with {n_packs} packs and {n_seg} segments, {d}, re-run `packtool pack`")
+        raise FormatError(
+            f"pack_offsets is inconsistent with {n_packs} packs and {n_seg} segments, {d}, re-run `packtool pack`"
+        )
     for c in ("seg_pad", "seg_doc", "seg_src"):
         if arrays[c].size != n_seg:
-            raise FormatError(f"{companion_name(split, size, c)} has {arrays[c].size} entries, expected {n_seg}, {d}, re-run `packtool pack`")
+            raise FormatError(
+                f"{companion_name(split, size, c)} has {arrays[c].size} entries, expected {n_seg}, {d}, re-run `packtool pack`"
+            )
     if loss is not None and loss.shape != tokens.shape:
-        raise FormatError(f"{loss_name(split, size)} has shape {loss.shape}, expected {tokens.shape}, {d}, re-run `packtool pack`")
-    return PackSplit(d, split, size, meta, tokens, po, arrays["seg_lens"], arrays["seg_pad"], arrays["seg_doc"], arrays["seg_src"], loss)
+        raise FormatError(
+            f"{loss_name(split, size)} has shape {loss.shape}, expected {tokens.shape}, {d}, re-run `packtool pack`"
+        )
+    return PackSplit(
+        d,
+        split,
+        size,
+        meta,
+        tokens,
+        po,
+        arrays["seg_lens"],
+        arrays["seg_pad"],
+        arrays["seg_doc"],
+        arrays["seg_src"],
+        loss,
+    )
 
 
 def find_pack_dir(path: str | os.PathLike[str]) -> Path:
@@ -208,8 +244,9 @@ class PackSplitWriter:
     the new split has none, so the directory never mixes two runs once the metadata line is written.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], split: str, size: int, dtype: np.dtype,
-                 n_packs: int, with_loss: bool) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], split: str, size: int, dtype: np.dtype, n_packs: int, with_loss: bool
+    ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.split, self.size, self.with_loss = split, int(size), with_loss
@@ -262,8 +299,12 @@ class PackSplitWriter:
         if not self.with_loss:
             (self.directory / loss_name(self.split, self.size)).unlink(missing_ok=True)
         fsync_dir(self.directory)
-        record = {**metadata, "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-                  "files": file_records(self.directory, names)}
+        record = {
+            **metadata,
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "files": file_records(self.directory, names),
+        }
         write_metadata_line(self.directory, record)
         return record
 

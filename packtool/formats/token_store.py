@@ -70,7 +70,9 @@ class TokenStoreWriter:
         ids = np.ascontiguousarray(ids, dtype=self.dtype)
         lengths = np.asarray(lengths, dtype=np.int64)
         if int(lengths.sum()) != ids.size:
-            raise FormatError(f"document lengths sum to {int(lengths.sum())} but {ids.size} ids were given, token store writer, this is a bug")
+            raise FormatError(
+                f"document lengths sum to {int(lengths.sum())} but {ids.size} ids were given, token store writer, this is a bug"
+            )
         loss_u8 = np.ones(ids.size, LOSS_DTYPE) if loss is None else np.ascontiguousarray(loss, dtype=LOSS_DTYPE)
         if loss_u8.size != ids.size:
             raise FormatError(f"{loss_u8.size} loss entries for {ids.size} ids, token store writer, this is a bug")
@@ -106,7 +108,10 @@ class TokenStoreWriter:
             "n_documents": self.n_documents,
             "n_tokens": self.n_tokens,
             "n_target_tokens": self.n_target_tokens,
-            "files": {n: {"bytes": (self.directory / n).stat().st_size, "sha256": sha256_file(self.directory / n)} for n in names},
+            "files": {
+                n: {"bytes": (self.directory / n).stat().st_size, "sha256": sha256_file(self.directory / n)}
+                for n in names
+            },
         }
         write_bytes_atomic(self.directory / MANIFEST, (json.dumps(full, indent=2, sort_keys=False) + "\n").encode())
         return full
@@ -158,16 +163,22 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """Parse and check `manifest.json` of a token store (format name and version)."""
     mpath = Path(path) / MANIFEST
     if not mpath.is_file():
-        raise FormatError(f"no {MANIFEST} in {path}, not a token store (or an interrupted run), re-run `packtool tokenize`")
+        raise FormatError(
+            f"no {MANIFEST} in {path}, not a token store (or an interrupted run), re-run `packtool tokenize`"
+        )
     try:
         manifest = json.loads(mpath.read_text("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{MANIFEST} is not valid JSON ({exc}), {mpath}, re-run `packtool tokenize`") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise FormatError(f"{mpath} is not a packtool token store manifest (format={manifest.get('format') if isinstance(manifest, dict) else None!r}), expected format {FORMAT_NAME!r}")
+        raise FormatError(
+            f"{mpath} is not a packtool token store manifest (format={manifest.get('format') if isinstance(manifest, dict) else None!r}), expected format {FORMAT_NAME!r}"
+        )
     version = manifest.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
-        raise FormatError(f"token store format_version {version!r} is not supported (this packtool reads {FORMAT_VERSION}), {mpath}, upgrade packtool or re-tokenize")
+        raise FormatError(
+            f"token store format_version {version!r} is not supported (this packtool reads {FORMAT_VERSION}), {mpath}, upgrade packtool or re-tokenize"
+        )
     for key in ("tokenizer", "dtype", "n_documents", "n_tokens", "files"):
         if key not in manifest:
             raise FormatError(f"{MANIFEST} lacks {key!r}, {mpath}, re-run `packtool tokenize`")
@@ -179,7 +190,9 @@ def _check_size(path: Path, expected: int, what: str) -> None:
         raise FormatError(f"{what} is missing, {path}, re-run `packtool tokenize`")
     got = path.stat().st_size
     if got != expected:
-        raise FormatError(f"{what} has {got} bytes but the manifest implies {expected} (truncated or corrupted), {path}, re-run `packtool tokenize`")
+        raise FormatError(
+            f"{what} has {got} bytes but the manifest implies {expected} (truncated or corrupted), {path}, re-run `packtool tokenize`"
+        )
 
 
 def open_token_store(path: str | os.PathLike[str], *, check_hashes: bool = False) -> TokenStore:
@@ -198,17 +211,25 @@ def open_token_store(path: str | os.PathLike[str], *, check_hashes: bool = False
     for name, info in manifest["files"].items():
         fpath = root / name
         if not fpath.is_file() or fpath.stat().st_size != int(info["bytes"]):
-            raise FormatError(f"{name} does not match its manifest entry (missing or wrong size), {fpath}, re-run `packtool tokenize`")
+            raise FormatError(
+                f"{name} does not match its manifest entry (missing or wrong size), {fpath}, re-run `packtool tokenize`"
+            )
         if check_hashes and sha256_file(fpath) != info["sha256"]:
-            raise FormatError(f"{name} sha256 differs from the manifest (corrupted), {fpath}, re-run `packtool tokenize`")
+            raise FormatError(
+                f"{name} sha256 differs from the manifest (corrupted), {fpath}, re-run `packtool tokenize`"
+            )
     tokens = _memmap(root / TOKENS_BIN, dtype, n_tokens)
     boundaries = _memmap(root / BOUNDARIES, BOUNDARY_DTYPE, n_docs)
     loss = _memmap(root / LOSS, LOSS_DTYPE, n_tokens) if has_loss else None
     if n_docs:
         if int(boundaries[-1]) != n_tokens:
-            raise FormatError(f"last document boundary {int(boundaries[-1])} != n_tokens {n_tokens}, {root / BOUNDARIES}, re-run `packtool tokenize`")
+            raise FormatError(
+                f"last document boundary {int(boundaries[-1])} != n_tokens {n_tokens}, {root / BOUNDARIES}, re-run `packtool tokenize`"
+            )
         if int(boundaries[0]) < 0 or (n_docs > 1 and bool(np.any(np.diff(boundaries) < 0))):
-            raise FormatError(f"document boundaries are not non-decreasing, {root / BOUNDARIES}, re-run `packtool tokenize`")
+            raise FormatError(
+                f"document boundaries are not non-decreasing, {root / BOUNDARIES}, re-run `packtool tokenize`"
+            )
     elif n_tokens:
         raise FormatError(f"{n_tokens} tokens but no documents, {root / MANIFEST}, re-run `packtool tokenize`")
     return TokenStore(root, manifest, dtype, tokens, boundaries, loss)

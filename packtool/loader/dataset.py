@@ -20,13 +20,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from packtool.errors import ConfigError, FormatError
 from packtool.formats.pack_store import PackSplit, find_pack_dir, metadata_for, open_pack_split, sizes_in
 from packtool.loader.buffers import BufferPool
-from packtool.loader.kernels import fill_batch, segments_of
+from packtool.loader.kernels import fill_batch, fill_batch_parallel, segments_of
+
+_MAIN_PID = os.getpid()  # the process that imported the loader: numba's threads may be used here only
 
 _DATA_FILE = re.compile(r"^(?P<split>.+)_(?P<size>\d+)\.npy$")
 
@@ -155,8 +159,9 @@ def build_batch(store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...]
     rows = buffer[: 3 * b * n].reshape(3, b, n)
     cus = buffer[3 * b * n:].view(np.int32).reshape(2, -1)  # two rows of >= cap + 1 entries
     seg_lens, seg_real, seg_counts, n_target = np.empty((4, cap), dtype=np.int64)
-    k, bad, longest, n_target_total = fill_batch(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg_lens,
-                                                 seg_real, seg_counts, n_target, cus[0], cus[1])
+    kernel = fill_batch_parallel if b > 1 and parallel_ok() else fill_batch
+    k, bad, longest, n_target_total = kernel(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg_lens,
+                                             seg_real, seg_counts, n_target, cus[0], cus[1])
     if bad >= 0:
         raise FormatError(f"pack {int(idx[bad])} has inconsistent segment lengths (sum > {n}, negative, or padding > length), {store.directory}, re-run `packtool pack`")
     return {
@@ -174,6 +179,17 @@ def build_batch(store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...]
         "max_seqlen": longest,
         "n_target_total": n_target_total,
     }
+
+
+def parallel_ok() -> bool:
+    """Whether this call may spread a batch over numba's threads (`numba.get_num_threads()` > 1).
+
+    Never in a DataLoader worker (workers are the parallelism there: threads would oversubscribe)
+    nor in any process forked from the importing one: numba's OpenMP layer (GNU libgomp) aborts a
+    forked child that launches threads its parent had started. `NUMBA_NUM_THREADS=1` (or
+    `numba.set_num_threads(1)`) selects the single-threaded kernel everywhere.
+    """
+    return os.getpid() == _MAIN_PID and get_worker_info() is None and numba.get_num_threads() > 1
 
 
 def plain_views(store: PackSplit) -> tuple[np.ndarray, ...]:

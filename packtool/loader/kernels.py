@@ -13,9 +13,97 @@ a bare copy of the stored bytes (see docs/BENCHMARKS.md for measured ratios).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 IGNORE_INDEX = -100
+
+
+@njit(cache=True, nogil=True)
+def plan_batch(n: int, pack_offsets: np.ndarray, seg_lens: np.ndarray, seg_pad: np.ndarray, idx: np.ndarray,
+               lens_out: np.ndarray, real_out: np.ndarray, counts: np.ndarray, cu: np.ndarray,
+               cu_real: np.ndarray) -> tuple[int, int, int]:
+    """The per-segment half of a batch (no token is read): validate every pack's segments and fill
+    the segment arrays and the global `cu_seqlens`. Returns `(n_entries, -1, longest segment)`, or
+    `(0, r, 0)` when pack `idx[r]` has segments that do not fit its row (corrupt store)."""
+    k = 0
+    cu[0] = 0
+    cu_real[0] = 0
+    base = 0
+    longest = 0
+    for r in range(idx.size):
+        i = idx[r]
+        col = 0
+        first = k
+        for s in range(pack_offsets[i], pack_offsets[i + 1]):
+            ln = int(seg_lens[s])
+            pad = int(seg_pad[s])
+            if ln < 0 or pad < 0 or pad > ln or col + ln > n:
+                return 0, r, 0
+            lens_out[k] = ln
+            real_out[k] = ln - pad
+            if ln > longest:
+                longest = ln
+            cu[k + 1] = base + col + ln
+            cu_real[k + 1] = cu_real[k] + ln - pad
+            k += 1
+            col += ln
+        if col < n:  # the tail padding is its own segment
+            tail = n - col
+            lens_out[k] = tail
+            real_out[k] = tail
+            if tail > longest:
+                longest = tail
+            cu[k + 1] = base + n
+            cu_real[k + 1] = cu_real[k] + tail
+            k += 1
+        counts[r] = k - first
+        base += n
+    return k, -1, longest
+
+
+@njit(cache=True, nogil=True, inline="always")
+def fill_row(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
+             seg_pad: np.ndarray, i: int, rows: np.ndarray, r: int) -> int:
+    """The per-token half for pack `i` into batch row `r` (its segments already validated by
+    `plan_batch`): write its ids, labels and positions (int64); returns its target-token count."""
+    n = tokens.shape[1]
+    tok = tokens[i]
+    ids = rows[0, r]
+    lab = rows[1, r]
+    pos = rows[2, r]
+    col = 0
+    tgt = 0
+    for s in range(pack_offsets[i], pack_offsets[i + 1]):
+        ln = int(seg_lens[s])
+        real = ln - int(seg_pad[s])
+        if has_loss:  # one widening pass writes all three rows (LLVM vectorises it)
+            lrow = loss[i]
+            for j in range(ln):
+                t = np.int64(tok[col + j])
+                keep = lrow[col + j] != 0
+                ids[col + j] = t
+                lab[col + j] = t if keep else IGNORE_INDEX
+                pos[col + j] = j
+                tgt += keep
+        else:
+            for j in range(ln):
+                t = np.int64(tok[col + j])
+                ids[col + j] = t
+                lab[col + j] = t
+                pos[col + j] = j
+            tgt += ln
+        for c in range(col + real, col + ln):  # --pad-multiple padding
+            tgt -= lab[c] != IGNORE_INDEX
+            lab[c] = IGNORE_INDEX
+        if real > 0:  # a document's first token is never a target
+            tgt -= lab[col] != IGNORE_INDEX
+            lab[col] = IGNORE_INDEX
+        col += ln
+    for j in range(n - col):  # the tail padding
+        ids[col + j] = tok[col + j]
+        lab[col + j] = IGNORE_INDEX
+        pos[col + j] = j
+    return tgt
 
 
 @njit(cache=True, nogil=True)
@@ -27,77 +115,35 @@ def fill_batch(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offset
     `lens_out`/`real_out` need room for every segment of the batch plus one tail per pack;
     `cu`/`cu_real` one more entry than that. Returns `(n_entries, -1, longest segment, target
     tokens)`, or `(0, r, 0, 0)` when pack `idx[r]` has segments that do not fit its row
-    (corrupt store; nothing is written past the row).
+    (corrupt store; no row is written).
     """
-    n = tokens.shape[1]
-    k = 0
-    cu[0] = 0
-    cu_real[0] = 0
-    base = 0
-    longest = 0
+    k, bad, longest = plan_batch(tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, lens_out, real_out, counts, cu, cu_real)
+    if bad >= 0:
+        return 0, bad, 0, 0
     total_target = 0
     for r in range(idx.size):
-        i = idx[r]
-        tok = tokens[i]
-        ids = rows[0, r]
-        lab = rows[1, r]
-        pos = rows[2, r]
-        col = 0
-        tgt = 0
-        first = k
-        for s in range(pack_offsets[i], pack_offsets[i + 1]):
-            ln = int(seg_lens[s])
-            pad = int(seg_pad[s])
-            if ln < 0 or pad < 0 or pad > ln or col + ln > n:
-                return 0, r, 0, 0
-            real = ln - pad
-            if has_loss:  # one widening pass writes all three rows (LLVM vectorises it)
-                lrow = loss[i]
-                for j in range(ln):
-                    t = np.int64(tok[col + j])
-                    keep = lrow[col + j] != 0
-                    ids[col + j] = t
-                    lab[col + j] = t if keep else IGNORE_INDEX
-                    pos[col + j] = j
-                    tgt += keep
-            else:
-                for j in range(ln):
-                    t = np.int64(tok[col + j])
-                    ids[col + j] = t
-                    lab[col + j] = t
-                    pos[col + j] = j
-                tgt += ln
-            for c in range(col + real, col + ln):  # --pad-multiple padding
-                tgt -= lab[c] != IGNORE_INDEX
-                lab[c] = IGNORE_INDEX
-            if real > 0:  # a document's first token is never a target
-                tgt -= lab[col] != IGNORE_INDEX
-                lab[col] = IGNORE_INDEX
-            lens_out[k] = ln
-            if ln > longest:
-                longest = ln
-            real_out[k] = real
-            cu[k + 1] = base + col + ln
-            cu_real[k + 1] = cu_real[k] + real
-            k += 1
-            col += ln
-        if col < n:  # the tail padding is its own segment
-            tail = n - col
-            for j in range(tail):
-                ids[col + j] = tok[col + j]
-                lab[col + j] = IGNORE_INDEX
-                pos[col + j] = j
-            lens_out[k] = tail
-            if tail > longest:
-                longest = tail
-            real_out[k] = tail
-            cu[k + 1] = base + n
-            cu_real[k + 1] = cu_real[k] + tail
-            k += 1
-        counts[r] = k - first
-        n_target[r] = tgt
-        total_target += tgt
-        base += n
+        n_target[r] = fill_row(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, idx[r], rows, r)
+        total_target += n_target[r]
+    return k, -1, longest, total_target
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def fill_batch_parallel(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
+                        seg_pad: np.ndarray, idx: np.ndarray, rows: np.ndarray, lens_out: np.ndarray, real_out: np.ndarray,
+                        counts: np.ndarray, n_target: np.ndarray, cu: np.ndarray, cu_real: np.ndarray) -> tuple[int, int, int, int]:
+    """`fill_batch` with the rows spread over numba's threads (`prange`): same arguments, same bytes out.
+
+    Rows are independent once `plan_batch` has laid out the segments, so each thread writes its
+    own rows; the target count is summed afterwards. Only for the main process (see `dataset.py`).
+    """
+    k, bad, longest = plan_batch(tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, lens_out, real_out, counts, cu, cu_real)
+    if bad >= 0:
+        return 0, bad, 0, 0
+    for r in prange(idx.size):
+        n_target[r] = fill_row(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, idx[r], rows, r)
+    total_target = 0
+    for r in range(idx.size):
+        total_target += n_target[r]
     return k, -1, longest, total_target
 
 

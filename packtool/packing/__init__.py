@@ -45,9 +45,12 @@ def _validate(lengths: object, capacity: int, max_items_per_pack: int | None) ->
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise ConfigError(f"pack capacity must be a positive integer, got {capacity!r}; pass e.g. --size 4096")
     if capacity > MAX_CAPACITY:
-        raise ConfigError(f"pack capacity {capacity} is over the supported maximum {MAX_CAPACITY}; use a smaller --size")
+        raise ConfigError(
+            f"pack capacity {capacity} is over the supported maximum {MAX_CAPACITY}; use a smaller --size"
+        )
     if max_items_per_pack is not None and (
-        isinstance(max_items_per_pack, bool) or not isinstance(max_items_per_pack, (int, np.integer))
+        isinstance(max_items_per_pack, bool)
+        or not isinstance(max_items_per_pack, (int, np.integer))
         or max_items_per_pack < 1
     ):
         raise ConfigError(

@@ -51,8 +51,9 @@ def best_fit(xs: np.ndarray, capacity: int, max_items: int) -> tuple[np.ndarray,
     return bins, n_bins
 
 
-def pack_bfd(lengths: np.ndarray, capacity: int, max_items: int,
-             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+def pack_bfd(
+    lengths: np.ndarray, capacity: int, max_items: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (items in placement order, pack of each placement, number of packs)."""
     items, xs = decreasing_order(lengths, capacity, rng)
     bins, n_bins = best_fit(xs, capacity, max_items)

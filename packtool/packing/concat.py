@@ -29,8 +29,9 @@ def _concat_bins(lengths: np.ndarray, capacity: int, max_items: int) -> tuple[np
     return bins, b + 1
 
 
-def pack_concat(lengths: np.ndarray, capacity: int, max_items: int,
-                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+def pack_concat(
+    lengths: np.ndarray, capacity: int, max_items: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (items in placement order, pack of each placement, number of packs); ignores rng."""
     bins, n_bins = _concat_bins(lengths, capacity, max_items)
     return np.arange(lengths.size, dtype=np.int64), bins, n_bins

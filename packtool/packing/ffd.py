@@ -20,8 +20,9 @@ def bins_hint(lengths: np.ndarray, capacity: int, max_items: int) -> int:
     return max(1, min(lengths.size, bound + bound // 8 + 16))
 
 
-def pack_ffd(lengths: np.ndarray, capacity: int, max_items: int,
-             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+def pack_ffd(
+    lengths: np.ndarray, capacity: int, max_items: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (items in placement order, pack of each placement, number of packs)."""
     items, xs = decreasing_order(lengths, capacity, rng)
     bins, n_bins = first_fit(xs, capacity, max_items, bins_hint(lengths, capacity, max_items))

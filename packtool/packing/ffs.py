@@ -13,8 +13,9 @@ from packtool.packing.order import shuffled_order
 from packtool.packing.segment_tree import first_fit
 
 
-def pack_ffs(lengths: np.ndarray, capacity: int, max_items: int,
-             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+def pack_ffs(
+    lengths: np.ndarray, capacity: int, max_items: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (items in placement order, pack of each placement, number of packs)."""
     items, xs = shuffled_order(lengths, rng)
     bins, n_bins = first_fit(xs, capacity, max_items, bins_hint(lengths, capacity, max_items))

@@ -25,8 +25,9 @@ from packtool.packing.segment_tree import first_fit
 
 
 @njit(cache=True)
-def _take(length: int, pos: np.ndarray, end: np.ndarray, ordered: np.ndarray,
-          words: np.ndarray, offs: np.ndarray) -> int:
+def _take(
+    length: int, pos: np.ndarray, end: np.ndarray, ordered: np.ndarray, words: np.ndarray, offs: np.ndarray
+) -> int:
     """Remove and return the next item of this length (seeded tie order)."""
     item = ordered[pos[length]]
     pos[length] += 1
@@ -36,8 +37,9 @@ def _take(length: int, pos: np.ndarray, end: np.ndarray, ordered: np.ndarray,
 
 
 @njit(cache=True)
-def _mffd(ordered: np.ndarray, xs: np.ndarray, capacity: int, max_items: int,
-          hint: int) -> tuple[np.ndarray, np.ndarray, int]:
+def _mffd(
+    ordered: np.ndarray, xs: np.ndarray, capacity: int, max_items: int, hint: int
+) -> tuple[np.ndarray, np.ndarray, int]:
     """The five phases over `ordered` (items by decreasing length) with lengths `xs`."""
     n = ordered.size
     # ordered is by decreasing length: items of length v sit in ordered[pos[v]:end[v]].
@@ -135,8 +137,9 @@ def _mffd(ordered: np.ndarray, xs: np.ndarray, capacity: int, max_items: int,
     return items, bins, n_large + n_left_bins
 
 
-def pack_mffd(lengths: np.ndarray, capacity: int, max_items: int,
-              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+def pack_mffd(
+    lengths: np.ndarray, capacity: int, max_items: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (items in placement order, pack of each placement, number of packs)."""
     ordered, xs = decreasing_order(lengths, capacity, rng)
     return _mffd(ordered, xs, capacity, max_items, bins_hint(lengths, capacity, max_items))

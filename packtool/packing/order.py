@@ -55,12 +55,11 @@ def _decreasing_shuffled(lengths: np.ndarray, capacity: int, seed: np.uint64) ->
             out[j] = tmp
     xs = np.empty(n, np.int64)
     for key in range(capacity + 1):
-        xs[bounds[key]:bounds[key + 1]] = capacity - key
+        xs[bounds[key] : bounds[key + 1]] = capacity - key
     return out, xs
 
 
-def decreasing_order(lengths: np.ndarray, capacity: int,
-                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def decreasing_order(lengths: np.ndarray, capacity: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(item indices by decreasing length, equal lengths in a seeded random order; their lengths)."""
     seed = np.uint64(rng.integers(0, 2**63, dtype=np.int64))
     return _decreasing_shuffled(lengths, int(capacity), seed)

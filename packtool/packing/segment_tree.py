@@ -39,8 +39,8 @@ def _build(leaf_values: np.ndarray, n_leaves: int, capacity: int) -> tuple[np.nd
     starts = _layout(n_leaves)
     tree = np.full(starts[-1], -1, np.int32)
     leaf0 = starts[-2]
-    tree[leaf0:leaf0 + n_leaves] = capacity
-    tree[leaf0:leaf0 + leaf_values.size] = leaf_values
+    tree[leaf0 : leaf0 + n_leaves] = capacity
+    tree[leaf0 : leaf0 + leaf_values.size] = leaf_values
     for k in range(starts.size - 2, 0, -1):
         lo = starts[k]
         for i in range(starts[k + 1] - lo):
@@ -99,7 +99,7 @@ def first_fit(xs: np.ndarray, capacity: int, max_items: int, bins_hint: int) -> 
         b = _leftmost_fit(tree, starts, x)
         if b < 0:
             leaf0 = starts[-2]
-            tree, starts = _build(tree[leaf0:leaf0 + n_leaves], 2 * n_leaves, capacity)
+            tree, starts = _build(tree[leaf0 : leaf0 + n_leaves], 2 * n_leaves, capacity)
             grown = np.zeros(2 * n_leaves, np.int64)
             grown[:n_leaves] = counts
             counts = grown

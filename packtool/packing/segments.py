@@ -53,12 +53,15 @@ def usable_capacity(size: int, pad_multiple: int) -> int:
         raise ConfigError(f"--pad-multiple must be >= 1, got {pad_multiple}, pass 1 to disable padding")
     cap = (size // pad_multiple) * pad_multiple
     if cap == 0:
-        raise ConfigError(f"--pad-multiple {pad_multiple} is larger than --size {size}, no segment could fit, use a pad multiple <= the size")
+        raise ConfigError(
+            f"--pad-multiple {pad_multiple} is larger than --size {size}, no segment could fit, use a pad multiple <= the size"
+        )
     return cap
 
 
-def build_segments(starts: np.ndarray, lengths: np.ndarray, size: int, overlong: Overlong | str = Overlong.SPLIT,
-                   pad_multiple: int = 1) -> Segments:
+def build_segments(
+    starts: np.ndarray, lengths: np.ndarray, size: int, overlong: Overlong | str = Overlong.SPLIT, pad_multiple: int = 1
+) -> Segments:
     """Turn documents (start offset, length) into segments that each fit a pack of `size`.
 
     `error` raises ConfigError naming the first over-long document, its length and the fixes.
@@ -97,8 +100,15 @@ def build_segments(starts: np.ndarray, lengths: np.ndarray, size: int, overlong:
         if policy is Overlong.TRUNCATE:
             dropped_tokens = int((lengths[doc] - real).sum())
     pad = (-real) % pad_multiple
-    return Segments(doc=doc, src=src, real=real, pad=pad.astype(np.int64), n_overlong=n_overlong,
-                    n_empty=n_empty, n_dropped_tokens=dropped_tokens)
+    return Segments(
+        doc=doc,
+        src=src,
+        real=real,
+        pad=pad.astype(np.int64),
+        n_overlong=n_overlong,
+        n_empty=n_empty,
+        n_dropped_tokens=dropped_tokens,
+    )
 
 
 def expand_runs(lengths: np.ndarray, *starts: np.ndarray) -> tuple[np.ndarray, ...]:

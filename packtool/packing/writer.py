@@ -86,8 +86,14 @@ def plan_layout(segments: Segments, config: PackConfig) -> Layout:
     if len(segments) == 0:
         offsets, order = np.zeros(1, np.int64), np.zeros(0, np.int64)
     else:
-        offsets, order = pack_lengths(segments.lengths, size, algorithm=str(config.algorithm), seed=config.seed,
-                                      shuffle=config.shuffle, max_items_per_pack=config.max_docs_per_pack)
+        offsets, order = pack_lengths(
+            segments.lengths,
+            size,
+            algorithm=str(config.algorithm),
+            seed=config.seed,
+            shuffle=config.shuffle,
+            max_items_per_pack=config.max_docs_per_pack,
+        )
         offsets, order = np.asarray(offsets, np.int64), np.asarray(order, np.int64)
     doc, src, real, pad = (a[order] for a in (segments.doc, segments.src, segments.real, segments.pad))
     lengths = real + pad
@@ -109,7 +115,7 @@ def _gather(source: np.ndarray, src: np.ndarray, real: np.ndarray, dst: np.ndarr
     for j in range(src.size):
         d, s, n = dst[j], src[j], real[j]
         out[cursor:d] = fill
-        out[d:d + n] = source[s:s + n]
+        out[d : d + n] = source[s : s + n]
         cursor = d + n
     out[cursor:] = fill
 
@@ -174,8 +180,15 @@ def _open_source(tokens_dir: str) -> TokenStore:
         return store
 
 
-def block_tasks(layout: Layout, store: TokenStore, writer: PackSplitWriter, size: int, pad_id: int,
-                sync: bool = False, block_tokens: int | None = None) -> list[PackBlockTask]:
+def block_tasks(
+    layout: Layout,
+    store: TokenStore,
+    writer: PackSplitWriter,
+    size: int,
+    pad_id: int,
+    sync: bool = False,
+    block_tokens: int | None = None,
+) -> list[PackBlockTask]:
     """Cut the packs into fixed blocks of rows (independent of workers): one task each."""
     rows = max(1, (block_tokens or _BLOCK_TOKENS) // size)
     out_tokens = str(writer.tokens.filename)  # type: ignore[attr-defined]  # a np.memmap when n_packs > 0
@@ -184,13 +197,32 @@ def block_tasks(layout: Layout, store: TokenStore, writer: PackSplitWriter, size
     for p0 in range(0, layout.n_packs, rows):
         p1 = min(layout.n_packs, p0 + rows)
         s0, s1 = int(layout.pack_offsets[p0]), int(layout.pack_offsets[p1])
-        tasks.append(PackBlockTask(str(store.path), p0, p1, size, pad_id, layout.src[s0:s1], layout.real[s0:s1],
-                                   layout.dst[s0:s1] - p0 * size, out_tokens, out_loss, sync))
+        tasks.append(
+            PackBlockTask(
+                str(store.path),
+                p0,
+                p1,
+                size,
+                pad_id,
+                layout.src[s0:s1],
+                layout.real[s0:s1],
+                layout.dst[s0:s1] - p0 * size,
+                out_tokens,
+                out_loss,
+                sync,
+            )
+        )
     return tasks
 
 
-def _write_matrices(layout: Layout, store: TokenStore, writer: PackSplitWriter, config: PackConfig, pad_id: int,
-                    progress: Progress | None) -> None:
+def _write_matrices(
+    layout: Layout,
+    store: TokenStore,
+    writer: PackSplitWriter,
+    config: PackConfig,
+    pad_id: int,
+    progress: Progress | None,
+) -> None:
     """Fill `{S}_{N}.npy` (and `.loss.npy`) block by block through the chosen executor."""
     if layout.n_packs == 0:
         return
@@ -210,7 +242,9 @@ def _metadata(config: PackConfig, store: TokenStore, segments: Segments, layout:
     """The metadata line: Megatron-Bridge's keys (same definitions) plus packtool's provenance."""
     size, n_packs = config.size, layout.n_packs
     lengths = layout.lengths
-    per_pack_tokens = np.add.reduceat(lengths, layout.pack_offsets[:-1]) if n_packs and lengths.size else np.zeros(n_packs, np.int64)
+    per_pack_tokens = (
+        np.add.reduceat(lengths, layout.pack_offsets[:-1]) if n_packs and lengths.size else np.zeros(n_packs, np.int64)
+    )
     per_pack_count = np.diff(layout.pack_offsets)
     n_tokens = int(layout.real.sum())
     tok = store.manifest.get("tokenizer", {})
@@ -262,11 +296,18 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     pad_id = pad_id_for(store)
     directory = pack_dir(config.output, store.tokenizer_name)
     log.info("packing %d segments of %s into %d packs of %d", len(segments), store.path, layout.n_packs, config.size)
-    writer = PackSplitWriter(directory, str(config.split), config.size, store.dtype, layout.n_packs, store.loss is not None)
+    writer = PackSplitWriter(
+        directory, str(config.split), config.size, store.dtype, layout.n_packs, store.loss is not None
+    )
     try:
         _write_matrices(layout, store, writer, config, pad_id, progress)
-        companions = {"pack_offsets": layout.pack_offsets, "seg_lens": layout.lengths, "seg_pad": layout.pad,
-                      "seg_doc": layout.doc, "seg_src": layout.src}
+        companions = {
+            "pack_offsets": layout.pack_offsets,
+            "seg_lens": layout.lengths,
+            "seg_pad": layout.pad,
+            "seg_doc": layout.doc,
+            "seg_src": layout.src,
+        }
         for what, values in companions.items():
             writer.write_companion(what, values)
         record = writer.commit(_metadata(config, store, segments, layout, pad_id))

@@ -7,5 +7,13 @@ from packtool.tokenization.loading import TokenizerInfo, load_tokenizer
 from packtool.tokenization.pipeline import TokenizeResult, tokenize_corpus
 from packtool.tokenization.settings import TokenizeConfig
 
-__all__ = ["ChunkTask", "Executor", "TokenizeConfig", "TokenizeResult", "TokenizerInfo", "load_tokenizer",
-           "local_executor", "tokenize_corpus"]
+__all__ = [
+    "ChunkTask",
+    "Executor",
+    "TokenizeConfig",
+    "TokenizeResult",
+    "TokenizerInfo",
+    "load_tokenizer",
+    "local_executor",
+    "tokenize_corpus",
+]

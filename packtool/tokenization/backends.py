@@ -83,13 +83,17 @@ class FastBackend:
         try:
             import fastokens
         except ImportError as exc:
-            raise ConfigError(f"--backend fast needs the {FAST_PACKAGE} package, which is not installed, "
-                              f"pip install 'packtool[fast]' or use --backend hf") from exc
+            raise ConfigError(
+                f"--backend fast needs the {FAST_PACKAGE} package, which is not installed, "
+                f"pip install 'packtool[fast]' or use --backend hf"
+            ) from exc
         try:
             self.tokenizer = fastokens.Tokenizer.from_file(str(tokenizer_path))
         except Exception as exc:  # the Rust side raises ValueError/Exception for unsupported pieces
-            raise TokenizerError(f"{FAST_PACKAGE} cannot load this tokenizer ({exc}), {tokenizer_path}, "
-                                 "use --backend hf (or auto, which falls back by itself)") from exc
+            raise TokenizerError(
+                f"{FAST_PACKAGE} cannot load this tokenizer ({exc}), {tokenizer_path}, "
+                "use --backend hf (or auto, which falls back by itself)"
+            ) from exc
 
     def encode_flat(self, texts: Sequence[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
         raw_ids, raw_offsets = self.tokenizer.encode_batch_flat(list(texts), add_special_tokens=add_special_tokens)
@@ -150,8 +154,9 @@ def input_sample(chunks: Sequence[Chunk], settings: ChunkSettings) -> list[str]:
     return out
 
 
-def first_difference(reference: Tokenizer, candidate: Backend, texts: Sequence[str],
-                     add_special_tokens: bool) -> str | None:
+def first_difference(
+    reference: Tokenizer, candidate: Backend, texts: Sequence[str], add_special_tokens: bool
+) -> str | None:
     """None when `candidate` gives the ids of `reference` on every text, else where it does not."""
     ref_ids, ref_lengths = HFBackend(reference).encode_flat(texts, add_special_tokens)
     got_ids, got_lengths = candidate.encode_flat(texts, add_special_tokens)
@@ -159,15 +164,21 @@ def first_difference(reference: Tokenizer, candidate: Backend, texts: Sequence[s
         return None
     ref_ends, got_ends = np.cumsum(ref_lengths), np.cumsum(got_lengths)
     for i in range(len(texts)):  # per document, not per token: only on the failure path
-        a = ref_ids[ref_ends[i] - ref_lengths[i]: ref_ends[i]]
-        b = got_ids[got_ends[i] - got_lengths[i]: got_ends[i]]
+        a = ref_ids[ref_ends[i] - ref_lengths[i] : ref_ends[i]]
+        b = got_ids[got_ends[i] - got_lengths[i] : got_ends[i]]
         if not np.array_equal(a, b):
             return f"document {i} of the verification sample ({len(a)} vs {len(b)} ids)"
     return "the verification sample"
 
 
-def choose_backend(requested: str, tokenizer: Tokenizer, tokenizer_path: str, sample: Callable[[], Sequence[str]],
-                   add_special_tokens: bool, needs_offsets: bool) -> BackendChoice:
+def choose_backend(
+    requested: str,
+    tokenizer: Tokenizer,
+    tokenizer_path: str,
+    sample: Callable[[], Sequence[str]],
+    add_special_tokens: bool,
+    needs_offsets: bool,
+) -> BackendChoice:
     """Resolve --backend: `hf`, `fast` (an error when unusable) or `auto` (fast when verified).
 
     `sample()` gives the verification texts; it is only called when fast is a candidate.
@@ -187,8 +198,10 @@ def choose_backend(requested: str, tokenizer: Tokenizer, tokenizer_path: str, sa
         backend = FastBackend(tokenizer_path)
         diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
         if diff is not None:
-            raise TokenizerError(f"{FAST_PACKAGE} gives different ids than tokenizers at {diff}, {tokenizer_path}, "
-                                 "use --backend hf (or auto, which falls back by itself)")
+            raise TokenizerError(
+                f"{FAST_PACKAGE} gives different ids than tokenizers at {diff}, {tokenizer_path}, "
+                "use --backend hf (or auto, which falls back by itself)"
+            )
         return BackendChoice("fast", "requested, verified identical on the sample")
     if fast_version() is None:
         return BackendChoice("hf", f"{FAST_PACKAGE} is not installed (pip install 'packtool[fast]')")

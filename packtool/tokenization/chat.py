@@ -34,8 +34,13 @@ def compile_template(source: str) -> Callable[..., str]:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def tojson(
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
@@ -60,14 +65,17 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def render_with_spans(render: Callable[..., str], messages: list[dict[str, Any]], bos_token: str | None,
-                      eos_token: str | None) -> tuple[str, list[tuple[int, int]]]:
+def render_with_spans(
+    render: Callable[..., str], messages: list[dict[str, Any]], bos_token: str | None, eos_token: str | None
+) -> tuple[str, list[tuple[int, int]]]:
     """Render a conversation; return the text and the [start, end) char span of each assistant turn."""
     from jinja2.exceptions import TemplateError
 
     def run(msgs: list[dict[str, Any]]) -> str:
         try:
-            return render(messages=msgs, bos_token=bos_token or "", eos_token=eos_token or "", add_generation_prompt=False)
+            return render(
+                messages=msgs, bos_token=bos_token or "", eos_token=eos_token or "", add_generation_prompt=False
+            )
         except TemplateError as exc:
             raise ChatRecordError(f"chat template failed: {exc}") from exc
         except Exception as exc:  # templates index and call freely; any failure is this record's
@@ -79,8 +87,10 @@ def render_with_spans(render: Callable[..., str], messages: list[dict[str, Any]]
     for i, message in enumerate(messages):
         upto = run(messages[: i + 1])
         if not (upto.startswith(before) and full.startswith(upto)):
-            raise ChatRecordError("chat template is not prefix-stable (rendering a conversation prefix is not a prefix of the full "
-                                  "rendering), cannot locate assistant turns exactly; use --chat-template with a plain template")
+            raise ChatRecordError(
+                "chat template is not prefix-stable (rendering a conversation prefix is not a prefix of the full "
+                "rendering), cannot locate assistant turns exactly; use --chat-template with a plain template"
+            )
         if message["role"] == "assistant":
             start = _content_start(run, messages, i, before, upto)
             if not spans or start >= spans[-1][1]:
@@ -92,8 +102,9 @@ def render_with_spans(render: Callable[..., str], messages: list[dict[str, Any]]
 _SENTINEL = "\ue000packtool-content\ue001"  # private-use characters: no template writes these
 
 
-def _content_start(run: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], i: int, before: str,
-                   upto: str) -> int:
+def _content_start(
+    run: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], i: int, before: str, upto: str
+) -> int:
     """Where assistant message i's content begins in `upto`: render a sentinel in its place to find the header's end."""
     content = messages[i]["content"]
     probe = run([*messages[:i], {**messages[i], "content": _SENTINEL}])
@@ -102,4 +113,6 @@ def _content_start(run: Callable[[list[dict[str, Any]]], str], messages: list[di
         for text in (content, content.strip()):
             if upto.startswith(text, start):
                 return start
-    raise ChatRecordError(f"chat template changes the content of assistant message {i}, cannot locate it in the rendered text")
+    raise ChatRecordError(
+        f"chat template changes the content of assistant message {i}, cannot locate it in the rendered text"
+    )

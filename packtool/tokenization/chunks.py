@@ -55,8 +55,12 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
             got = record.error if record.error is not None else extract(record.value, settings)
             if isinstance(got, str):
                 if settings.on_error == OnError.FAIL:
-                    raise InputError(f"bad record: {got}", record.source, record.line,
-                                     hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on")
+                    raise InputError(
+                        f"bad record: {got}",
+                        record.source,
+                        record.line,
+                        hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
+                    )
                 writer.reject(record.source, record.line, got)
                 counts[2] += 1
                 continue

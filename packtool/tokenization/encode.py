@@ -46,8 +46,10 @@ def special_policy(info: TokenizerInfo, fmt: InputFormat, bos: bool | None, eos:
     want_eos = (info.eos_id is not None and not chat) or post_eos if eos is None else eos
     for flag, wanted, token_id in (("--bos", want_bos, info.bos_id), ("--eos", want_eos, info.eos_id)):
         if wanted and token_id is None:
-            raise ConfigError(f"{flag} needs a {flag[2:]} token but tokenizer {info.name!r} defines none "
-                              f"(tokenizer_config.json {flag[2:]}_token), pass --no-{flag[2:]} or use a tokenizer that has one")
+            raise ConfigError(
+                f"{flag} needs a {flag[2:]} token but tokenizer {info.name!r} defines none "
+                f"(tokenizer_config.json {flag[2:]}_token), pass --no-{flag[2:]} or use a tokenizer that has one"
+            )
     policy = SpecialPolicy(
         add_special_tokens=not chat,
         prepend=info.bos_id if want_bos and not post_bos else None,
@@ -55,10 +57,16 @@ def special_policy(info: TokenizerInfo, fmt: InputFormat, bos: bool | None, eos:
         strip_first=info.bos_id if post_bos and not want_bos else None,
         strip_last=info.eos_id if post_eos and not want_eos else None,
         manifest={
-            "bos": {"enabled": bool(want_bos), "id": info.bos_id if want_bos else None,
-                    "by": None if not want_bos else ("tokenizer post-processor" if post_bos else "packtool")},
-            "eos": {"enabled": bool(want_eos), "id": info.eos_id if want_eos else None,
-                    "by": None if not want_eos else ("tokenizer post-processor" if post_eos else "packtool")},
+            "bos": {
+                "enabled": bool(want_bos),
+                "id": info.bos_id if want_bos else None,
+                "by": None if not want_bos else ("tokenizer post-processor" if post_bos else "packtool"),
+            },
+            "eos": {
+                "enabled": bool(want_eos),
+                "id": info.eos_id if want_eos else None,
+                "by": None if not want_eos else ("tokenizer post-processor" if post_eos else "packtool"),
+            },
         },
     )
     return policy
@@ -84,17 +92,28 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
     if reason is not None:
         return reason
     if settings.chat_template is None:
-        raise ConfigError("--format chat needs a chat template, the tokenizer's tokenizer_config.json has none, pass --chat-template FILE")
+        raise ConfigError(
+            "--format chat needs a chat template, the tokenizer's tokenizer_config.json has none, pass --chat-template FILE"
+        )
     try:
-        return render_with_spans(compile_template(settings.chat_template), validate_messages(messages),
-                                 settings.bos_token, settings.eos_token)
+        return render_with_spans(
+            compile_template(settings.chat_template),
+            validate_messages(messages),
+            settings.bos_token,
+            settings.eos_token,
+        )
     except ChatRecordError as exc:
         return str(exc)
 
 
-def encode_batch(tok: Tokenizer, texts: Sequence[str], spans: Sequence[Spans | None] | None,
-                 policy: SpecialPolicy, dtype: np.dtype,
-                 backend: Backend | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def encode_batch(
+    tok: Tokenizer,
+    texts: Sequence[str],
+    spans: Sequence[Spans | None] | None,
+    policy: SpecialPolicy,
+    dtype: np.dtype,
+    backend: Backend | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Encode documents: (concatenated ids, per-document lengths, per-token loss or None).
 
     Without spans (all tokens are targets) the ids come from `backend` (hf or the verified fast
@@ -109,12 +128,16 @@ def encode_batch(tok: Tokenizer, texts: Sequence[str], spans: Sequence[Spans | N
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype, count=total)
     loss = None
     if spans is not None:
-        offsets = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), np.int64, count=2 * total)
+        offsets = np.fromiter(
+            chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), np.int64, count=2 * total
+        )
         loss = target_mask(offsets.reshape(-1, 2), lengths, [len(t) for t in texts], spans)
     return frame(ids, lengths, loss, policy)
 
 
-def target_mask(offsets: np.ndarray, lengths: np.ndarray, text_lengths: Sequence[int], spans: Sequence[Spans | None]) -> np.ndarray:
+def target_mask(
+    offsets: np.ndarray, lengths: np.ndarray, text_lengths: Sequence[int], spans: Sequence[Spans | None]
+) -> np.ndarray:
     """1 where a token's [start, end) character range overlaps a target span of its document."""
     base = np.zeros(len(text_lengths), np.int64)
     np.cumsum(np.asarray(text_lengths, np.int64)[:-1] + 1, out=base[1:])
@@ -131,8 +154,9 @@ def target_mask(offsets: np.ndarray, lengths: np.ndarray, text_lengths: Sequence
     return mask
 
 
-def frame(ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None,
-          policy: SpecialPolicy) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def frame(
+    ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None, policy: SpecialPolicy
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Strip post-processor BOS/EOS the user turned off, then add packtool's BOS/EOS (vectorised)."""
     ends = np.cumsum(lengths)
     starts = ends - lengths
@@ -153,7 +177,9 @@ def frame(ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None,
         return ids, lengths, loss
     n = lengths.size
     new_lengths = lengths + pre + post
-    position = np.arange(ids.size, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64) * (pre + post) + pre, lengths)
+    position = np.arange(ids.size, dtype=np.int64) + np.repeat(
+        np.arange(n, dtype=np.int64) * (pre + post) + pre, lengths
+    )
     out = np.empty(int(new_lengths.sum()), ids.dtype)
     out[position] = ids
     new_ends = np.cumsum(new_lengths)

@@ -75,10 +75,15 @@ class ChunkWriter:
         self._write("bin", ids.tobytes())
         self._write("lengths", lengths.astype("<i8", copy=False).tobytes())
         if "loss" in self._files:
-            self._write("loss", (np.ones(ids.size, np.uint8) if loss is None else loss.astype(np.uint8, copy=False)).tobytes())
+            self._write(
+                "loss", (np.ones(ids.size, np.uint8) if loss is None else loss.astype(np.uint8, copy=False)).tobytes()
+            )
 
     def reject(self, source: str, line: int | None, reason: str) -> None:
-        self._write("rejects", (json.dumps({"source": source, "line": line, "reason": reason}, ensure_ascii=False) + "\n").encode())
+        self._write(
+            "rejects",
+            (json.dumps({"source": source, "line": line, "reason": reason}, ensure_ascii=False) + "\n").encode(),
+        )
 
     def commit(self) -> dict[str, str]:
         """Make the chunk's files visible under their final names; return suffix -> sha256."""
@@ -142,7 +147,9 @@ class Journal:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
-def read_chunk_arrays(work_dir: Path, index: int, dtype: np.dtype, with_loss: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def read_chunk_arrays(
+    work_dir: Path, index: int, dtype: np.dtype, with_loss: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Load a finished chunk's ids, lengths and loss for the final concatenation."""
     ids = np.fromfile(chunk_path(work_dir, index, "bin"), dtype=dtype)
     lengths = np.fromfile(chunk_path(work_dir, index, "lengths"), dtype="<i8")

@@ -45,8 +45,14 @@ class TokenizerInfo:
 
     def manifest(self) -> dict[str, Any]:
         """The manifest's `tokenizer` entry."""
-        return {"name": self.name, "sha256": self.sha256, "vocab_size": self.vocab_size,
-                "bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id}
+        return {
+            "name": self.name,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+        }
 
 
 def hub_cache_dir() -> Path:
@@ -80,17 +86,23 @@ def locate(spec: str) -> tuple[Path, str]:
         return path, path.resolve().parent.name
     if path.is_dir():
         if not (path / TOKENIZER_JSON).is_file():
-            raise TokenizerError(f"directory {spec} has no {TOKENIZER_JSON}, expected a model directory holding one, "
-                                 "save it with tokenizer.save_pretrained(DIR) or pass the tokenizer.json path")
+            raise TokenizerError(
+                f"directory {spec} has no {TOKENIZER_JSON}, expected a model directory holding one, "
+                "save it with tokenizer.save_pretrained(DIR) or pass the tokenizer.json path"
+            )
         return path / TOKENIZER_JSON, path.resolve().name
     looks_like_hub = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
     if looks_like_hub:
         snapshot = resolve_hub_name(spec)
         if snapshot is not None:
             return snapshot / TOKENIZER_JSON, spec
-        raise TokenizerError(f"tokenizer {spec!r} is not a path and not in the local Hugging Face cache ({hub_cache_dir()}), "
-                             f"download it first (huggingface-cli download {spec} tokenizer.json tokenizer_config.json) or set HF_HUB_CACHE")
-    raise TokenizerError(f"tokenizer {spec!r} does not exist, expected a tokenizer.json, a model directory or a cached hub name (org/name)")
+        raise TokenizerError(
+            f"tokenizer {spec!r} is not a path and not in the local Hugging Face cache ({hub_cache_dir()}), "
+            f"download it first (huggingface-cli download {spec} tokenizer.json tokenizer_config.json) or set HF_HUB_CACHE"
+        )
+    raise TokenizerError(
+        f"tokenizer {spec!r} does not exist, expected a tokenizer.json, a model directory or a cached hub name (org/name)"
+    )
 
 
 def _token_text(value: Any) -> str | None:
@@ -135,7 +147,9 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
     try:
         tok = Tokenizer.from_file(str(json_path))
     except Exception as exc:  # the Rust side raises a plain Exception
-        raise TokenizerError(f"cannot load tokenizer ({exc}), {json_path}, expected a Hugging Face tokenizers tokenizer.json") from exc
+        raise TokenizerError(
+            f"cannot load tokenizer ({exc}), {json_path}, expected a Hugging Face tokenizers tokenizer.json"
+        ) from exc
     config = _read_json(json_path.parent / TOKENIZER_CONFIG)
     special = _read_json(json_path.parent / SPECIAL_TOKENS_MAP)
     name = _config_name(config) or name
@@ -146,7 +160,9 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
         tokens[key] = text
         ids[key] = tok.token_to_id(text) if text is not None else None
         if text is not None and ids[key] is None:
-            raise TokenizerError(f"{key}_token {text!r} from {TOKENIZER_CONFIG} is not in the vocabulary, {json_path.parent}, fix the config")
+            raise TokenizerError(
+                f"{key}_token {text!r} from {TOKENIZER_CONFIG} is not in the vocabulary, {json_path.parent}, fix the config"
+            )
     vocab = tok.get_vocab(with_added_tokens=True)
     max_id = max(vocab.values()) if vocab else 0
     with_special = tok.encode("a", add_special_tokens=True).ids
@@ -154,10 +170,19 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
     post_bos = ids["bos"] is not None and len(with_special) > len(plain) and with_special[0] == ids["bos"]
     post_eos = ids["eos"] is not None and len(with_special) > len(plain) and with_special[-1] == ids["eos"]
     info = TokenizerInfo(
-        name=name, path=str(json_path.resolve()), sha256=sha256_file(json_path),
-        vocab_size=tok.get_vocab_size(with_added_tokens=True), max_id=int(max_id),
-        bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["pad"], bos_token=tokens["bos"], eos_token=tokens["eos"],
-        chat_template=_chat_template(config), post_bos=post_bos, post_eos=post_eos,
+        name=name,
+        path=str(json_path.resolve()),
+        sha256=sha256_file(json_path),
+        vocab_size=tok.get_vocab_size(with_added_tokens=True),
+        max_id=int(max_id),
+        bos_id=ids["bos"],
+        eos_id=ids["eos"],
+        pad_id=ids["pad"],
+        bos_token=tokens["bos"],
+        eos_token=tokens["eos"],
+        chat_template=_chat_template(config),
+        post_bos=post_bos,
+        post_eos=post_eos,
     )
     return tok, info
 

@@ -51,8 +51,9 @@ class TokenizeResult:
     up_to_date: bool = False
 
 
-def tokenize_corpus(config: TokenizeConfig, progress: Progress | None = None,
-                    executor: Executor | None = None) -> TokenizeResult:
+def tokenize_corpus(
+    config: TokenizeConfig, progress: Progress | None = None, executor: Executor | None = None
+) -> TokenizeResult:
     """Tokenize `config.inputs` into the token store `config.output` (see the module docstring)."""
     import packtool
 
@@ -62,8 +63,14 @@ def tokenize_corpus(config: TokenizeConfig, progress: Progress | None = None,
     sources, all_chunks = plan_chunks(paths, max(1, int(config.chunk_bytes)))
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     settings = _settings(config, info, output)
-    choice = choose_backend(config.backend, tok, info.path, lambda: input_sample(all_chunks, settings),
-                            settings.policy.add_special_tokens, settings.format != InputFormat.TEXT)
+    choice = choose_backend(
+        config.backend,
+        tok,
+        info.path,
+        lambda: input_sample(all_chunks, settings),
+        settings.policy.add_special_tokens,
+        settings.format != InputFormat.TEXT,
+    )
     log.info("tokenizer backend: %s (%s)", choice.name, choice.reason)
     settings = replace(settings, backend=choice.name)
     fingerprint = hashlib.sha256(f"{packtool.__version__}|{settings.fingerprint()}".encode()).hexdigest()
@@ -105,11 +112,27 @@ def tokenize_corpus(config: TokenizeConfig, progress: Progress | None = None,
                 progress(done_bytes, total)
     finally:
         journal.close()
-    manifest = _finish(output, journal, chunks, results, sources, settings, info, config, build,
-                       {"backend": choice.manifest(), **({"shard": shard} if shard else {})})
+    manifest = _finish(
+        output,
+        journal,
+        chunks,
+        results,
+        sources,
+        settings,
+        info,
+        config,
+        build,
+        {"backend": choice.manifest(), **({"shard": shard} if shard else {})},
+    )
     journal.remove()
-    log.info("tokenized %d documents, %d tokens into %s (%d/%d chunks reused)", manifest["n_documents"],
-             manifest["n_tokens"], output, reused, len(chunks))
+    log.info(
+        "tokenized %d documents, %d tokens into %s (%d/%d chunks reused)",
+        manifest["n_documents"],
+        manifest["n_tokens"],
+        output,
+        reused,
+        len(chunks),
+    )
     return TokenizeResult(output, manifest, len(chunks), reused)
 
 
@@ -122,19 +145,38 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> Chun
             raise ConfigError(f"--chat-template {config.chat_template} does not exist, pass a Jinja template file")
         template = path.read_text("utf-8")
     if fmt == InputFormat.CHAT and not template:
-        raise ConfigError(f"--format chat needs a chat template but tokenizer {info.name!r} has none in tokenizer_config.json, "
-                          "pass --chat-template FILE")
+        raise ConfigError(
+            f"--format chat needs a chat template but tokenizer {info.name!r} has none in tokenizer_config.json, "
+            "pass --chat-template FILE"
+        )
     return ChunkSettings(
-        tokenizer_path=info.path, tokenizer_sha256=info.sha256, format=fmt.value, field=config.field,
-        prompt_field=config.prompt_field, completion_field=config.completion_field, messages_field=config.messages_field,
-        chat_template=template if fmt == InputFormat.CHAT else None, bos_token=info.bos_token, eos_token=info.eos_token,
-        separator=config.separator, on_error=str(config.on_error), policy=special_policy(info, fmt, config.bos, config.eos),
-        dtype=dtype_name(dtype_for_max_id(info.max_id)), work_dir=str(work_dir_for(output)),
+        tokenizer_path=info.path,
+        tokenizer_sha256=info.sha256,
+        format=fmt.value,
+        field=config.field,
+        prompt_field=config.prompt_field,
+        completion_field=config.completion_field,
+        messages_field=config.messages_field,
+        chat_template=template if fmt == InputFormat.CHAT else None,
+        bos_token=info.bos_token,
+        eos_token=info.eos_token,
+        separator=config.separator,
+        on_error=str(config.on_error),
+        policy=special_policy(info, fmt, config.bos, config.eos),
+        dtype=dtype_name(dtype_for_max_id(info.max_id)),
+        work_dir=str(work_dir_for(output)),
     )
 
 
 def _chunk_key(fingerprint: str, chunk: Chunk, by_path: dict[str, SourceFile]) -> str:
-    ident = [fingerprint, chunk.kind, chunk.start, chunk.end, chunk.first_line, [(p, by_path[p].sha256) for p in chunk.paths]]
+    ident = [
+        fingerprint,
+        chunk.kind,
+        chunk.start,
+        chunk.end,
+        chunk.first_line,
+        [(p, by_path[p].sha256) for p in chunk.paths],
+    ]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()
 
 
@@ -153,8 +195,10 @@ def _check_output(output: Path, build: str, overwrite: bool) -> dict[str, Any] |
     if isinstance(manifest, dict) and manifest.get("build") == build and not overwrite:
         return manifest
     if not overwrite and any(output.iterdir()):
-        raise OutputExistsError(f"output {output} already holds a different token store (or other files), "
-                                "pass --overwrite to replace it or choose another --output")
+        raise OutputExistsError(
+            f"output {output} already holds a different token store (or other files), "
+            "pass --overwrite to replace it or choose another --output"
+        )
     return None
 
 
@@ -176,9 +220,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _finish(output: Path, journal: Journal, chunks: list[Chunk], results: dict[int, ChunkResult],
-            sources: list[SourceFile], settings: ChunkSettings, info: TokenizerInfo, config: TokenizeConfig,
-            build: str, extra: dict[str, Any]) -> dict[str, Any]:
+def _finish(
+    output: Path,
+    journal: Journal,
+    chunks: list[Chunk],
+    results: dict[int, ChunkResult],
+    sources: list[SourceFile],
+    settings: ChunkSettings,
+    info: TokenizerInfo,
+    config: TokenizeConfig,
+    build: str,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
     counts = {s.path: [0, 0, 0] for s in sources}
     for result in results.values():
         for path, (records, documents, rejected) in result.sources.items():
@@ -186,9 +239,12 @@ def _finish(output: Path, journal: Journal, chunks: list[Chunk], results: dict[i
             got[0], got[1], got[2] = got[0] + records, got[1] + documents, got[2] + rejected
     if not any(c[1] for c in counts.values()) and config.num_shards == 1:  # a shard may be empty
         records = sum(c[0] for c in counts.values())
-        raise InputError(f"no documents to tokenize ({len(sources)} input files, {records} records, "
-                         f"{sum(c[2] for c in counts.values())} rejected)", ", ".join(s.path for s in sources[:3]),
-                         hint="check the inputs and --field / --format")
+        raise InputError(
+            f"no documents to tokenize ({len(sources)} input files, {records} records, "
+            f"{sum(c[2] for c in counts.values())} rejected)",
+            ", ".join(s.path for s in sources[:3]),
+            hint="check the inputs and --field / --format",
+        )
     for path, (records, _, _) in counts.items():
         if records == 0 and config.num_shards == 1:  # a shard reads only part of the inputs
             log.warning("input %s holds no records", path)
@@ -210,9 +266,19 @@ def _finish(output: Path, journal: Journal, chunks: list[Chunk], results: dict[i
                 **settings.policy.manifest,
                 "input_format": settings.format,
                 "fields": _fields(config),
-                "chat_template_sha256": hashlib.sha256(settings.chat_template.encode()).hexdigest() if settings.chat_template else None,
-                "sources": [{"path": s.path, "sha256": s.sha256, "records": counts[s.path][0], "documents": counts[s.path][1],
-                             "rejected": counts[s.path][2]} for s in sources],
+                "chat_template_sha256": hashlib.sha256(settings.chat_template.encode()).hexdigest()
+                if settings.chat_template
+                else None,
+                "sources": [
+                    {
+                        "path": s.path,
+                        "sha256": s.sha256,
+                        "records": counts[s.path][0],
+                        "documents": counts[s.path][1],
+                        "rejected": counts[s.path][2],
+                    }
+                    for s in sources
+                ],
                 "n_rejected": sum(c[2] for c in counts.values()),
                 "backend": extra["backend"],
                 "build": build,
