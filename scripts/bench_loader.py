@@ -7,12 +7,15 @@ B x N:
   raw bytes    `tokens[idx]`: the pack rows copied out of the memmap (the floor for any loader);
   raw + int64  the same plus `torch.from_numpy(x.astype(int64))` (what a naive unpacked loader
                must do at least to hand `input_ids` to an embedding);
-  loader w=0/2 DataLoader(PackedDataset, PackedCollator(flatten=True)) with 0 and 2 workers,
-               building input_ids, labels, position_ids (int64) and validated int32 cu_seqlens.
+  loader w=0   DataLoader(PackedDataset, PackedCollator(flatten=True)) in the main process,
+               building input_ids, labels, position_ids (int64) and validated int32 cu_seqlens:
+               once with the single-threaded kernel (`numba.set_num_threads(1)`) and once with the
+               rows spread over --threads numba threads (the raw reads are single-threaded numpy);
+  loader w=2   the same with 2 DataLoader workers (each builds its batches single-threaded).
 Prints batches/s, tokens/s and the ratio of each time to the raw read times (best of
 --repeat runs each: the machine may be shared). No assertions.
 
-    python scripts/bench_loader.py [--tokens 100000000] [--shapes 8x4096,32x4096,16x8192]
+    python scripts/bench_loader.py [--tokens 100000000] [--shapes 8x4096,32x4096,16x8192] [--threads 2]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 import torch
 
@@ -83,13 +87,24 @@ def time_loader(ds: PackedDataset, batch_size: int, workers: int, n_batches: int
     return elapsed * n_batches / (n_batches - 1)
 
 
-def bench_shape(ds: PackedDataset, batch_size: int, repeat: int, max_batches: int) -> None:
+def with_threads(threads: int, run):  # type: ignore[no-untyped-def]
+    def timed() -> float:
+        numba.set_num_threads(threads)  # thread-local: applies to the w=0 loader (main thread)
+        try:
+            return run()
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    return timed
+
+
+def bench_shape(ds: PackedDataset, batch_size: int, repeat: int, max_batches: int, threads: int) -> None:
     batches = batches_of(ds, batch_size, max_batches)
     n_tok = len(batches) * batch_size * ds.size
     time_raw(ds, batches, to_int64=False)  # warm the page cache: every run below reads from memory
     time_loader(ds, batch_size, 0, min(50, len(batches)))  # and the numba kernels (compiled or loaded from cache)
     runs = {"raw bytes": lambda: time_raw(ds, batches, False), "raw + int64": lambda: time_raw(ds, batches, True),
-            "loader w=0": lambda: time_loader(ds, batch_size, 0, len(batches)),
+            "loader w=0 1t": with_threads(1, lambda: time_loader(ds, batch_size, 0, len(batches))),
+            f"loader w=0 {threads}t": with_threads(threads, lambda: time_loader(ds, batch_size, 0, len(batches))),
             "loader w=2": lambda: time_loader(ds, batch_size, 2, len(batches))}
     results = {name: min(run() for _ in range(repeat)) for name, run in runs.items()}
     raw, raw64 = results["raw bytes"], results["raw + int64"]
@@ -105,6 +120,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="8x4096,32x4096,16x8192", help="comma-separated BxN batch shapes")
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; the best is reported")
     ap.add_argument("--max-batches", type=int, default=2000, help="batches per run at most")
+    ap.add_argument("--threads", type=int, default=min(2, numba.config.NUMBA_NUM_THREADS),
+                    help="numba threads for the parallel w=0 run (at most NUMBA_NUM_THREADS)")
     ap.add_argument("--dir", type=Path, default=None, help="where to build the stores (default: a temp dir)")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -118,9 +135,12 @@ def main() -> None:
             store = ds._open()
             print(f"store N={size}: {len(ds)} packs ({store.tokens.nbytes / 1e6:.0f} MB), {store.seg_lens.size} segments, "
                   f"built in {time.perf_counter() - t0:.1f}s")
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        threads = max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS))
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads; loader kernel: 1 and {threads} numba "
+              f"threads (NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS}); raw reads: 1 thread (numpy)")
         for b, n in shapes:
-            bench_shape(datasets[n], b, args.repeat, args.max_batches)
+            bench_shape(datasets[n], b, args.repeat, args.max_batches, threads)
+        print(f"numba threading layer: {numba.threading_layer() if threads > 1 else 'none (serial kernel)'}")
 
 
 if __name__ == "__main__":

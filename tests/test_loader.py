@@ -15,6 +15,8 @@ from _packs import Segment, write_pack_store, zipf_docs
 from packtool.errors import ConfigError, FormatError, PacktoolError
 from packtool.formats.pack_store import companion_name
 from packtool.loader import HF_KEYS, PackedCollator, PackedDataset, PackedSampler, ResumableLoader, validate_cu_seqlens
+from packtool.loader.dataset import parallel_ok, plain_views
+from packtool.loader.kernels import fill_batch, fill_batch_parallel, segments_of
 
 N = 256
 
@@ -115,6 +117,71 @@ def test_worker_batches_travel_as_one_storage(store):
     local = PackedCollator(flatten=True)(ds.__getitems__([0, 1, 2]))
     for key, value in local.items():
         assert torch.equal(value, batch[key]) if torch.is_tensor(value) else value == batch[key], key
+
+
+def _kernel_outputs(ds: PackedDataset, idx: np.ndarray, kernel) -> tuple:  # type: ignore[no-untyped-def]
+    tokens, loss, po, lens, pads = plain_views(ds._open())
+    cap = idx.size + int(segments_of(po, idx))
+    rows = np.full((3, idx.size, ds.size), 7, np.int64)
+    seg = np.full((4, cap), 7, np.int64)
+    cus = np.full((2, cap + 1), 7, np.int32)
+    ret = kernel(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus)
+    return ret, rows, seg, cus
+
+
+@pytest.mark.parametrize("with_loss", [True, False])
+def test_parallel_kernel_is_byte_identical_to_the_serial_one(store, tmp_path, with_loss):
+    # uint32 + loss masks + --pad-multiple; and uint16 without loss file or padding
+    if with_loss:
+        ds = PackedDataset(store[0])
+    else:
+        write_pack_store(tmp_path / "p", zipf_docs(120, seed=5, max_len=400), N, pad_id=2)
+        ds = PackedDataset(tmp_path / "p")
+    rng = np.random.default_rng(9)
+    batches = [np.arange(len(ds)), rng.integers(0, len(ds), 7), np.array([3]), np.array([2, 2, 0])]
+    for idx in batches:
+        serial = _kernel_outputs(ds, idx, fill_batch)
+        parallel = _kernel_outputs(ds, idx, fill_batch_parallel)
+        assert serial[0] == parallel[0] and serial[0][1] == -1
+        for a, b in zip(serial[1:], parallel[1:], strict=True):
+            assert a.tobytes() == b.tobytes()  # every byte, untouched entries included
+
+
+def test_parallel_kernel_refuses_corrupt_packs_like_the_serial_one(tmp_path):
+    write_pack_store(tmp_path / "p", zipf_docs(60, seed=2, max_len=300), N)
+    lens = tmp_path / "p" / companion_name("training", N, "seg_lens")
+    arr = np.load(lens)
+    arr[len(arr) // 2] = N + 1
+    np.save(lens, arr)
+    ds = PackedDataset(tmp_path / "p")
+    idx = np.arange(len(ds))
+    bad_serial, bad_parallel = _kernel_outputs(ds, idx, fill_batch)[0], _kernel_outputs(ds, idx, fill_batch_parallel)[0]
+    assert bad_serial == bad_parallel and bad_serial[1] >= 0
+
+
+def _collate_reporting_threads(items):  # type: ignore[no-untyped-def]
+    batch = PackedCollator(flatten=True)(items)
+    batch["parallel_ok"] = parallel_ok()
+    return batch
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_after_the_parallel_kernel_ran_in_the_parent(store, context):
+    # numba's GNU-OpenMP layer aborts a forked child that launches threads its parent started:
+    # the parent runs the parallel kernel first, workers must still work (serial kernel there)
+    ds = PackedDataset(store[0])
+    _kernel_outputs(ds, np.arange(len(ds)), fill_batch_parallel)  # numba's threads now exist here
+    expected = [_collate_reporting_threads(ds.__getitems__(list(range(a, min(a + 3, len(ds))))))
+                for a in range(0, len(ds), 3)]
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=_collate_reporting_threads,
+                                         multiprocessing_context=context, timeout=120)  # a deadlock fails, not hangs
+    got = list(loader)
+    assert len(got) == len(expected) > 1
+    for a, b in zip(expected, got, strict=True):
+        assert b.pop("parallel_ok") is False
+        a.pop("parallel_ok")
+        for key, value in a.items():
+            assert torch.equal(value, b[key]) if torch.is_tensor(value) else value == b[key], key
 
 
 def test_path_forms_and_size_choice(store, tmp_path):

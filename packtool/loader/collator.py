@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from packtool.errors import ConfigError, FormatError
+from packtool.loader.dataset import segment_arrays
 from packtool.loader.kernels import IGNORE_INDEX, check_cu
 
 HF_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -88,20 +89,22 @@ class PackedCollator:
             total = b * n
             if self.flatten:
                 rows = rows.reshape(3, 1, total)
+            padded_keys = bool(stacked["has_segment_padding"])
             if get_worker_info() is None:  # main process: one from_numpy per array is cheapest (~1 us)
                 ids, labels, pos = torch.from_numpy(rows[0]), torch.from_numpy(rows[1]), torch.from_numpy(rows[2])
-                cu_t, cu_real_t = torch.from_numpy(cu), torch.from_numpy(cu_real)
+                cu_t = torch.from_numpy(cu)
+                # without --pad-multiple padding both arrays hold the same offsets: share the tensor
+                cu_real_t = torch.from_numpy(cu_real) if padded_keys else cu_t
             else:  # worker: views of ONE storage, since each storage sent costs a ~1 ms fd round trip
                 ids, labels, pos, cu_t, cu_real_t = _views_of_one_storage(stacked["buffer"], rows.shape, cu.size)
-            padded_keys = bool(stacked["has_segment_padding"])
             n_target, max_seqlen = stacked["n_target_total"], stacked["max_seqlen"]
         else:
             if stacked is not None:
                 t = torch.from_numpy(stacked["rows"])
                 ids, labels, pos = t[0], t[1], t[2]
-                lens, real, counts = stacked["seg_lens"], stacked["seg_real"], stacked["seg_counts"]
+                lens, real, counts, n_target_rows = segment_arrays(stacked)
                 padded_keys = bool(stacked["has_segment_padding"])
-                n_target = int(stacked["n_target_tokens"].sum())
+                n_target = int(n_target_rows.sum())
             else:
                 ids, labels, pos, lens, real, counts, padded_keys, n_target = _from_items(items)
             if self.pad_to_length is not None:

@@ -47,7 +47,7 @@ class PackedBatchItems(Sequence[dict[str, Any]]):
         self._items: list[dict[str, Any]] | None = None
 
     def __len__(self) -> int:
-        return int(self.stacked["input_ids"].shape[0])
+        return int(self.stacked["rows"].shape[1])
 
     def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
         if self._items is None:
@@ -133,14 +133,13 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 def build_batch(store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...] | None = None,
                 pool: BufferPool | None = None) -> dict[str, Any]:
-    """Stacked arrays for the packs `idx`: `[B, N]` ids/labels/positions and per-segment lengths.
+    """Stacked arrays for the packs `idx`: `rows` `[3, B, N]` (ids, labels, positions) and segments.
 
-    One compiled pass (`kernels.fill_batch`) over the batch's rows. Segment arrays cover every
-    pack in order, each pack's segments followed by its tail padding segment (dropped when
-    empty); `seg_counts[b]` says how many entries pack b owns. `cu_seqlens`/`cu_seqlens_real`
-    are the global int32 offsets over the flattened batch. `rows` is the single `[3, B, N]`
-    int64 buffer the three token arrays are views of (one allocation, one shared-memory
-    storage when a worker sends the batch).
+    One compiled pass (`kernels.fill_batch`, or `fill_batch_parallel` over numba's threads when
+    `parallel_ok()`) over the batch's rows. `cu_seqlens`/`cu_seqlens_real` are the global int32
+    offsets over the flattened batch; `segment_arrays` gives the per-segment lengths. `rows`
+    and both cu_seqlens live in ONE int64 buffer (one shared-memory storage when a worker sends
+    the batch).
     """
     tokens, loss, po, lens, pads = views if views is not None else plain_views(store)
     n = store.size
@@ -158,27 +157,33 @@ def build_batch(store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...]
     buffer = pool.get(need) if pool is not None else np.empty(need, dtype=np.int64)
     rows = buffer[: 3 * b * n].reshape(3, b, n)
     cus = buffer[3 * b * n:].view(np.int32).reshape(2, -1)  # two rows of >= cap + 1 entries
-    seg_lens, seg_real, seg_counts, n_target = np.empty((4, cap), dtype=np.int64)
+    seg = np.empty((4, cap), dtype=np.int64)  # lengths, real lengths, entries per pack, targets per pack
     kernel = fill_batch_parallel if b > 1 and parallel_ok() else fill_batch
-    k, bad, longest, n_target_total = kernel(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg_lens,
-                                             seg_real, seg_counts, n_target, cus[0], cus[1])
+    k, bad, longest, n_target_total = kernel(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus)
     if bad >= 0:
         raise FormatError(f"pack {int(idx[bad])} has inconsistent segment lengths (sum > {n}, negative, or padding > length), {store.directory}, re-run `packtool pack`")
+    # few Python objects per batch: per-segment arrays are sliced by whoever needs them (`segment_arrays`)
     return {
         "buffer": buffer,
-        "rows": rows,
-        "input_ids": rows[0],
-        "labels": rows[1],
-        "position_ids": rows[2],
-        "seg_lens": seg_lens[:k],
-        "seg_real": seg_real[:k],  # without --pad-multiple padding (Megatron)
-        "seg_counts": seg_counts[:b],
-        "n_target_tokens": n_target[:b],
+        "rows": rows,  # input_ids, labels, position_ids
+        "segments": seg,
+        "n_entries": k,
         "cu_seqlens": cus[0, :k + 1],
         "cu_seqlens_real": cus[1, :k + 1],
         "max_seqlen": longest,
         "n_target_total": n_target_total,
     }
+
+
+def segment_arrays(stacked: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`(seg_lens, seg_real, seg_counts, n_target_tokens)` of a `build_batch` result.
+
+    Segment arrays cover every pack in order, each pack's segments followed by its tail padding
+    segment (dropped when empty); `seg_counts[b]` says how many entries pack b owns; `seg_real`
+    leaves out `--pad-multiple` padding (Megatron's real lengths).
+    """
+    seg, k, b = stacked["segments"], stacked["n_entries"], stacked["rows"].shape[1]
+    return seg[0, :k], seg[1, :k], seg[2, :b], seg[3, :b]
 
 
 def parallel_ok() -> bool:
@@ -201,10 +206,8 @@ def plain_views(store: PackSplit) -> tuple[np.ndarray, ...]:
 
 def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:
     """Per-pack item dicts whose tensors are views of the stacked arrays (no copy)."""
-    ids = torch.from_numpy(stacked["input_ids"])
-    labels = torch.from_numpy(stacked["labels"])
-    pos = torch.from_numpy(stacked["position_ids"])
-    seg_lens, seg_real, counts = stacked["seg_lens"], stacked["seg_real"], stacked["seg_counts"]
+    ids, labels, pos = torch.from_numpy(stacked["rows"]).unbind(0)
+    seg_lens, seg_real, counts, n_target = segment_arrays(stacked)
     bounds = np.concatenate(([0], np.cumsum(counts)))
     items = []
     for r in range(ids.shape[0]):  # per pack, not per token
@@ -221,6 +224,6 @@ def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:
             "cu_seqlens": torch.from_numpy(cu),
             "cu_seqlens_unpadded": torch.from_numpy(cu_real),
             "max_seqlen": int(lens.max()) if lens.size else 0,
-            "n_target_tokens": int(stacked["n_target_tokens"][r]),
+            "n_target_tokens": int(n_target[r]),
         })
     return items

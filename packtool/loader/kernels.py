@@ -3,12 +3,13 @@
 `fill_batch` reads each pack's token row, loss row and CSR segment entries once and writes
 `input_ids`, `labels` and `position_ids` (int64) into ONE `[3, B, N]` buffer plus the global
 int32 `cu_seqlens`: ~10x fewer memory passes and Python calls than the equivalent numpy, so
-a B=8, N=4096 batch costs tens of microseconds. What remains is memory traffic: 24 output
-bytes per 2-byte input token (three int64 arrays), which is why the loader cannot approach
-a bare copy of the stored bytes (see docs/BENCHMARKS.md for measured ratios).
+a B=8, N=4096 batch costs tens of microseconds. It runs in two halves: `plan_batch` (per
+segment: validation, lengths, global `cu_seqlens`) and `fill_row` (per token, one row), so
+`fill_batch_parallel` can hand the rows to numba's threads (`prange`) with the same bytes out.
+What remains is memory traffic: 24 output bytes per 2-byte input token (three int64 arrays),
+which is why the loader cannot approach a bare copy of the stored bytes (README, "Speed").
 
-`check_cu` is `validate_cu_seqlens`'s scan, compiled: a status code, the message stays in Python.
-"""
+`check_cu` is `validate_cu_seqlens`'s scan, compiled: a status code, the message stays in Python."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def plan_batch(n: int, pack_offsets: np.ndarray, seg_lens: np.ndarray, seg_pad: 
     return k, -1, longest
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def fill_row(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
              seg_pad: np.ndarray, i: int, rows: np.ndarray, r: int) -> int:
     """The per-token half for pack `i` into batch row `r` (its segments already validated by
@@ -75,7 +76,11 @@ def fill_row(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets:
     tgt = 0
     for s in range(pack_offsets[i], pack_offsets[i + 1]):
         ln = int(seg_lens[s])
-        real = ln - int(seg_pad[s])
+        pad = int(seg_pad[s])
+        if ln < 0 or pad < 0 or pad > ln or col + ln > n:
+            return 0  # never taken (`plan_batch` checked), but it proves every index below is in 0..n,
+            # which lets LLVM drop numba's negative-index wraparound and vectorise the loops (2x faster)
+        real = ln - pad
         if has_loss:  # one widening pass writes all three rows (LLVM vectorises it)
             lrow = loss[i]
             for j in range(ln):
@@ -108,16 +113,17 @@ def fill_row(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets:
 
 @njit(cache=True, nogil=True)
 def fill_batch(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
-               seg_pad: np.ndarray, idx: np.ndarray, rows: np.ndarray, lens_out: np.ndarray, real_out: np.ndarray,
-               counts: np.ndarray, n_target: np.ndarray, cu: np.ndarray, cu_real: np.ndarray) -> tuple[int, int, int, int]:
+               seg_pad: np.ndarray, idx: np.ndarray, rows: np.ndarray, seg: np.ndarray, cus: np.ndarray) -> tuple[int, int, int, int]:
     """Fill `rows` [3, B, N] (ids, labels, positions) and the segment arrays for packs `idx`.
 
-    `lens_out`/`real_out` need room for every segment of the batch plus one tail per pack;
-    `cu`/`cu_real` one more entry than that. Returns `(n_entries, -1, longest segment, target
+    `seg` [4, cap] receives segment lengths, real lengths (without `--pad-multiple` padding),
+    entries per pack and target tokens per pack; `cus` [2, cap + 1] the global int32 `cu_seqlens`
+    and its real-length twin; `cap` = the batch's segments plus one tail per pack. Returns `(n_entries, -1, longest segment, target
     tokens)`, or `(0, r, 0, 0)` when pack `idx[r]` has segments that do not fit its row
     (corrupt store; no row is written).
     """
-    k, bad, longest = plan_batch(tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, lens_out, real_out, counts, cu, cu_real)
+    n_target = seg[3]
+    k, bad, longest = plan_batch(tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1])
     if bad >= 0:
         return 0, bad, 0, 0
     total_target = 0
@@ -129,14 +135,14 @@ def fill_batch(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offset
 
 @njit(cache=True, nogil=True, parallel=True)
 def fill_batch_parallel(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
-                        seg_pad: np.ndarray, idx: np.ndarray, rows: np.ndarray, lens_out: np.ndarray, real_out: np.ndarray,
-                        counts: np.ndarray, n_target: np.ndarray, cu: np.ndarray, cu_real: np.ndarray) -> tuple[int, int, int, int]:
+                        seg_pad: np.ndarray, idx: np.ndarray, rows: np.ndarray, seg: np.ndarray, cus: np.ndarray) -> tuple[int, int, int, int]:
     """`fill_batch` with the rows spread over numba's threads (`prange`): same arguments, same bytes out.
 
     Rows are independent once `plan_batch` has laid out the segments, so each thread writes its
     own rows; the target count is summed afterwards. Only for the main process (see `dataset.py`).
     """
-    k, bad, longest = plan_batch(tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, lens_out, real_out, counts, cu, cu_real)
+    n_target = seg[3]
+    k, bad, longest = plan_batch(tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1])
     if bad >= 0:
         return 0, bad, 0, 0
     for r in prange(idx.size):
