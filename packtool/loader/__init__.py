@@ -11,5 +11,12 @@ from packtool.loader.dataset import PackedDataset
 from packtool.loader.kernels import IGNORE_INDEX
 from packtool.loader.sampler import PackedSampler, ResumableLoader
 
-__all__ = ["HF_KEYS", "IGNORE_INDEX", "PackedCollator", "PackedDataset", "PackedSampler", "ResumableLoader",
-           "validate_cu_seqlens"]
+__all__ = [
+    "HF_KEYS",
+    "IGNORE_INDEX",
+    "PackedCollator",
+    "PackedDataset",
+    "PackedSampler",
+    "ResumableLoader",
+    "validate_cu_seqlens",
+]

@@ -38,7 +38,9 @@ def validate_cu_seqlens(cu: torch.Tensor, total_tokens: int, max_seqlen: int, na
     decreases, ends at the token count, and no segment is longer than `max_seqlen`.
     """
     if cu.dtype != torch.int32 or cu.ndim != 1 or cu.numel() < 2:
-        raise FormatError(f"{name} must be a 1-D int32 tensor with at least 2 entries, got {cu.dtype} of shape {tuple(cu.shape)}, build batches with PackedCollator")
+        raise FormatError(
+            f"{name} must be a 1-D int32 tensor with at least 2 entries, got {cu.dtype} of shape {tuple(cu.shape)}, build batches with PackedCollator"
+        )
     _validate(cu.detach().cpu().numpy(), total_tokens, max_seqlen, name)
 
 
@@ -46,11 +48,17 @@ def _validate(c: np.ndarray, total_tokens: int, max_seqlen: int, name: str = "cu
     """`validate_cu_seqlens` on an int32 numpy array (the collator's own, before it becomes a tensor)."""
     code, at = check_cu(c, int(total_tokens), int(max_seqlen))  # compiled scan: ~1 us per batch
     if code == 1:
-        raise FormatError(f"{name} runs from {c[0]} to {c[-1]}, expected 0 to {total_tokens} (the token count), the batch and its cu_seqlens disagree")
+        raise FormatError(
+            f"{name} runs from {c[0]} to {c[-1]}, expected 0 to {total_tokens} (the token count), the batch and its cu_seqlens disagree"
+        )
     if code == 2:
-        raise FormatError(f"{name} decreases at entry {at + 1} ({c[at]} -> {c[at + 1]}), expected a non-decreasing array, the pack store is corrupt: run `packtool verify`")
+        raise FormatError(
+            f"{name} decreases at entry {at + 1} ({c[at]} -> {c[at + 1]}), expected a non-decreasing array, the pack store is corrupt: run `packtool verify`"
+        )
     if code == 3:
-        raise FormatError(f"max_seqlen {max_seqlen} is below the longest segment ({at} tokens) in {name}, kernels would read out of bounds, pass the true maximum")
+        raise FormatError(
+            f"max_seqlen {max_seqlen} is below the longest segment ({at} tokens) in {name}, kernels would read out of bounds, pass the true maximum"
+        )
 
 
 class PackedCollator:
@@ -66,10 +74,18 @@ class PackedCollator:
     keys: emit only these keys (e.g. `HF_KEYS`), so the batch can go to `model(**batch)`.
     """
 
-    def __init__(self, flatten: bool = False, static_segments: int | None = None, pad_to_length: int | None = None,
-                 pad_id: int = 0, keys: Collection[str] | None = None) -> None:
+    def __init__(
+        self,
+        flatten: bool = False,
+        static_segments: int | None = None,
+        pad_to_length: int | None = None,
+        pad_id: int = 0,
+        keys: Collection[str] | None = None,
+    ) -> None:
         if static_segments is not None and static_segments < 1:
-            raise ConfigError(f"static_segments must be >= 1, got {static_segments}, PackedCollator, pass the maximum segments per batch")
+            raise ConfigError(
+                f"static_segments must be >= 1, got {static_segments}, PackedCollator, pass the maximum segments per batch"
+            )
         if pad_to_length is not None and pad_to_length < 1:
             raise ConfigError(f"pad_to_length must be >= 1, got {pad_to_length}, PackedCollator, pass a token count")
         self.flatten = flatten
@@ -122,10 +138,19 @@ class PackedCollator:
             cu_t, cu_real_t = cus[0], cus[1]
             max_seqlen = row
         out: dict[str, Any] = {
-            "input_ids": ids, "labels": labels, "position_ids": pos,
-            "cu_seqlens": cu_t, "max_seqlen": max_seqlen,
-            "cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t, "max_length_q": max_seqlen, "max_length_k": max_seqlen,
-            "cu_seqlens_q": cu_real_t, "cu_seqlens_kv": cu_real_t, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen,
+            "input_ids": ids,
+            "labels": labels,
+            "position_ids": pos,
+            "cu_seqlens": cu_t,
+            "max_seqlen": max_seqlen,
+            "cu_seq_lens_q": cu_t,
+            "cu_seq_lens_k": cu_t,
+            "max_length_q": max_seqlen,
+            "max_length_k": max_seqlen,
+            "cu_seqlens_q": cu_real_t,
+            "cu_seqlens_kv": cu_real_t,
+            "max_seqlen_q": max_seqlen,
+            "max_seqlen_kv": max_seqlen,
             "n_target_tokens": n_target,
         }
         if padded_keys:
@@ -135,15 +160,24 @@ class PackedCollator:
             out = {k: v for k, v in out.items() if k in self.keys}
         return out
 
-    def _pad(self, ids: torch.Tensor, labels: torch.Tensor, pos: torch.Tensor, lens: np.ndarray, real: np.ndarray,
-             counts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
+    def _pad(
+        self,
+        ids: torch.Tensor,
+        labels: torch.Tensor,
+        pos: torch.Tensor,
+        lens: np.ndarray,
+        real: np.ndarray,
+        counts: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
         """Append one padding segment per row (or one at the end of the flattened row)."""
         b, n = ids.shape
         have = b * n if self.flatten else n
         target = int(self.pad_to_length or 0)
         if target < have:
             what = "the flattened batch" if self.flatten else "each pack"
-            raise ConfigError(f"pad_to_length {target} is shorter than {what} ({have} tokens), PackedCollator, pass pad_to_length >= {have}")
+            raise ConfigError(
+                f"pad_to_length {target} is shorter than {what} ({have} tokens), PackedCollator, pass pad_to_length >= {have}"
+            )
         extra = target - have
         if extra == 0:
             return ids, labels, pos, lens, real, counts
@@ -160,7 +194,9 @@ class PackedCollator:
         return ids, labels, pos, lens, real, counts
 
 
-def _from_items(items: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray, bool, int]:
+def _from_items(
+    items: Sequence[dict[str, Any]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray, bool, int]:
     """Stack item dicts built elsewhere (no `.stacked`): rows plus per-row segment lengths."""
     ids = torch.stack([it["input_ids"] for it in items])
     labels = torch.stack([it["labels"] for it in items])
@@ -170,7 +206,9 @@ def _from_items(items: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Te
         cu = np.asarray(it["cu_seqlens"], dtype=np.int64)
         cu_real = np.asarray(it.get("cu_seqlens_unpadded", it["cu_seqlens"]), dtype=np.int64)
         if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != ids.shape[1] or cu_real.shape != cu.shape:
-            raise FormatError(f"an item's cu_seqlens {cu.tolist()[:8]}... does not start at 0 and end at {ids.shape[1]}, PackedCollator, items must come from PackedDataset")
+            raise FormatError(
+                f"an item's cu_seqlens {cu.tolist()[:8]}... does not start at 0 and end at {ids.shape[1]}, PackedCollator, items must come from PackedDataset"
+            )
         lens_l.append(np.diff(cu))
         real_l.append(np.diff(cu_real))
     lens = np.concatenate(lens_l)
@@ -195,7 +233,9 @@ def _views_of_one_storage(buffer: np.ndarray, shape: tuple[int, ...], n_cu: int)
 
 def _cumsum32(lens: np.ndarray) -> np.ndarray:
     if lens.size and int(lens.sum()) >= 2**31:
-        raise ConfigError(f"batch holds {int(lens.sum())} tokens, int32 cu_seqlens overflow, PackedCollator, use a smaller batch")
+        raise ConfigError(
+            f"batch holds {int(lens.sum())} tokens, int32 cu_seqlens overflow, PackedCollator, use a smaller batch"
+        )
     cu = np.zeros(lens.size + 1, dtype=np.int32)
     np.cumsum(lens, out=cu[1:])
     return cu
@@ -205,8 +245,10 @@ def _pad_cu(cu: np.ndarray, segments: int) -> np.ndarray:
     """Megatron-Bridge's `pad_cu_seqlens` on `[2, K+1]` (cu, cu_real): repeat the last offset."""
     have = cu.shape[1] - 1
     if have > segments:
-        raise ConfigError(f"batch has {have} segments, more than static_segments={segments}, PackedCollator, raise static_segments (or pack with --max-docs-per-pack)")
+        raise ConfigError(
+            f"batch has {have} segments, more than static_segments={segments}, PackedCollator, raise static_segments (or pack with --max-docs-per-pack)"
+        )
     out = np.empty((2, segments + 1), dtype=np.int32)
     out[:, : have + 1] = cu
-    out[:, have + 1:] = cu[:, -1:]
+    out[:, have + 1 :] = cu[:, -1:]
     return out

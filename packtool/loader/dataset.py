@@ -68,10 +68,14 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         if p.is_file():
             m = _DATA_FILE.match(p.name)
             if m is None:
-                raise ConfigError(f"{p.name} is not a pack file named {{split}}_{{N}}.npy, {p}, pass the pack directory or a {{split}}_{{N}}.npy file")
+                raise ConfigError(
+                    f"{p.name} is not a pack file named {{split}}_{{N}}.npy, {p}, pass the pack directory or a {{split}}_{{N}}.npy file"
+                )
             split, file_size = m["split"], int(m["size"])
             if size is not None and size != file_size:
-                raise ConfigError(f"size={size} contradicts the file name {p.name}, {p}, drop size= or pass the matching file")
+                raise ConfigError(
+                    f"size={size} contradicts the file name {p.name}, {p}, drop size= or pass the matching file"
+                )
             size = file_size
         self.directory = find_pack_dir(p)
         sizes = sizes_in(self.directory)
@@ -82,7 +86,9 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
             size = sizes[0]
         elif size not in sizes:
             found = ", ".join(map(str, sizes)) or "none"
-            raise ConfigError(f"no packs of size {size} (found {found}), {self.directory}, pass one of those or run `packtool pack --size {size}`")
+            raise ConfigError(
+                f"no packs of size {size} (found {found}), {self.directory}, pass one of those or run `packtool pack --size {size}`"
+            )
         self.split = split
         self.size = int(size)
         self.metadata: dict[str, Any] = metadata_for(self.directory, split, self.size)
@@ -131,8 +137,9 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return PackedBatchItems(stacked)
 
 
-def build_batch(store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...] | None = None,
-                pool: BufferPool | None = None) -> dict[str, Any]:
+def build_batch(
+    store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...] | None = None, pool: BufferPool | None = None
+) -> dict[str, Any]:
     """Stacked arrays for the packs `idx`: `rows` `[3, B, N]` (ids, labels, positions) and segments.
 
     One compiled pass (`kernels.fill_batch`, or `fill_batch_parallel` over numba's threads when
@@ -156,20 +163,22 @@ def build_batch(store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...]
     need = 3 * b * n + cap + 1
     buffer = pool.get(need) if pool is not None else np.empty(need, dtype=np.int64)
     rows = buffer[: 3 * b * n].reshape(3, b, n)
-    cus = buffer[3 * b * n:].view(np.int32).reshape(2, -1)  # two rows of >= cap + 1 entries
+    cus = buffer[3 * b * n :].view(np.int32).reshape(2, -1)  # two rows of >= cap + 1 entries
     seg = np.empty((4, cap), dtype=np.int64)  # lengths, real lengths, entries per pack, targets per pack
     kernel = fill_batch_parallel if b > 1 and parallel_ok() else fill_batch
     k, bad, longest, n_target_total = kernel(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus)
     if bad >= 0:
-        raise FormatError(f"pack {int(idx[bad])} has inconsistent segment lengths (sum > {n}, negative, or padding > length), {store.directory}, re-run `packtool pack`")
+        raise FormatError(
+            f"pack {int(idx[bad])} has inconsistent segment lengths (sum > {n}, negative, or padding > length), {store.directory}, re-run `packtool pack`"
+        )
     # few Python objects per batch: per-segment arrays are sliced by whoever needs them (`segment_arrays`)
     return {
         "buffer": buffer,
         "rows": rows,  # input_ids, labels, position_ids
         "segments": seg,
         "n_entries": k,
-        "cu_seqlens": cus[0, :k + 1],
-        "cu_seqlens_real": cus[1, :k + 1],
+        "cu_seqlens": cus[0, : k + 1],
+        "cu_seqlens_real": cus[1, : k + 1],
         "max_seqlen": longest,
         "n_target_total": n_target_total,
     }
@@ -200,8 +209,13 @@ def parallel_ok() -> bool:
 def plain_views(store: PackSplit) -> tuple[np.ndarray, ...]:
     """The maps as plain ndarray views (what numba takes; `np.memmap` indexing is slow in Python)."""
     loss = np.zeros((0, 0), np.uint8) if store.loss is None else np.asarray(store.loss)
-    return (np.asarray(store.tokens), loss, np.asarray(store.pack_offsets), np.asarray(store.seg_lens),
-            np.asarray(store.seg_pad))
+    return (
+        np.asarray(store.tokens),
+        loss,
+        np.asarray(store.pack_offsets),
+        np.asarray(store.seg_lens),
+        np.asarray(store.seg_pad),
+    )
 
 
 def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:
@@ -217,13 +231,15 @@ def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:
         np.cumsum(lens, out=cu[1:])
         cu_real = np.zeros(lens.size + 1, dtype=np.int32)
         np.cumsum(seg_real[a:c], out=cu_real[1:])
-        items.append({
-            "input_ids": ids[r],
-            "labels": labels[r],
-            "position_ids": pos[r],
-            "cu_seqlens": torch.from_numpy(cu),
-            "cu_seqlens_unpadded": torch.from_numpy(cu_real),
-            "max_seqlen": int(lens.max()) if lens.size else 0,
-            "n_target_tokens": int(n_target[r]),
-        })
+        items.append(
+            {
+                "input_ids": ids[r],
+                "labels": labels[r],
+                "position_ids": pos[r],
+                "cu_seqlens": torch.from_numpy(cu),
+                "cu_seqlens_unpadded": torch.from_numpy(cu_real),
+                "max_seqlen": int(lens.max()) if lens.size else 0,
+                "n_target_tokens": int(n_target[r]),
+            }
+        )
     return items

@@ -20,9 +20,18 @@ IGNORE_INDEX = -100
 
 
 @njit(cache=True, nogil=True)
-def plan_batch(n: int, pack_offsets: np.ndarray, seg_lens: np.ndarray, seg_pad: np.ndarray, idx: np.ndarray,
-               lens_out: np.ndarray, real_out: np.ndarray, counts: np.ndarray, cu: np.ndarray,
-               cu_real: np.ndarray) -> tuple[int, int, int]:
+def plan_batch(
+    n: int,
+    pack_offsets: np.ndarray,
+    seg_lens: np.ndarray,
+    seg_pad: np.ndarray,
+    idx: np.ndarray,
+    lens_out: np.ndarray,
+    real_out: np.ndarray,
+    counts: np.ndarray,
+    cu: np.ndarray,
+    cu_real: np.ndarray,
+) -> tuple[int, int, int]:
     """The per-segment half of a batch (no token is read): validate every pack's segments and fill
     the segment arrays and the global `cu_seqlens`. Returns `(n_entries, -1, longest segment)`, or
     `(0, r, 0)` when pack `idx[r]` has segments that do not fit its row (corrupt store)."""
@@ -63,8 +72,17 @@ def plan_batch(n: int, pack_offsets: np.ndarray, seg_lens: np.ndarray, seg_pad: 
 
 
 @njit(cache=True, nogil=True)
-def fill_row(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
-             seg_pad: np.ndarray, i: int, rows: np.ndarray, r: int) -> int:
+def fill_row(
+    tokens: np.ndarray,
+    loss: np.ndarray,
+    has_loss: bool,
+    pack_offsets: np.ndarray,
+    seg_lens: np.ndarray,
+    seg_pad: np.ndarray,
+    i: int,
+    rows: np.ndarray,
+    r: int,
+) -> int:
     """The per-token half for pack `i` into batch row `r` (its segments already validated by
     `plan_batch`): write its ids, labels and positions (int64); returns its target-token count."""
     n = tokens.shape[1]
@@ -112,8 +130,18 @@ def fill_row(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets:
 
 
 @njit(cache=True, nogil=True)
-def fill_batch(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
-               seg_pad: np.ndarray, idx: np.ndarray, rows: np.ndarray, seg: np.ndarray, cus: np.ndarray) -> tuple[int, int, int, int]:
+def fill_batch(
+    tokens: np.ndarray,
+    loss: np.ndarray,
+    has_loss: bool,
+    pack_offsets: np.ndarray,
+    seg_lens: np.ndarray,
+    seg_pad: np.ndarray,
+    idx: np.ndarray,
+    rows: np.ndarray,
+    seg: np.ndarray,
+    cus: np.ndarray,
+) -> tuple[int, int, int, int]:
     """Fill `rows` [3, B, N] (ids, labels, positions) and the segment arrays for packs `idx`.
 
     `seg` [4, cap] receives segment lengths, real lengths (without `--pad-multiple` padding),
@@ -123,7 +151,9 @@ def fill_batch(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offset
     (corrupt store; no row is written).
     """
     n_target = seg[3]
-    k, bad, longest = plan_batch(tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1])
+    k, bad, longest = plan_batch(
+        tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1]
+    )
     if bad >= 0:
         return 0, bad, 0, 0
     total_target = 0
@@ -134,15 +164,27 @@ def fill_batch(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offset
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def fill_batch_parallel(tokens: np.ndarray, loss: np.ndarray, has_loss: bool, pack_offsets: np.ndarray, seg_lens: np.ndarray,
-                        seg_pad: np.ndarray, idx: np.ndarray, rows: np.ndarray, seg: np.ndarray, cus: np.ndarray) -> tuple[int, int, int, int]:
+def fill_batch_parallel(
+    tokens: np.ndarray,
+    loss: np.ndarray,
+    has_loss: bool,
+    pack_offsets: np.ndarray,
+    seg_lens: np.ndarray,
+    seg_pad: np.ndarray,
+    idx: np.ndarray,
+    rows: np.ndarray,
+    seg: np.ndarray,
+    cus: np.ndarray,
+) -> tuple[int, int, int, int]:
     """`fill_batch` with the rows spread over numba's threads (`prange`): same arguments, same bytes out.
 
     Rows are independent once `plan_batch` has laid out the segments, so each thread writes its
     own rows; the target count is summed afterwards. Only for the main process (see `dataset.py`).
     """
     n_target = seg[3]
-    k, bad, longest = plan_batch(tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1])
+    k, bad, longest = plan_batch(
+        tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1]
+    )
     if bad >= 0:
         return 0, bad, 0, 0
     for r in prange(idx.size):

@@ -46,19 +46,31 @@ class PackedSampler(torch.utils.data.Sampler[int]):
     indices were consumed (`advance`) and starts after them on the next `__iter__`.
     """
 
-    def __init__(self, data: Sized | int, *, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        data: Sized | int,
+        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
         world, me = _world()
         self.n = int(data) if isinstance(data, int) else len(data)
         self.num_replicas = world if num_replicas is None else int(num_replicas)
         self.rank = me if rank is None else int(rank)
         if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
-            raise ConfigError(f"rank {self.rank} is not in 0..{self.num_replicas - 1}, PackedSampler, pass 0 <= rank < num_replicas")
+            raise ConfigError(
+                f"rank {self.rank} is not in 0..{self.num_replicas - 1}, PackedSampler, pass 0 <= rank < num_replicas"
+            )
         if self.n == 0:
             raise ConfigError("the dataset has no packs, PackedSampler, pack a non-empty split")
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         if drop_last and self.n < self.num_replicas:
-            raise ConfigError(f"{self.n} packs cannot feed {self.num_replicas} ranks with drop_last=True, PackedSampler, use drop_last=False")
+            raise ConfigError(
+                f"{self.n} packs cannot feed {self.num_replicas} ranks with drop_last=True, PackedSampler, use drop_last=False"
+            )
         self.num_samples = self.n // self.num_replicas if drop_last else -(-self.n // self.num_replicas)
         self.epoch = 0
         self.consumed = 0  # indices of this epoch already consumed by the training loop (this rank)
@@ -70,7 +82,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         total = self.num_samples * self.num_replicas
         if total > self.n:  # pad by wrapping around, as DistributedSampler does
             order = np.concatenate([order, np.resize(order, total - self.n)])
-        return order[:total][self.rank::self.num_replicas]
+        return order[:total][self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
         start = self.consumed  # read NOW: DataLoader creates this iterator before any advance
@@ -98,17 +110,29 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         return self.consumed >= self.num_samples
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "n": self.n, "num_replicas": self.num_replicas, "rank": self.rank, "shuffle": self.shuffle,
-                "drop_last": self.drop_last}
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "n": self.n,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state`; refuses a state taken with another dataset, seed or world size."""
         if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"sampler state version {state.get('version')!r} is not {STATE_VERSION}, PackedSampler.load_state_dict, use a checkpoint from this packtool")
+            raise ConfigError(
+                f"sampler state version {state.get('version')!r} is not {STATE_VERSION}, PackedSampler.load_state_dict, use a checkpoint from this packtool"
+            )
         for key in ("n", "seed", "num_replicas", "shuffle", "drop_last"):
             if state[key] != getattr(self, key):
-                raise ConfigError(f"sampler state has {key}={state[key]!r} but this sampler has {getattr(self, key)!r}, PackedSampler.load_state_dict, resume with the same dataset, seed and world size")
+                raise ConfigError(
+                    f"sampler state has {key}={state[key]!r} but this sampler has {getattr(self, key)!r}, PackedSampler.load_state_dict, resume with the same dataset, seed and world size"
+                )
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])
 
@@ -123,7 +147,9 @@ class ResumableLoader:
     def __init__(self, loader: torch.utils.data.DataLoader) -> None:  # type: ignore[type-arg]
         sampler = loader.sampler
         if not isinstance(sampler, PackedSampler) or loader.batch_size is None:
-            raise ConfigError("ResumableLoader needs DataLoader(..., sampler=PackedSampler(...), batch_size=B), pass those to the DataLoader")
+            raise ConfigError(
+                "ResumableLoader needs DataLoader(..., sampler=PackedSampler(...), batch_size=B), pass those to the DataLoader"
+            )
         self.loader = loader
         self.sampler = sampler
         self.batch_size = int(loader.batch_size)
