@@ -62,6 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=60.0, help="corpus size in MB of text")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved (a)/(b) pairs; best of each is reported")
     parser.add_argument("--loop-share", type=float, default=0.05, help="share of documents for the per-document loop")
     args = parser.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if args.workers > 1 else "false"
@@ -82,12 +83,23 @@ def main() -> None:
         extra = {"backend": "hf"} if "backend" in {f.name for f in dataclasses.fields(TokenizeConfig)} else {}
         config = TokenizeConfig(inputs=(str(corpus),), tokenizer=str(TOKENIZER), output=str(Path(tmp) / "store"),
                                 workers=args.workers, **extra)  # type: ignore[arg-type]
-        start = time.perf_counter()
-        result = tokenize_corpus(config)
-        t_a = time.perf_counter() - start
+        # (a) and (b) alternate, so that noise from other jobs on a shared machine hits both alike
+        runs_a: list[float] = []
+        runs_b: list[float] = []
+        for i in range(max(1, args.repeat)):
+            start = time.perf_counter()
+            result = tokenize_corpus(dataclasses.replace(config, output=str(Path(tmp) / f"store{i}")))
+            runs_a.append(time.perf_counter() - start)
+            n_b, t = ceiling(tok, texts)
+            runs_b.append(t)
+        t_a, t_b = min(runs_a), min(runs_b)
         n_a = int(result.manifest["n_tokens"]) - int(result.manifest["n_documents"])  # minus the appended EOS
         print(f"(a) tokenize_corpus end to end : {n_a / t_a / 1e6:7.3f} M tokens/s  ({n_a} tokens in {t_a:.2f}s, "
-              f"{result.n_chunks} chunks)")
+              f"{result.n_chunks} chunks, best of {len(runs_a)})")
+        print(f"(b) encode_batch_fast ceiling  : {n_b / t_b / 1e6:7.3f} M tokens/s  ({n_b} tokens in {t_b:.2f}s, "
+              f"best of {len(runs_b)})")
+        pairs = sorted(tb / ta for ta, tb in zip(runs_a, runs_b, strict=True))
+        print(f"    a/b of each interleaved pair: {', '.join(f'{r:.3f}' for r in pairs)}")
 
         # the alternative design: one process, chunks in order, the Rust tokenizer's own threads per batch
         threads_config = dataclasses.replace(config, output=str(Path(tmp) / "store_threads"))
@@ -104,9 +116,6 @@ def main() -> None:
         t_p = time.perf_counter() - start
         print(f"(a'') same, {args.workers} processes over {4 * args.workers} chunks: {n_a / t_p / 1e6:7.3f} M tokens/s  ({t_p:.2f}s)")
 
-        n_b, t_b = ceiling(tok, texts)
-        print(f"(b) encode_batch_fast ceiling  : {n_b / t_b / 1e6:7.3f} M tokens/s  ({n_b} tokens in {t_b:.2f}s)")
-
         rng = np.random.default_rng(1)
         sample = [texts[i] for i in rng.choice(len(texts), max(1, int(len(texts) * args.loop_share)), replace=False)]
         start = time.perf_counter()
@@ -115,7 +124,7 @@ def main() -> None:
         print(f"(c) per-document encode loop   : {n_c / t_c / 1e6:7.3f} M tokens/s  (sample of {len(sample)} documents)")
         if n_a != n_b:
             print(f"WARNING: token counts differ: pipeline {n_a} vs ceiling {n_b}", file=sys.stderr)
-        print(f"a/b = {(n_a / t_a) / (n_b / t_b):.3f}   (target >= 0.9)")
+        print(f"a/b = {(n_a / t_a) / (n_b / t_b):.3f}   (best vs best; target >= 0.9)")
         print(f"a'/b = {(n_a / t_t) / (n_b / t_b):.3f}   (one process, tokenizer threads)")
         print(f"a''/b = {(n_a / t_p) / (n_b / t_b):.3f}  (process pool, 4 chunks per worker)")
         print(f"b/c = {(n_b / t_b) / (n_c / t_c):.3f}")
