@@ -117,3 +117,20 @@ def test_chat_without_template_is_a_config_error(tmp_path: Path, big_vocab_token
     (model / "tokenizer.json").write_bytes((big_vocab_tokenizer_dir / "tokenizer.json").read_bytes())
     with pytest.raises(packtool.errors.ConfigError, match="--chat-template"):
         tokenize_chat(tmp_path, model, [{"messages": conversation(["q", "a"], 1)}])
+
+
+def test_tools_and_strftime_now_render_as_in_transformers() -> None:
+    """Real templates (Llama 3.x, Qwen2.5) test `tools is not none` and date the system prompt."""
+    from datetime import datetime
+
+    render = compile_template(
+        "{% if tools is not none %}TOOLS{{ tools | tojson }}\n{% endif %}"
+        "{% if documents is not none %}DOCS\n{% endif %}"
+        "Today: {{ strftime_now('%d %b %Y') }}\n"
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}<eot>\n{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    text, spans = render_with_spans(render, messages, None, None)
+    assert "TOOLS" not in text and "DOCS" not in text
+    assert text.startswith(f"Today: {datetime.now().strftime('%d %b %Y')}\n")
+    assert [text[a:b] for a, b in spans] == ["yo<eot>\n"]

@@ -1,8 +1,9 @@
 """Chat templates rendered as transformers renders them, and where each assistant turn sits.
 
 Rendering follows `transformers` (`ImmutableSandboxedEnvironment`, `trim_blocks`,
-`lstrip_blocks`, `raise_exception`, `tojson`, `bos_token`/`eos_token`,
-`add_generation_prompt=False`). Assistant turns are located by rendering growing prefixes
+`lstrip_blocks`, `raise_exception`, `tojson`, `strftime_now`, `bos_token`/`eos_token`,
+`tools=None`, `documents=None`, `add_generation_prompt=False`). A template that calls
+`strftime_now` (Llama 3.2) writes today's date, as transformers does, so its output changes by day. Assistant turns are located by rendering growing prefixes
 of the conversation: the text added by assistant message i, from its content to the end of
 the turn (the end-of-turn marker and whatever the template writes before the next message,
 but not the next turn's header), is its target span. This is exact for any template whose
@@ -43,9 +44,15 @@ def compile_template(source: str) -> Callable[..., str]:
     ) -> str:
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
+    def strftime_now(fmt: str) -> str:  # Llama 3.x templates date their system prompt, as transformers does
+        from datetime import datetime
+
+        return datetime.now().strftime(fmt)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     template = env.from_string(source)
     return template.render
 
@@ -74,7 +81,12 @@ def render_with_spans(
     def run(msgs: list[dict[str, Any]]) -> str:
         try:
             return render(
-                messages=msgs, bos_token=bos_token or "", eos_token=eos_token or "", add_generation_prompt=False
+                messages=msgs,
+                tools=None,  # transformers passes these explicitly: `tools is not none` must be false
+                documents=None,
+                bos_token=bos_token or "",
+                eos_token=eos_token or "",
+                add_generation_prompt=False,
             )
         except TemplateError as exc:
             raise ChatRecordError(f"chat template failed: {exc}") from exc
