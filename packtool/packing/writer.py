@@ -8,7 +8,8 @@ its segments from the memory-mapped `tokens.bin` straight into the `.npy` temp f
 so they run in any order on any executor (`--executor local`: a thread pool; `ray`: Ray tasks on
 a shared file system) and the bytes are identical for every `--workers`/executor. Same input +
 seed -> byte-identical files. Measured (scripts/bench_pack_write.py, 2 cores, 1 GB of packs):
-2 threads write at 0.62 GB/s, 0.95x a raw memcpy into a memmap (the numpy gather before: 0.19x).
+2 threads write at 1.38 GB/s, 2.5x a single-threaded memcpy of the same bytes and 10x the numpy
+gather this replaced (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -95,13 +96,42 @@ def plan_layout(segments: Segments, config: PackConfig) -> Layout:
             max_items_per_pack=config.max_docs_per_pack,
         )
         offsets, order = np.asarray(offsets, np.int64), np.asarray(order, np.int64)
-    doc, src, real, pad = (a[order] for a in (segments.doc, segments.src, segments.real, segments.pad))
-    lengths = real + pad
-    per_pack = np.diff(offsets)
-    excl = np.cumsum(lengths) - lengths
-    within = excl - np.repeat(np.append(excl, 0)[offsets[:-1]], per_pack)  # offset inside its pack
-    dst = np.repeat(np.arange(per_pack.size, dtype=np.int64) * size, per_pack) + within
+    doc, src, real, pad, dst = _place(order, offsets, segments.doc, segments.src, segments.real, segments.pad, size)
     return Layout(offsets, doc, src, real, pad, dst)
+
+
+@njit(nogil=True, cache=True)
+def _place(
+    order: np.ndarray,
+    offsets: np.ndarray,
+    s_doc: np.ndarray,
+    s_src: np.ndarray,
+    s_real: np.ndarray,
+    s_pad: np.ndarray,
+    size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Segment arrays in pack order plus each segment's flat destination (pack * N + offset in pack).
+
+    One compiled pass instead of four random gathers and five cumsum/repeat temporaries: at 20M
+    documents this step was the slowest of the planning (scripts/bench_pack_write.py).
+    """
+    n = order.size
+    doc = np.empty(n, np.int64)
+    src = np.empty(n, np.int64)
+    real = np.empty(n, np.int64)
+    pad = np.empty(n, np.int64)
+    dst = np.empty(n, np.int64)
+    for p in range(offsets.size - 1):
+        pos = p * size
+        for t in range(offsets[p], offsets[p + 1]):
+            i = order[t]
+            doc[t] = s_doc[i]
+            src[t] = s_src[i]
+            real[t] = s_real[i]
+            pad[t] = s_pad[i]
+            dst[t] = pos
+            pos += s_real[i] + s_pad[i]
+    return doc, src, real, pad, dst
 
 
 @njit(nogil=True, cache=True)
