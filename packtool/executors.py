@@ -46,13 +46,20 @@ class ExecutorName(StrEnum):
     RAY = "ray"
 
 
-def make_executor(name: str, workers: int, ray_address: str | None = None) -> Executor:
-    """The executor for `--executor` (`--ray-address` only makes sense with ray)."""
-    name = ExecutorName(name)
-    if name == ExecutorName.RAY:
-        return ray_executor(workers, ray_address)
-    if ray_address is not None:
+def _parse_executor(name: str, ray_address: str | None) -> ExecutorName:
+    """`--executor` as an ExecutorName; ConfigError for an unknown name or a stray `--ray-address`."""
+    if name not in {e.value for e in ExecutorName}:
+        raise ConfigError(f"--executor {name!r} is not one of {', '.join(e.value for e in ExecutorName)}, pick one")
+    parsed = ExecutorName(name)
+    if parsed != ExecutorName.RAY and ray_address is not None:
         raise ConfigError("--ray-address needs --executor ray, add it or drop --ray-address")
+    return parsed
+
+
+def make_executor(name: str, workers: int, ray_address: str | None = None) -> Executor:
+    """The executor for `tokenize --executor` (`--ray-address` only makes sense with ray)."""
+    if _parse_executor(name, ray_address) == ExecutorName.RAY:
+        return ray_executor(workers, ray_address)
     return local_executor(workers)
 
 
@@ -140,13 +147,8 @@ PackExecutor = Callable[[Sequence["PackBlockTask"]], Iterator[tuple[int, int]]]
 
 def make_pack_executor(name: str, workers: int, ray_address: str | None = None) -> PackExecutor:
     """The executor for `pack --executor` (local threads or Ray tasks)."""
-    if name not in {e.value for e in ExecutorName}:
-        raise ConfigError(f"--executor {name!r} is not one of {', '.join(e.value for e in ExecutorName)}, pick one")
-    name = ExecutorName(name)
-    if name == ExecutorName.RAY:
+    if _parse_executor(name, ray_address) == ExecutorName.RAY:
         return ray_pack_executor(workers, ray_address)
-    if ray_address is not None:
-        raise ConfigError("--ray-address needs --executor ray, add it or drop --ray-address")
     return local_pack_executor(workers)
 
 

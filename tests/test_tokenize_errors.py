@@ -154,3 +154,12 @@ def test_killed_cli_leaves_nothing_final_and_rerun_matches(tmp_path: Path, bpe_t
     for name in ("tokens.bin", "tokens.boundaries"):
         assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
     assert not list(tmp_path.glob(".s*"))  # no staging or work directory left behind
+
+
+@pytest.mark.parametrize(("flags", "reason"), [(["--executor", "nope"], "is not one of local, ray"),
+                                              (["--ray-address", "auto"], "--ray-address needs --executor ray")])
+def test_bad_executor_flags_are_one_line_errors(tmp_path: Path, bpe_tokenizer_dir: Path, flags: list[str], reason: str) -> None:
+    src = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}])
+    code, _, err = run_cli(["tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"), *flags])
+    assert code == 1 and err.count("\n") == 1 and reason in err, err
+    assert not (tmp_path / "s").exists()
