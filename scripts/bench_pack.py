@@ -86,6 +86,28 @@ def main() -> None:
     ours_s, (offsets, _) = best_time(lambda: pack_lengths(lengths, CAPACITY, "ffd"), max(args.repeat, 3))
     print(f"\nplain-Python FFD on {n}: {base_s:.3f} s, {len(base_bins)} packs; "
           f"ours (ffd): {ours_s:.4f} s, {offsets.size - 1} packs; speed-up x{base_s / ours_s:.0f}")
+    compare_trl(lengths, args.repeat)
+
+
+def compare_trl(lengths: np.ndarray, repeat: int) -> None:
+    """TRL's BFD (`trl.data_utils._pack_bfd`, what `pack_dataset(strategy="bfd")` runs per map batch)
+    on the same lengths, when trl is installed. It packs a whole pyarrow table of token lists (its only
+    entry point), so its time includes the arrow gathers of the token column: zeros here, same lengths."""
+    try:
+        import pyarrow as pa
+        from trl.data_utils import _pack_bfd
+    except ImportError:
+        print("TRL not installed (pip install trl): its BFD is not compared")
+        return
+    import trl
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    column = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(np.zeros(int(offsets[-1]), np.int32)))
+    table = pa.Table.from_arrays([column], names=["input_ids"])
+    trl_s, packed = best_time(lambda: _pack_bfd(table, CAPACITY), 1)
+    ours_s, (ours, _) = best_time(lambda: pack_lengths(lengths, CAPACITY, "bfd"), max(repeat, 3))
+    print(f"TRL {trl.__version__} _pack_bfd on {lengths.size} (whole table, one window): {trl_s:.3f} s, {len(packed)} packs; "
+          f"ours (bfd): {ours_s:.4f} s, {ours.size - 1} packs; speed-up x{trl_s / ours_s:.0f}")
 
 
 if __name__ == "__main__":
