@@ -1,20 +1,35 @@
-"""packtool: offline tokenization and whole-dataset bin packing of LLM training data."""
+"""packtool: offline tokenization and whole-dataset bin packing of LLM training data.
+
+The public library API: every CLI command is one of these calls first. Names resolve lazily, so
+`import packtool` (e.g. from the torch-side loader) pulls in neither numba nor tokenizers.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
 
-__all__ = ["TokenizeConfig", "__version__", "pack_lengths", "tokenize_corpus"]
+#: public name -> module that defines it
+_PUBLIC = {
+    "pack_lengths": "packtool.core.packing",
+    "TokenizeConfig": "packtool.stages.tokenize",
+    "tokenize_corpus": "packtool.stages.tokenize",
+    "merge_shards": "packtool.stages.merge",
+    "PackConfig": "packtool.stages.pack",
+    "pack_store": "packtool.stages.pack",
+    "StatsConfig": "packtool.stages.stats",
+    "compute_stats": "packtool.stages.stats",
+    "plot_stats": "packtool.stages.stats",
+    "VerifyConfig": "packtool.stages.verify",
+    "verify_path": "packtool.stages.verify",
+}
+
+__all__ = ["__version__", *_PUBLIC]
 
 
 def __getattr__(name: str) -> object:
-    """Lazy public names, so `import packtool` (e.g. from the loader) does not pull in numba."""
-    if name == "pack_lengths":
-        from packtool.packing import pack_lengths
-
-        return pack_lengths
-    if name in ("tokenize_corpus", "TokenizeConfig"):
-        from packtool import tokenization
-
-        return getattr(tokenization, name)
-    raise AttributeError(f"module 'packtool' has no attribute {name!r}")
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'packtool' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

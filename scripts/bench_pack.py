@@ -22,7 +22,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from packtool.packing import ALGORITHMS, lower_bound, pack_lengths  # noqa: E402
+from packtool.core.packing import ALGORITHMS, lower_bound, pack_lengths  # noqa: E402
 
 CAPACITY = 4096
 

@@ -55,8 +55,8 @@ def make_store(path: Path, gb: float) -> int:
 
 def child_pack(store: str, out: str, mode: str, workers: int) -> dict[str, float]:
     """One pack run; returns write-phase seconds, output bytes and peak RSS."""
-    from packtool.config import PackConfig
-    from packtool.packing import writer
+    from packtool import PackConfig
+    from packtool.stages.pack import blocks as writer
 
     timing: dict[str, float] = {}
     original = writer._write_matrices
@@ -64,9 +64,9 @@ def child_pack(store: str, out: str, mode: str, workers: int) -> dict[str, float
     def timed(layout, st, w, config, pad_id, progress):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
         if mode == "numpy":  # the previous writer: per-token int64 indices + fancy-index gather
-            rows = max(1, writer._BLOCK_TOKENS // config.size)
+            rows = max(1, writer.BLOCK_TOKENS // config.size)
             tokens = np.asarray(st.tokens)
-            from packtool.packing.segments import expand_runs
+            from packtool.core.packing.segments import expand_runs
             for p0 in range(0, layout.n_packs, rows):
                 p1 = min(layout.n_packs, p0 + rows)
                 s0, s1 = int(layout.pack_offsets[p0]), int(layout.pack_offsets[p1])
@@ -109,10 +109,10 @@ def child_memcpy(store: str, out: str, n_bytes: int) -> dict[str, float]:
 
 
 def child_plan(n_docs: int) -> dict[str, float]:
-    from packtool.config import PackConfig
-    from packtool.packing import pack_lengths
-    from packtool.packing.segments import build_segments
-    from packtool.packing.writer import plan_layout
+    from packtool import PackConfig
+    from packtool.core.packing import pack_lengths
+    from packtool.core.packing.segments import build_segments
+    from packtool.stages.pack.layout import plan_layout
 
     pack_lengths(np.array([5, 6, 7]), 16)  # compile outside the timings
     plan_layout(build_segments(np.zeros(2, np.int64), np.array([3, 4]), SIZE), PackConfig(Path("."), SIZE, Path("."), workers=1))

@@ -69,8 +69,8 @@ def main() -> None:
     ap.add_argument("--no-ray", action="store_true")
     args = ap.parse_args()
 
-    from packtool.tokenization import TokenizeConfig, tokenize_corpus
-    from packtool.tokenization.loading import locate
+    from packtool.stages.tokenize import TokenizeConfig, tokenize_corpus
+    from packtool.stages.tokenize.tokenizer import locate
 
     tok_json = str(locate(args.tokenizer)[0])
     texts = corpus(args.mb)

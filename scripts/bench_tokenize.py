@@ -71,7 +71,8 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     import packtool
-    from packtool.tokenization import TokenizeConfig, local_executor, tokenize_corpus
+    from packtool.exec.local import process_executor as local_executor
+    from packtool.stages.tokenize import TokenizeConfig, tokenize_corpus
 
     tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
     with tempfile.TemporaryDirectory(prefix="bench_tokenize_") as tmp:

@@ -10,8 +10,11 @@ import pytest
 from conftest import big_vocab_texts, run_cli, zipf_texts
 from tokenizers import Tokenizer, processors
 
-from packtool.tokenization import backends
-from packtool.tokenization.backends import HFBackend, choose_backend
+import packtool
+from packtool.core.encoding.backends import HFBackend
+from packtool.errors import ConfigError
+from packtool.stages.tokenize import backend_choice as backends
+from packtool.stages.tokenize.backend_choice import choose_backend
 
 fastokens = pytest.importorskip("fastokens")
 
@@ -99,12 +102,19 @@ def test_fast_refuses_formats_that_need_offsets(bpe_tokenizer_dir: Path, tmp_pat
     assert manifest(tmp_path / "a")["backend"]["name"] == "hf"
 
 
-def test_unknown_backend_is_one_line_error(bpe_tokenizer_dir: Path, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_backend_is_a_usage_error_before_any_work(bpe_tokenizer_dir: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     data = write_jsonl(tmp_path / "in.jsonl", ["hello"])
     code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--output",
                             str(tmp_path / "o"), "--backend", "rust", "-q"], capsys)
-    assert code == 1 and "--backend 'rust' is not one of auto, hf, fast" in err
+    assert code == 2 and "'rust' is not one of" in err and "Traceback" not in err
+    assert not list(tmp_path.glob(".o*")) and not (tmp_path / "o").exists()  # nothing created
+
+
+def test_unknown_backend_in_library_config_is_config_error(tmp_path: Path) -> None:
+    config = packtool.TokenizeConfig(("x.jsonl",), "tok", str(tmp_path / "o"), backend="rust")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--backend 'rust' is not one of auto, hf, fast"):
+        config.validate()
 
 
 class _OffByOne:

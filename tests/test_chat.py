@@ -11,9 +11,9 @@ from conftest import zipf_texts
 from tokenizers import Tokenizer
 
 import packtool
-from packtool.config import InputFormat
+from packtool.choices import InputFormat
+from packtool.core.encoding.chat import ChatRecordError, compile_template, render_with_spans
 from packtool.formats.token_store import open_token_store
-from packtool.tokenization.chat import ChatRecordError, compile_template, render_with_spans
 
 LLAMA2_LIKE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -32,7 +32,7 @@ def conversation(texts: list[str], turns: int) -> list[dict[str, str]]:
     return messages
 
 
-def tokenize_chat(tmp_path: Path, tokenizer: Path, rows: list[object], **kw: object) -> packtool.tokenization.TokenizeResult:
+def tokenize_chat(tmp_path: Path, tokenizer: Path, rows: list[object], **kw: object) -> packtool.stages.tokenize.TokenizeResult:
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = packtool.TokenizeConfig(inputs=(str(path),), tokenizer=str(tokenizer), output=str(tmp_path / "s"),

@@ -351,14 +351,13 @@ def test_open_pack_split_detects_truncation_and_corruption(tmp_path: Path) -> No
     with pytest.raises(FormatError, match=r"training_8\.npy sha256 differs"):
         ps.open_pack_split(tmp_path, "training", 8, check_hashes=True)
     data_path.write_bytes(bytes(raw[:-3]))
-    with pytest.raises(FormatError, match=r"training_8\.npy does not match the metadata.*truncated"):
+    with pytest.raises(FormatError, match=r"training_8\.npy does not match its recorded size.*truncated"):
         ps.open_pack_split(tmp_path, "training", 8)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_stores_pass_verify(name: str) -> None:
     """The golden files are valid stores by every rule `packtool verify` checks (ids below vocab_size)."""
-    from packtool.config import VerifyConfig
-    from packtool.verify import verify_path
+    from packtool import VerifyConfig, verify_path
 
     verify_path(VerifyConfig(GOLDEN / name))

@@ -199,7 +199,7 @@ def test_path_forms_and_size_choice(store, tmp_path):
         PackedDataset(tmp_path / "two", size=512)
     with pytest.raises(FormatError, match="no metadata line for split 'validation'"):
         PackedDataset(tmp_path / "two", split="validation", size=64)
-    with pytest.raises(FormatError, match="no pack store"):
+    with pytest.raises(FormatError, match="no token store or pack store"):
         PackedDataset(tmp_path / "nothing-here")
 
 

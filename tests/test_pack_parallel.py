@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 from test_pack_store import check_packs, cli, make_store, zipf_lengths
 
-from packtool.config import PackConfig
+from packtool import PackConfig, pack_store
+from packtool.core.packing.segments import build_segments, expand_runs
 from packtool.errors import ConfigError
-from packtool.executors import make_pack_executor
+from packtool.exec import make_executor
 from packtool.formats.pack_store import pack_dir
 from packtool.formats.token_store import open_token_store
-from packtool.packing import writer
-from packtool.packing.segments import build_segments, expand_runs
-from packtool.packing.writer import _gather, pack_store
+from packtool.stages.pack import blocks as writer
+from packtool.stages.pack.blocks import gather_segments
+from packtool.stages.pack.layout import plan_layout
 
 SIZE = 256
 
@@ -25,7 +26,7 @@ SIZE = 256
 @pytest.fixture
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 3 rows, so that even a small store is many tasks (and a ragged last block)."""
-    monkeypatch.setattr(writer, "_BLOCK_TOKENS", 3 * SIZE)
+    monkeypatch.setattr(writer, "BLOCK_TOKENS", 3 * SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_gather_kernel_matches_fancy_index_reference() -> None:
     dst = np.cumsum(real + gaps) - real - gaps + gaps  # each segment starts after a gap
     src = rng.integers(0, source.size - 50, size=100).astype(np.int64)
     out = np.zeros(int(dst[-1] + real[-1]) + 7, np.uint32)
-    _gather(source, src, real, dst, out, 4_000_000_000)
+    gather_segments(source, src, real, dst, out, 4_000_000_000)
     expect = np.full_like(out, 4_000_000_000)
     s_idx, d_idx = expand_runs(real, src, dst)
     expect[d_idx] = source[s_idx]
@@ -72,7 +73,7 @@ def test_block_tasks_cover_every_row_once(tmp_path: Path, store: Path, small_blo
     config = PackConfig(store, SIZE, tmp_path, workers=2)
     result = pack_store(config)
     ts = open_token_store(store)
-    layout = writer.plan_layout(build_segments(ts.starts, ts.lengths, SIZE), config)
+    layout = plan_layout(build_segments(ts.starts, ts.lengths, SIZE), config)
 
     class FakeWriter:  # block_tasks only needs the temp file names
         tokens = np.memmap(tmp_path / "t.npy", dtype=np.uint8, mode="w+", shape=(1,))
@@ -114,10 +115,10 @@ def test_executor_errors_exit_1(tmp_path: Path, store: Path) -> None:
     code, msg = cli("pack", str(store), "--size", "64", "--output", str(tmp_path), "-q", "--ray-address", "auto")
     assert code == 1 and "--ray-address needs --executor ray" in msg and msg.count("\n") == 1
     code, msg = cli("pack", str(store), "--size", "64", "--output", str(tmp_path), "-q", "--executor", "slurm")
-    assert code == 1 and "'slurm' is not one of" in msg
+    assert code == 2 and "'slurm' is not one of" in msg and "Traceback" not in msg  # a usage error
     with pytest.raises(ConfigError, match="--workers must be >= 1"):
         pack_store(PackConfig(store, 64, tmp_path, workers=0))
-    assert make_pack_executor("local", 1)([]) is not None
+    assert make_executor("local", 1)([]) is not None
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def local_ray() -> Iterator[None]:
 @pytest.mark.ray
 def test_ray_executor_gives_local_bytes(tmp_path: Path, store: Path, local_ray: None,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer, "_BLOCK_TOKENS", 40 * SIZE)  # ~10 Ray tasks: enough blocks, little overhead
+    monkeypatch.setattr(writer, "BLOCK_TOKENS", 40 * SIZE)  # ~10 Ray tasks: enough blocks, little overhead
     args = ("pack", str(store), "--size", str(SIZE), "-q", "--pad-multiple", "4")
     assert cli(*args, "--output", str(tmp_path / "local"), "--workers", "1")[0] == 0
     code, msg = cli(*args, "--output", str(tmp_path / "ray"), "--executor", "ray", "--workers", "2")

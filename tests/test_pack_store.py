@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from packtool.config import Algorithm, Overlong, PackConfig
+from packtool import PackConfig, pack_store
+from packtool.choices import Algorithm, Overlong
+from packtool.core.packing.segments import build_segments
 from packtool.errors import ConfigError
 from packtool.formats.pack_store import open_pack_split
 from packtool.formats.token_store import TokenStoreWriter, dtype_for_max_id, open_token_store
-from packtool.packing.segments import build_segments
-from packtool.packing.writer import pack_store
 
 PAD, EOS = 1, 0
 

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import packtool
-from packtool.config import Algorithm
+from packtool.choices import Algorithm
+from packtool.core.packing import ALGORITHMS, lower_bound, pack_lengths
 from packtool.errors import ConfigError
-from packtool.packing import ALGORITHMS, lower_bound, pack_lengths
 
 ALL = sorted(ALGORITHMS)
 DECREASING = ["ffd", "bfd", "mffd"]

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from conftest import zipf_texts
 
+from packtool import merge_shards
 from packtool.cli import main
-from packtool.executors import make_executor, ray_executor
-from packtool.merge import merge_shards
-from packtool.tokenization import TokenizeConfig, tokenize_corpus
-from packtool.tokenization.executor import ChunkTask
-from packtool.tokenization.journal import ChunkResult
+from packtool.exec import make_executor
+from packtool.exec.ray import ray_executor
+from packtool.stages.tokenize import TokenizeConfig, tokenize_corpus
+from packtool.stages.tokenize.chunks import ChunkTask
+from packtool.stages.tokenize.journal import ChunkResult
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -118,4 +119,4 @@ def test_ray_address_needs_ray_executor() -> None:
     from packtool.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--ray-address needs --executor ray"):
-        make_executor("local", 2, "127.0.0.1:6379")
+        make_executor("local", 2, ray_address="127.0.0.1:6379")

@@ -1,5 +1,5 @@
 """`packtool run CONFIG.yaml`: a tiny config end to end through the CLI, the shipped configs parse,
-and every config mistake (unknown key, missing key, bad type, YAML syntax) is one line, exit 1."""
+and every config mistake (unknown key, missing key, bad type, invalid YAML, duplicate key) is one line, exit 1."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from conftest import cli, zipf_texts
 
-from packtool.config import Algorithm
+from packtool.choices import Algorithm
+from packtool.cli.runconfig import load_run_config, run_pipeline
 from packtool.errors import ConfigError
 from packtool.formats.pack_store import open_pack_split
 from packtool.formats.token_store import open_token_store
-from packtool.runconfig import load_run_config, run_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,8 +116,8 @@ def test_shipped_configs_parse() -> None:
     ("pack:\n  size: 8\n  output: o\n  tokens_dir: t\n  algorithm: best\n", ["'best' is not one of", "ffd"]),
     ("pack:\n  size: 8\n  output: o\n  tokens_dir: t\n  shuffle: maybe\n", ["expected true or false"]),
     ("pack:\n  size: 8\n  pad-multiple: 2\n  pad_multiple: 2\n  output: o\n  tokens_dir: t\n", ["given twice"]),
-    ("pack:\n  size: 8\n   output: o\n", ["YAML syntax error", ":3:"]),
-    ("tokenize: [\n", ["YAML syntax error", ":2:"]),
+    ("pack:\n  size: 8\n   output: o\n", ["invalid YAML", ":3:"]),
+    ("tokenize: [\n", ["invalid YAML", ":2:"]),
     ("- 1\n- 2\n", ["must be a mapping"]),
     ("steps: []\n", ["non-empty list"]),
     ("steps:\n  - name: a\n    verify: {path: x}\n  - name: a\n    verify: {path: y}\n", ["used twice"]),

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, zipf_texts
 
+from packtool import merge_shards
 from packtool.errors import ConfigError
+from packtool.exec.local import process_executor as local_executor
 from packtool.formats.token_store import open_token_store
-from packtool.merge import merge_shards, shard_bounds
-from packtool.tokenization import TokenizeConfig, tokenize_corpus
-from packtool.tokenization.executor import ChunkTask, local_executor
-from packtool.tokenization.journal import ChunkResult
+from packtool.stages.tokenize import TokenizeConfig, tokenize_corpus
+from packtool.stages.tokenize.chunks import ChunkTask
+from packtool.stages.tokenize.journal import ChunkResult
+from packtool.stages.tokenize.shards import shard_bounds
 
 CHUNK = "3000"  # bytes: the corpus below becomes ~10 chunks
 

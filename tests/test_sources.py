@@ -13,7 +13,7 @@ import zstandard
 from conftest import zipf_texts
 
 from packtool.errors import InputError
-from packtool.sources import expand_inputs, get_field, get_text_field, plan_chunks, read_chunk
+from packtool.stages.tokenize.sources import expand_inputs, get_field, get_text_field, plan_chunks, read_chunk
 
 
 def _jsonl(path: Path, rows: list[object], blank_every: int = 0) -> Path:

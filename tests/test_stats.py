@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from conftest import cli, zipf_texts
 
-from packtool.config import StatsConfig
+from packtool import StatsConfig, compute_stats
+from packtool.core.packing import ALGORITHMS
 from packtool.formats.token_store import TokenStoreWriter, dtype_for_max_id
-from packtool.packing import ALGORITHMS
-from packtool.stats import compute_stats
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NAIVE, RANDOM, SORTED, BOUND = "naive (pad each to N)", "random batches of B", "sorted batches of B", "lower bound"
@@ -126,7 +125,7 @@ def test_plot_writes_png(tmp_path: Path, zipf_store: Path) -> None:
 
 
 def test_bad_input_exits_1_with_one_line(tmp_path: Path, zipf_store: Path) -> None:
-    assert "no pack store" in fails(str(tmp_path / "missing"))
+    assert "no token store or pack store" in fails(str(tmp_path / "missing"))
     assert "--batch-size" in fails(str(zipf_store), "--batch-size", "0")
     for size in ("64", "128"):
         code, _, err = cli("pack", str(zipf_store), "--size", size, "--output", str(tmp_path / "two"), "--quiet")

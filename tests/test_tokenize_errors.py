@@ -16,9 +16,10 @@ from conftest import run_cli, zipf_texts
 from test_tokenize import write_jsonl
 
 import packtool
+from packtool.exec.local import process_executor as local_executor
 from packtool.formats.token_store import open_token_store
-from packtool.tokenization import ChunkTask, local_executor
-from packtool.tokenization.journal import ChunkResult
+from packtool.stages.tokenize.chunks import ChunkTask
+from packtool.stages.tokenize.journal import ChunkResult
 
 BAD_RECORDS = [
     (b'{"text": "ok"}\n{"text": "unterminated\n', 2, "malformed JSON"),
@@ -156,10 +157,13 @@ def test_killed_cli_leaves_nothing_final_and_rerun_matches(tmp_path: Path, bpe_t
     assert not list(tmp_path.glob(".s*"))  # no staging or work directory left behind
 
 
-@pytest.mark.parametrize(("flags", "reason"), [(["--executor", "nope"], "is not one of local, ray"),
-                                              (["--ray-address", "auto"], "--ray-address needs --executor ray")])
-def test_bad_executor_flags_are_one_line_errors(tmp_path: Path, bpe_tokenizer_dir: Path, flags: list[str], reason: str) -> None:
+@pytest.mark.parametrize(("flags", "code", "reason"), [(["--executor", "nope"], 2, "'nope' is not one of"),
+                                                      (["--ray-address", "auto"], 1, "--ray-address needs --executor ray")])
+def test_bad_executor_flags_fail_before_any_work(tmp_path: Path, bpe_tokenizer_dir: Path, flags: list[str], code: int,
+                                                reason: str) -> None:
     src = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}])
-    code, _, err = run_cli(["tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"), *flags])
-    assert code == 1 and err.count("\n") == 1 and reason in err, err
+    got, _, err = run_cli(["tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"), *flags])
+    assert got == code and reason in err and "Traceback" not in err, err
+    assert code == 2 or err.count("\n") == 1
+    assert not list(tmp_path.glob(".s*"))  # no partial directory: choices are checked before any work
     assert not (tmp_path / "s").exists()

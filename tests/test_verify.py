@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import cli, zipf_texts
 
-from packtool.config import VerifyConfig
+from packtool import VerifyConfig, verify_path
 from packtool.errors import FormatError
 from packtool.formats.pack_store import (
     data_name,
@@ -23,7 +23,6 @@ from packtool.formats.pack_store import (
     metadata_name,
     write_metadata_line,
 )
-from packtool.verify import verify_path
 
 N = 128
 
@@ -162,7 +161,7 @@ def test_flipped_byte_in_packs_is_a_sha_mismatch(packed: Path) -> None:
 def test_truncated_companion_is_named(packed: Path) -> None:
     path = packed / "training_128.seg_lens.npy"
     path.write_bytes(path.read_bytes()[:-4])
-    assert "training_128.seg_lens.npy does not match the metadata" in fails(str(packed))
+    assert "training_128.seg_lens.npy does not match its recorded size" in fails(str(packed))
 
 
 @pytest.mark.parametrize("dtype", [">u2", "<u4"])
@@ -202,7 +201,7 @@ def test_token_store_manifest_not_matching_its_files(tmp_path: Path, chat_store:
     manifest = json.loads((store / "manifest.json").read_text())
     manifest["files"]["tokens.loss"]["sha256"] = "0" * 64
     (store / "manifest.json").write_text(json.dumps(manifest))
-    assert "tokens.loss sha256 differs from the manifest" in fails(str(store))
+    assert "tokens.loss sha256 differs from its record" in fails(str(store))
 
 
 def test_pack_metadata_counts_must_match_the_arrays(packed: Path) -> None:
@@ -263,6 +262,6 @@ def test_overfull_pack_is_caught(packed: Path) -> None:
 
 
 def test_bad_paths_exit_1(tmp_path: Path) -> None:
-    assert "no pack store" in fails(str(tmp_path / "nowhere"))
-    with pytest.raises(FormatError, match="no pack store"):
+    assert "no token store or pack store" in fails(str(tmp_path / "nowhere"))
+    with pytest.raises(FormatError, match="no token store or pack store"):
         verify_path(VerifyConfig(tmp_path))

@@ -8,22 +8,10 @@ already exists is moved aside first and removed only after the new one is in pla
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-
-_HASH_BLOCK = 1 << 22
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, streamed in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def temp_sibling(path: Path, tag: str = "tmp") -> Path:

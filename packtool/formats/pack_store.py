@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import FormatError
-from packtool.formats.atomic import atomic_file, fsync_dir, sha256_file, temp_sibling
+from packtool.formats.atomic import atomic_file, fsync_dir, temp_sibling
+from packtool.formats.files import check_file_records, file_records
+from packtool.formats.token_store import parse_dtype
 
 FORMAT_NAME = "packtool.packs"
 FORMAT_VERSION = 1
@@ -48,6 +50,15 @@ def data_name(split: str, size: int) -> str:
     return f"{split}_{size}.npy"
 
 
+_DATA_NAME = re.compile(r"^(?P<split>[^.]+)_(?P<size>\d+)\.npy$")
+
+
+def parse_data_name(name: str) -> tuple[str, int] | None:
+    """(split, N) of a `{split}_{N}.npy` file name; None for any other name (companions included)."""
+    m = _DATA_NAME.match(name)
+    return (m["split"], int(m["size"])) if m else None
+
+
 def companion_name(split: str, size: int, what: str) -> str:
     return f"{split}_{size}.{what}.npy"
 
@@ -64,10 +75,6 @@ def file_names(split: str, size: int, with_loss: bool) -> list[str]:
     """Every file of one (split, size) in a fixed order."""
     names = [data_name(split, size)] + [companion_name(split, size, c) for c in COMPANIONS]
     return names + ([loss_name(split, size)] if with_loss else [])
-
-
-def file_records(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    return {n: {"bytes": (directory / n).stat().st_size, "sha256": sha256_file(directory / n)} for n in names}
 
 
 def read_metadata(directory: Path, size: int) -> list[dict[str, Any]]:
@@ -161,19 +168,18 @@ def open_pack_split(
     """Open one split at one size after checking metadata, shapes and CSR consistency."""
     d = Path(directory)
     meta = metadata_for(d, split, size)
-    files = meta.get("files", {})
-    for name, info in files.items():
-        fpath = d / name
-        if not fpath.is_file() or fpath.stat().st_size != int(info["bytes"]):
-            raise FormatError(
-                f"{name} does not match the metadata (missing or wrong size: truncated?), {fpath}, re-run `packtool pack`"
-            )
-        if check_hashes and sha256_file(fpath) != info["sha256"]:
-            raise FormatError(f"{name} sha256 differs from the metadata (corrupted), {fpath}, re-run `packtool pack`")
-    token_dtype = np.dtype("<u2") if meta.get("dtype") == "uint16" else np.dtype("<u4")
+    lpath = d / loss_name(split, size)
+    check_file_records(
+        d,
+        meta.get("files"),
+        file_names(split, size, lpath.exists()),
+        check_hashes=check_hashes,
+        where=f"{d / metadata_name(size)} (split {split})",
+        fix="re-run `packtool pack`",
+    )
+    token_dtype = parse_dtype(meta.get("dtype"), str(d / metadata_name(size)))
     tokens = _load(d / data_name(split, size), token_dtype, 2)
     arrays = {c: _load(d / companion_name(split, size, c), dt, 1) for c, dt in COMPANIONS.items()}
-    lpath = d / loss_name(split, size)
     loss = _load(lpath, LOSS_DTYPE, 2) if lpath.exists() else None
     n_packs = int(tokens.shape[0])
     if tokens.shape[1] != size:
@@ -214,6 +220,11 @@ def find_pack_dir(path: str | os.PathLike[str]) -> Path:
     """Resolve a `packed/{tokenizer}` dir from itself, a pack ROOT holding one tokenizer, or a `.npy` file."""
     p = Path(path)
     if p.is_file():
+        if parse_data_name(p.name) is None:
+            raise FormatError(
+                f"{p} is neither a token store nor a pack file ({{split}}_{{N}}.npy), "
+                "pass a token store directory, a pack ROOT, a packed/{tokenizer} directory or a pack .npy"
+            )
         return p.parent
     if any(p.glob("*_metadata.jsonl")):
         return p
@@ -223,7 +234,10 @@ def find_pack_dir(path: str | os.PathLike[str]) -> Path:
         return subdirs[0]
     if len(subdirs) > 1:
         raise FormatError(f"{packed} holds several tokenizers ({', '.join(s.name for s in subdirs)}), pass one of them")
-    raise FormatError(f"no pack store at {p} (no *_metadata.jsonl), run `packtool pack` first")
+    raise FormatError(
+        f"no token store or pack store at {p} (no manifest.json, no *_metadata.jsonl), "
+        "check the path, or run `packtool tokenize` / `packtool pack` first"
+    )
 
 
 def sizes_in(directory: Path) -> list[int]:
@@ -307,6 +321,13 @@ class PackSplitWriter:
         }
         write_metadata_line(self.directory, record)
         return record
+
+    def __enter__(self) -> PackSplitWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None or self._temps:
+            self.abort()  # failed, or left without commit: the final names were never touched
 
     def abort(self) -> None:
         """Remove every temp file (the final names were never touched)."""

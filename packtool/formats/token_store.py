@@ -7,8 +7,10 @@ dtype, sizes and, on request, sha256 of every file before handing out a memory m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -16,7 +18,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packtool.errors import FormatError
-from packtool.formats.atomic import sha256_file, write_bytes_atomic
+from packtool.formats.atomic import atomic_directory, write_bytes_atomic
+from packtool.formats.files import check_file_records, file_records, sha256_bytes
 
 FORMAT_NAME = "packtool.tokens"
 FORMAT_VERSION = 1
@@ -27,14 +30,15 @@ MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
 BOUNDARY_DTYPE = np.dtype("<i8")
 LOSS_DTYPE = np.dtype("u1")
-_DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+#: the only token dtypes, by their manifest name (little-endian on disk)
+TOKEN_DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 def dtype_for_max_id(max_id: int) -> np.dtype:
     """`uint16` when every id the tokenizer can emit fits, else `uint32`."""
     if max_id < 0 or max_id >= 2**32:
         raise FormatError(f"token id {max_id} does not fit uint32, tokenizer, use a vocabulary below 2**32")
-    return _DTYPES["uint16"] if max_id <= 65535 else _DTYPES["uint32"]
+    return TOKEN_DTYPES["uint16"] if max_id <= 65535 else TOKEN_DTYPES["uint32"]
 
 
 def dtype_name(dtype: np.dtype) -> str:
@@ -43,9 +47,9 @@ def dtype_name(dtype: np.dtype) -> str:
 
 
 def parse_dtype(name: object, where: str) -> np.dtype:
-    if name not in _DTYPES:
+    if name not in TOKEN_DTYPES:
         raise FormatError(f"unknown token dtype {name!r}, {where}, expected uint16 or uint32")
-    return _DTYPES[str(name)]
+    return TOKEN_DTYPES[str(name)]
 
 
 class TokenStoreWriter:
@@ -64,6 +68,7 @@ class TokenStoreWriter:
         self.n_tokens = 0
         self.n_documents = 0
         self.n_target_tokens = 0
+        self.finished: dict[str, Any] | None = None
 
     def append(self, ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None = None) -> None:
         """Append documents: `ids` concatenated, `lengths` per document, `loss` per token (1 = target)."""
@@ -108,13 +113,28 @@ class TokenStoreWriter:
             "n_documents": self.n_documents,
             "n_tokens": self.n_tokens,
             "n_target_tokens": self.n_target_tokens,
-            "files": {
-                n: {"bytes": (self.directory / n).stat().st_size, "sha256": sha256_file(self.directory / n)}
-                for n in names
-            },
+            "files": file_records(self.directory, names),
         }
         write_bytes_atomic(self.directory / MANIFEST, (json.dumps(full, indent=2, sort_keys=False) + "\n").encode())
+        self.finished = full
         return full
+
+
+@contextlib.contextmanager
+def write_token_store(final: str | os.PathLike[str], dtype: np.dtype) -> Iterator[TokenStoreWriter]:
+    """A `TokenStoreWriter` on a hidden staging directory that replaces `final` only on success.
+
+    The body appends documents and calls `finish(manifest)`; on any exception (or a body that never
+    finishes) the staging directory is removed and `final` is left exactly as it was.
+    """
+    with atomic_directory(final) as staging:
+        writer = TokenStoreWriter(staging, dtype)
+        try:
+            yield writer
+        finally:
+            writer.close()
+        if writer.finished is None:
+            raise FormatError(f"token store writer for {final} was closed without a manifest, this is a bug")
 
 
 @dataclass
@@ -153,6 +173,11 @@ class TokenStore:
 
     def document(self, index: int) -> np.ndarray:
         return self.tokens[int(self.starts[index]) : int(self.boundaries[index])]
+
+    @property
+    def manifest_sha256(self) -> str:
+        """sha256 of `manifest.json` as it is on disk: a pack store records it to name its source."""
+        return sha256_bytes((self.path / MANIFEST).read_bytes())
 
     @property
     def tokenizer_name(self) -> str:
@@ -205,19 +230,17 @@ def open_token_store(path: str | os.PathLike[str], *, check_hashes: bool = False
     n_docs, n_tokens = int(manifest["n_documents"]), int(manifest["n_tokens"])
     _check_size(root / TOKENS_BIN, n_tokens * dtype.itemsize, TOKENS_BIN)
     _check_size(root / BOUNDARIES, n_docs * BOUNDARY_DTYPE.itemsize, BOUNDARIES)
-    has_loss = LOSS in manifest["files"]
+    has_loss = isinstance(manifest["files"], dict) and LOSS in manifest["files"]
     if has_loss:
         _check_size(root / LOSS, n_tokens, LOSS)
-    for name, info in manifest["files"].items():
-        fpath = root / name
-        if not fpath.is_file() or fpath.stat().st_size != int(info["bytes"]):
-            raise FormatError(
-                f"{name} does not match its manifest entry (missing or wrong size), {fpath}, re-run `packtool tokenize`"
-            )
-        if check_hashes and sha256_file(fpath) != info["sha256"]:
-            raise FormatError(
-                f"{name} sha256 differs from the manifest (corrupted), {fpath}, re-run `packtool tokenize`"
-            )
+    check_file_records(
+        root,
+        manifest["files"],
+        [TOKENS_BIN, BOUNDARIES] + ([LOSS] if has_loss or (root / LOSS).exists() else []),
+        check_hashes=check_hashes,
+        where=str(root / MANIFEST),
+        fix="re-run `packtool tokenize`",
+    )
     tokens = _memmap(root / TOKENS_BIN, dtype, n_tokens)
     boundaries = _memmap(root / BOUNDARIES, BOUNDARY_DTYPE, n_docs)
     loss = _memmap(root / LOSS, LOSS_DTYPE, n_tokens) if has_loss else None

@@ -15,7 +15,6 @@ drops them, so DataLoader workers (fork or spawn) share the page cache instead o
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,18 @@ import torch
 from torch.utils.data import get_worker_info
 
 from packtool.errors import ConfigError, FormatError
-from packtool.formats.pack_store import PackSplit, find_pack_dir, metadata_for, open_pack_split, sizes_in
+from packtool.formats.pack_store import (
+    PackSplit,
+    find_pack_dir,
+    metadata_for,
+    open_pack_split,
+    parse_data_name,
+    sizes_in,
+)
 from packtool.loader.buffers import BufferPool
 from packtool.loader.kernels import fill_batch, fill_batch_parallel, segments_of
 
 _MAIN_PID = os.getpid()  # the process that imported the loader: numba's threads may be used here only
-
-_DATA_FILE = re.compile(r"^(?P<split>.+)_(?P<size>\d+)\.npy$")
 
 
 class PackedBatchItems(Sequence[dict[str, Any]]):
@@ -66,12 +70,12 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __init__(self, path: str | os.PathLike[str], split: str = "training", size: int | None = None) -> None:
         p = Path(path)
         if p.is_file():
-            m = _DATA_FILE.match(p.name)
-            if m is None:
+            named = parse_data_name(p.name)
+            if named is None:
                 raise ConfigError(
                     f"{p.name} is not a pack file named {{split}}_{{N}}.npy, {p}, pass the pack directory or a {{split}}_{{N}}.npy file"
                 )
-            split, file_size = m["split"], int(m["size"])
+            split, file_size = named
             if size is not None and size != file_size:
                 raise ConfigError(
                     f"size={size} contradicts the file name {p.name}, {p}, drop size= or pass the matching file"

@@ -1,0 +1,58 @@
+"""Every closed set of choices, as StrEnums: typer shows them as choices, `packtool run` checks them.
+
+The bottom layer (with `errors`): any layer may import it, it imports nothing of packtool.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class StrEnum(str, Enum):
+    """A str-valued Enum that typer shows as its choices (stdlib StrEnum is 3.11+)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class InputFormat(StrEnum):
+    TEXT = "text"
+    PROMPT_COMPLETION = "prompt-completion"
+    CHAT = "chat"
+
+
+class OnError(StrEnum):
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+class Algorithm(StrEnum):
+    FFD = "ffd"
+    BFD = "bfd"
+    MFFD = "mffd"
+    FFS = "ffs"
+    CONCAT = "concat"
+
+
+class Overlong(StrEnum):
+    TRUNCATE = "truncate"
+    SPLIT = "split"
+    DROP = "drop"
+    ERROR = "error"
+
+
+class Split(StrEnum):
+    TRAINING = "training"
+    VALIDATION = "validation"
+    TEST = "test"
+
+
+class ExecutorName(StrEnum):
+    LOCAL = "local"
+    RAY = "ray"
+
+
+class BackendName(StrEnum):
+    AUTO = "auto"
+    HF = "hf"
+    FAST = "fast"

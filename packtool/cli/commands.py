@@ -1,0 +1,173 @@
+"""The `packtool` commands: parse flags, build a validated config, call ONE library function, print.
+
+Every `PacktoolError` becomes one line `error: ...` on stderr and exit code 1 (see `main`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from packtool import __version__
+from packtool.choices import Algorithm, BackendName, ExecutorName, InputFormat, OnError, Overlong, Split
+from packtool.cli import summaries
+from packtool.cli.progress import progress_bar
+
+app = typer.Typer(
+    name="packtool",
+    help="Tokenize raw LLM training data and bin-pack it into memory-mapped packs without padding waste.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+Workers = Annotated[int | None, typer.Option("--workers", min=1, help="Parallel workers (default: all cores).")]
+Executor = Annotated[ExecutorName, typer.Option("--executor", help="Where the tasks run.")]
+RayAddress = Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: a local one).")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed: same input and seed give identical bytes.")]
+StorePath = Annotated[Path, typer.Argument(help="A token store or a pack store (ROOT, packed/{tokenizer} or .npy).")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"packtool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """packtool: raw data -> token store -> pack store -> GPU batches."""
+
+
+@app.command()
+def tokenize(
+    inputs: Annotated[list[str], typer.Argument(help="Files, directories or globs: .jsonl(.gz|.zst), .parquet, .txt.")],
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="tokenizer.json, a model directory, or a hub name.")],
+    output: Annotated[Path, typer.Option("--output", help="Token store directory to create.")],
+    format: Annotated[
+        InputFormat, typer.Option("--format", help="How records become tokens and loss.")
+    ] = InputFormat.TEXT,
+    field: Annotated[str, typer.Option("--field", help="Text field (dotted path) for --format text.")] = "text",
+    prompt_field: Annotated[str, typer.Option("--prompt-field")] = "prompt",
+    completion_field: Annotated[str, typer.Option("--completion-field")] = "completion",
+    messages_field: Annotated[str, typer.Option("--messages-field")] = "messages",
+    chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
+    separator: Annotated[
+        str | None, typer.Option("--separator", help="Split .txt files into documents at STR.")
+    ] = None,
+    bos: Annotated[bool | None, typer.Option("--bos/--no-bos", help="Default: as the tokenizer does.")] = None,
+    eos: Annotated[bool | None, typer.Option("--eos/--no-eos", help="Default: EOS when defined (not chat).")] = None,
+    workers: Workers = None,
+    on_error: Annotated[
+        OnError, typer.Option("--on-error", help="fail at file:line, or skip to rejects.jsonl.")
+    ] = OnError.FAIL,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a different existing token store.")] = False,
+    chunk_bytes: Annotated[int, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume.")] = 16
+    << 20,
+    backend: Annotated[
+        BackendName, typer.Option("--backend", help="auto: fast when installed and verified.")
+    ] = BackendName.AUTO,
+    num_shards: Annotated[int, typer.Option("--num-shards", min=1, help="Split into N shards (join with merge).")] = 1,
+    shard_index: Annotated[int, typer.Option("--shard-index", min=0, help="Which shard this run writes.")] = 0,
+    executor: Executor = ExecutorName.LOCAL,
+    ray_address: RayAddress = None,
+    quiet: Quiet = False,
+) -> None:
+    """Tokenize raw data into a token store (tokens.bin + tokens.boundaries [+ tokens.loss] + manifest.json)."""
+    from packtool.stages.tokenize import TokenizeConfig, tokenize_corpus
+
+    args = {k: v for k, v in locals().items() if k not in ("quiet", "TokenizeConfig", "tokenize_corpus")}
+    config = TokenizeConfig(**{**args, "inputs": tuple(inputs), "output": str(output)}).validate()
+    with progress_bar(quiet, "tokenize", "B") as progress:
+        typer.echo(summaries.tokenize_line(tokenize_corpus(config, progress)))
+
+
+@app.command()
+def pack(
+    tokens_dir: Annotated[Path, typer.Argument(help="Token store made by `packtool tokenize`.")],
+    size: Annotated[int, typer.Option("--size", help="Pack size N in tokens.")],
+    output: Annotated[Path, typer.Option("--output", help="Pack ROOT; files go to ROOT/packed/{tokenizer}/.")],
+    algorithm: Annotated[Algorithm, typer.Option("--algorithm", help="Bin-packing algorithm.")] = Algorithm.BFD,
+    seed: Seed = 0,
+    shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle", help="Seeded random pack order.")] = True,
+    overlong: Annotated[Overlong, typer.Option("--overlong", help="Documents longer than N.")] = Overlong.SPLIT,
+    pad_multiple: Annotated[int, typer.Option("--pad-multiple", help="Pad every segment to a multiple of M.")] = 1,
+    max_docs_per_pack: Annotated[int | None, typer.Option("--max-docs-per-pack", help="At most K per pack.")] = None,
+    split: Annotated[Split, typer.Option("--split", help="Which split this is.")] = Split.TRAINING,
+    workers: Workers = None,
+    executor: Executor = ExecutorName.LOCAL,
+    ray_address: RayAddress = None,
+    quiet: Quiet = False,
+) -> None:
+    """Bin-pack a token store into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
+    from packtool.stages.pack import PackConfig, pack_store
+
+    args = {k: v for k, v in locals().items() if k not in ("quiet", "PackConfig", "pack_store")}
+    config = PackConfig(**args).validate()
+    with progress_bar(quiet, "pack", "pack") as progress:
+        typer.echo(summaries.pack_line(pack_store(config, progress)))
+
+
+@app.command()
+def stats(
+    path: StorePath,
+    size: Annotated[int | None, typer.Option("--size", help="Pack size N (token store: default 4096).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size B for the padded baselines.")] = 8,
+    seed: Seed = 0,
+    split: Annotated[Split, typer.Option("--split", help="Split of a pack store.")] = Split.TRAINING,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG: lengths, waste per strategy.")] = None,
+) -> None:
+    """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
+    from packtool.stages.stats import StatsConfig, compute_stats, plot_stats
+
+    result = compute_stats(StatsConfig(path, size, batch_size, seed, split).validate())
+    typer.echo(summaries.stats_text(result, as_json))
+    if plot is not None:
+        plot_stats(result, plot)
+
+
+@app.command()
+def verify(
+    path: StorePath,
+    source: Annotated[Path | None, typer.Option("--source", help="Token store the packs came from.")] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Check every invariant and checksum of a store; with --source, every document packed once, unchanged."""
+    from packtool.stages.verify import VerifyConfig, verify_path
+
+    with progress_bar(quiet, "verify", "tok") as progress:
+        typer.echo(summaries.verify_line(verify_path(VerifyConfig(path, source), progress)))
+
+
+@app.command()
+def merge(
+    shards: Annotated[list[Path], typer.Argument(help="Shard token stores of one `tokenize --num-shards` run.")],
+    output: Annotated[Path, typer.Option("--output", help="Merged token store (identical to a single run).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing token store.")] = False,
+    quiet: Quiet = False,
+) -> None:
+    """Join shard token stores into the one store a single (unsharded) run writes."""
+    from packtool.stages.merge import merge_shards
+
+    with progress_bar(quiet, "merge", "tok") as progress:
+        typer.echo(summaries.merge_line(merge_shards(shards, output, overwrite=overwrite, progress=progress)))
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="YAML: sections tokenize/pack/stats/verify or a `steps` list.")],
+    quiet: Quiet = False,
+) -> None:
+    """Run tokenize -> pack -> stats (+ plot) -> verify from one config file (examples in configs/)."""
+    from packtool.cli.runconfig import describe, run_pipeline
+
+    with progress_bar(quiet, "run", "it") as update:
+        progress = None if update is None else (lambda stage, done, total: update(done, total))
+        for line in describe(run_pipeline(config, progress)):
+            typer.echo(line)

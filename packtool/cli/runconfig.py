@@ -1,0 +1,361 @@
+"""`packtool run CONFIG.yaml`: tokenize -> pack -> stats (+ plot) -> verify from one YAML file.
+
+A config is the CLI flags written down: each section is one command and each key is one of its
+flags (dashes or underscores), so `--pad-multiple 8` is `pad_multiple: 8` under `pack:`.
+
+    tokenize: {inputs: [data/chat.jsonl], tokenizer: data/tokenizer, output: out/tokens, format: chat}
+    pack:     {size: 4096, output: out}          # tokens_dir defaults to tokenize.output
+    stats:    {plot: out/waste.png}              # path/size default to the pack store just written
+    verify:   {}                                 # path defaults to the pack store, source to the tokens
+
+Several pipelines (e.g. a chat and a text corpus) go in a list: `steps: [{name: chat, tokenize:
+..., pack: ...}, ...]`, run in order. Relative paths resolve against the YAML file's directory, so
+a config runs the same from any working directory (a `tokenizer` that is not an existing path
+there is kept as given: a hub name in the local cache). Everything is checked before any work
+starts: an unknown key, a missing required key, a wrong type or a YAML syntax error is a
+ConfigError naming file:line, the section and the valid keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from packtool.cli import summaries
+from packtool.errors import ConfigError
+from packtool.stages.pack import PackConfig
+from packtool.stages.stats import StatsConfig
+from packtool.stages.tokenize import TokenizeConfig
+from packtool.stages.verify import VerifyConfig
+
+SECTIONS: dict[str, type] = {
+    "tokenize": TokenizeConfig,
+    "pack": PackConfig,
+    "stats": StatsConfig,
+    "verify": VerifyConfig,
+}
+#: flags of a command that are not fields of its config (output options of the CLI)
+EXTRA_KEYS: dict[str, dict[str, Any]] = {"stats": {"plot": Path | None, "json": bool}}
+#: keys filled from the earlier sections of the same step when left out
+LINKED: dict[str, set[str]] = {"pack": {"tokens_dir"}, "stats": {"path"}, "verify": {"path"}}
+PATH_KEYS = {"inputs", "output", "chat_template", "tokens_dir", "path", "source", "plot"}
+STEP_KEYS = ("name", *SECTIONS)
+
+RunProgress = Callable[[str, int, int], None]
+"""`progress(stage, done, total)`, stage like "chat: tokenize"; the CLI draws one bar per stage."""
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader whose mappings remember the line of each key, for file:line in errors."""
+
+
+class _Mapping(dict):  # type: ignore[type-arg]
+    lines: dict[Any, int]
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice (first on line {seen[key]})", key_node.start_mark
+            )
+        seen[key] = line
+    out = _Mapping(loader.construct_mapping(node, deep=True))
+    out.lines = {loader.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value}
+    out.lines[None] = node.start_mark.line + 1
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One pipeline: the configs of the sections it has, in run order; stats/verify may be partial."""
+
+    name: str
+    tokenize: TokenizeConfig | None = None
+    pack: PackConfig | None = None
+    stats: dict[str, Any] | None = None  # StatsConfig keys + plot/json; path/size filled at run time
+    verify: dict[str, Any] | None = None  # VerifyConfig keys; path/source filled at run time
+
+
+@dataclass
+class StepResult:
+    """What each stage of one step returned (None for a stage the step does not have)."""
+
+    name: str
+    tokenize: Any = None
+    pack: Any = None
+    stats: Any = None
+    plot: Path | None = None
+    stats_json: bool = False
+    verify: Any = None
+
+
+@dataclass
+class RunResult:
+    config: Path
+    steps: list[StepResult] = field(default_factory=list)
+
+
+def load_run_config(path: str | Path) -> list[Step]:
+    """Parse and check a run config into steps; nothing runs and nothing is written."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {file} does not exist, pass the path of a YAML file (see configs/)")
+    try:
+        data = yaml.load(file.read_text("utf-8"), Loader=_LineLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(file)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(
+            f"invalid YAML ({problem}), {where}, fix the YAML (duplicate keys, indentation, quotes, colons)"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config is not UTF-8 text ({exc.reason}), {file}, save it as UTF-8") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config must be a mapping with sections {', '.join(SECTIONS)} or a `steps` list, got "
+            f"{type(data).__name__}, {file}, see configs/demo.yaml"
+        )
+    base = file.resolve().parent
+    if "steps" in data:
+        others = sorted(str(k) for k in data if k != "steps")
+        if others:
+            raise ConfigError(
+                f"config has both `steps` and top-level {', '.join(others)}, {_at(file, data, others[0])}, "
+                "put every section inside a step"
+            )
+        steps = data["steps"]
+        if not isinstance(steps, list) or not steps:
+            raise ConfigError(
+                f"`steps` must be a non-empty list of steps, {_at(file, data, 'steps')}, "
+                f"each a mapping with keys {', '.join(STEP_KEYS)}"
+            )
+        parsed = [_step(file, base, s, f"steps[{i}]", f"step{i + 1}") for i, s in enumerate(steps)]
+    else:
+        parsed = [_step(file, base, data, "config", "run")]
+    names = [s.name for s in parsed]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"step name {dupes[0]!r} is used twice, {file}, give every step its own `name`")
+    return parsed
+
+
+def _at(file: Path, mapping: Any, key: Any = None) -> str:
+    lines = getattr(mapping, "lines", {})
+    line = lines.get(key, lines.get(None))
+    return f"{file}:{line}" if line else str(file)
+
+
+def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> Step:
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{where} must be a mapping with keys {', '.join(STEP_KEYS)}, got {type(raw).__name__}, {file}"
+        )
+    unknown = [k for k in raw if k not in STEP_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"unknown section {unknown[0]!r} in {where}, {_at(file, raw, unknown[0])}, "
+            f"valid sections: {', '.join(STEP_KEYS)}" + (" (or a top-level `steps` list)" if where == "config" else "")
+        )
+    if not any(k in raw for k in SECTIONS):
+        raise ConfigError(f"{where} has none of the sections {', '.join(SECTIONS)}, {_at(file, raw)}, add at least one")
+    name = str(raw.get("name", default_name))
+    sections: dict[str, dict[str, Any]] = {}
+    for section in SECTIONS:
+        if section in raw:
+            body = raw[section] if raw[section] is not None else _Mapping()
+            if not isinstance(body, dict):
+                raise ConfigError(
+                    f"section {section!r} of {where} must be a mapping of flags, got {type(body).__name__}, "
+                    f"{_at(file, raw, section)}, e.g. `{section}: {{key: value}}`"
+                )
+            sections[section] = _section(file, base, section, body, linked=_has_link(section, raw))
+    tokenize = TokenizeConfig(**sections["tokenize"]).validate() if "tokenize" in sections else None
+    pack_keys = sections.get("pack")
+    if pack_keys is not None and "tokens_dir" not in pack_keys:
+        pack_keys["tokens_dir"] = Path(tokenize.output) if tokenize is not None else None
+    pack = PackConfig(**pack_keys).validate() if pack_keys is not None else None
+    if "stats" in sections:  # path and size may come from the pack step: check the ranges with stand-ins
+        keys = {k: v for k, v in sections["stats"].items() if k not in EXTRA_KEYS["stats"]}
+        StatsConfig(**{"path": Path("."), **keys}).validate()
+        plot = sections["stats"].get("plot")
+        if plot is not None and Path(plot).suffix.lower() != ".png":
+            raise ConfigError(f"stats.plot writes a PNG, got {plot}, {_at(file, raw, 'stats')}, end the name in .png")
+    return Step(name, tokenize, pack, sections.get("stats"), sections.get("verify"))
+
+
+def _has_link(section: str, raw: dict[str, Any]) -> bool:
+    """Whether an earlier section of the step can supply this section's linked keys."""
+    earlier = list(SECTIONS)[: list(SECTIONS).index(section)]
+    return any(s in raw for s in earlier if s in ("tokenize", "pack"))
+
+
+def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked: bool) -> dict[str, Any]:
+    """Check the keys of one section and convert their values to the config field types."""
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    types_ = {**{n: hints[n] for n in fields}, **EXTRA_KEYS.get(section, {})}
+    valid = ", ".join(types_)
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        norm = str(key).replace("-", "_")
+        if norm not in types_:
+            raise ConfigError(
+                f"unknown key {key!r} in section {section!r}, {_at(file, body, key)}, valid keys: {valid}"
+            )
+        if norm in out:
+            raise ConfigError(
+                f"key {norm!r} given twice in section {section!r} (dashes and underscores are the same key), "
+                f"{_at(file, body, key)}, keep one"
+            )
+        out[norm] = _coerce(value, types_[norm], norm, base, f"{section}.{key}, {_at(file, body, key)}")
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+        and n not in out
+        and not (linked and n in LINKED.get(section, set()))
+    ]
+    if required:
+        raise ConfigError(
+            f"section {section!r} lacks the required key {required[0]!r}, {_at(file, body)}, "
+            f"add `{required[0]}: ...` (required: {', '.join(n for n, f in fields.items() if f.default is dataclasses.MISSING)})"
+        )
+    return out
+
+
+def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
+    """`value` as type `tp` (Path, int, str, bool, StrEnum, tuple[str, ...], X | None) or ConfigError."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key, base, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}, write `{key}: true` or `{key}: false`")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}, write e.g. `{key}: 4096`")
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise ConfigError(
+                f"{where}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}, pick one"
+            ) from None
+    if typing.get_origin(tp) is tuple:  # inputs: one path/glob or a list of them
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(isinstance(v, str) for v in items):
+            raise ConfigError(
+                f"{where}: expected a path or a list of paths, got {value!r}, write `{key}: [a.jsonl, dir/]`"
+            )
+        return tuple(_resolve(v, base, key) for v in items)
+    if tp is Path or tp is str:
+        if not isinstance(value, str) or (not value and key in PATH_KEYS):
+            raise ConfigError(f"{where}: expected a string, got {value!r}, quote it if YAML read it as something else")
+        resolved = _resolve(value, base, key)
+        return Path(resolved) if tp is Path else resolved
+    raise ConfigError(f"{where}: unsupported key type {tp!r}, this is a bug in packtool")
+
+
+def _resolve(value: str, base: Path, key: str) -> str:
+    """Relative paths are relative to the YAML file; a tokenizer that is no path there stays a hub name."""
+    if key == "tokenizer":
+        candidate = os.path.normpath(base / Path(value).expanduser())
+        return candidate if os.path.exists(candidate) else value
+    if key not in PATH_KEYS:
+        return value
+    return os.path.normpath(base / Path(value).expanduser())  # an absolute value replaces base
+
+
+def run_pipeline(path: str | Path, progress: RunProgress | None = None) -> RunResult:
+    """Load `path` and run every step: tokenize -> pack -> stats (+ plot) -> verify.
+
+    Raises ConfigError before any work for a bad config, the stage's own PacktoolError when a stage
+    fails, and FormatError when verify finds a violated invariant.
+    """
+    steps = load_run_config(path)
+    result = RunResult(Path(path))
+    for step in steps:
+        result.steps.append(_run_step(step, progress))
+    return result
+
+
+def _stage(progress: RunProgress | None, label: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(label, done, total)
+
+
+def _run_step(step: Step, progress: RunProgress | None) -> StepResult:
+    from packtool.stages.pack import pack_store
+    from packtool.stages.stats import compute_stats, plot_stats
+    from packtool.stages.tokenize import tokenize_corpus
+    from packtool.stages.verify import verify_path
+
+    out = StepResult(step.name)
+    tokens_dir: Path | None = Path(step.tokenize.output) if step.tokenize else None
+    packed: Path | None = None
+    if step.tokenize is not None:
+        out.tokenize = tokenize_corpus(step.tokenize, _stage(progress, f"{step.name}: tokenize"))
+    if step.pack is not None:
+        out.pack = pack_store(step.pack, _stage(progress, f"{step.name}: pack"))
+        packed, tokens_dir = out.pack.directory, Path(step.pack.tokens_dir)
+    if step.stats is not None:
+        keys = dict(step.stats)
+        out.plot, out.stats_json = keys.pop("plot", None), bool(keys.pop("json", False))
+        keys.setdefault("path", packed or tokens_dir)
+        if step.pack is not None and "path" not in step.stats:
+            keys.setdefault("size", step.pack.size)
+            keys.setdefault("split", step.pack.split)
+        out.stats = compute_stats(StatsConfig(**keys))
+        if out.plot is not None:
+            plot_stats(out.stats, out.plot)
+    if step.verify is not None:
+        keys = dict(step.verify)
+        if "path" not in keys:
+            keys["path"] = packed or tokens_dir
+            if packed is not None:
+                keys.setdefault("source", tokens_dir)
+        out.verify = verify_path(VerifyConfig(**keys))  # raises FormatError at the first violated invariant
+    return out
+
+
+def describe(result: RunResult) -> list[str]:
+    """What the CLI prints: each stage's own summary line, prefixed with the step name."""
+    lines = []
+    for step in result.steps:
+        tag = f"[{step.name}]"
+        if step.tokenize is not None:
+            lines.append(f"{tag} {summaries.tokenize_line(step.tokenize)}")
+        if step.pack is not None:
+            lines.append(f"{tag} {summaries.pack_line(step.pack)}")
+        if step.stats is not None:
+            lines.append(summaries.stats_text(step.stats, step.stats_json))
+            if step.plot is not None:
+                lines.append(f"{tag} plot -> {step.plot}")
+        if step.verify is not None:
+            lines.append(f"{tag} verify {summaries.verify_line(step.verify)}")
+    return lines

@@ -1,0 +1,38 @@
+"""The one line each command prints about its result; `packtool run` prints the same lines per step."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def tokenize_line(result: Any) -> str:
+    m = result.manifest
+    state = "up to date" if result.up_to_date else f"{result.reused_chunks}/{result.n_chunks} chunks reused"
+    return (
+        f"tokenized {m['n_documents']} documents, {m['n_tokens']} tokens ({m['n_target_tokens']} targets, "
+        f"{m['dtype']}), {m.get('n_rejected', 0)} rejected, {state} -> {result.path}"
+    )
+
+
+def pack_line(result: Any) -> str:
+    m = result.metadata
+    real = 100 * m["n_tokens"] / max(1, m["n_packs"] * m["pack_size"])
+    return (
+        f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
+        f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% (real tokens {real:.2f}%), "
+        f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}"
+    )
+
+
+def merge_line(result: Any) -> str:
+    m = result.manifest
+    return f"merged {result.n_shards} shards: {m['n_documents']} documents, {m['n_tokens']} tokens -> {result.path}"
+
+
+def stats_text(result: Any, as_json: bool) -> str:
+    return json.dumps(result.to_dict(), sort_keys=True) if as_json else result.to_text()
+
+
+def verify_line(report: Any) -> str:
+    return f"ok: {report.to_text()}"

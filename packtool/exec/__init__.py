@@ -1,0 +1,55 @@
+"""Where independent tasks run: one `Task` protocol, a local pool (threads or processes) and Ray.
+
+A stage plans its work as a list of picklable tasks whose `run()` returns a small result; an
+executor maps the list to results in any order, as they finish. Stages make their output
+independent of that order (results are keyed by index), so bytes never depend on the executor
+or the worker count. This package knows no stage: tokenize, pack and export all use it alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from packtool.choices import ExecutorName
+from packtool.errors import ConfigError
+from packtool.exec.local import process_executor, thread_executor
+from packtool.exec.ray import ray_executor, require_ray
+from packtool.exec.task import Executor, Task
+
+
+def parse_executor(name: str | ExecutorName, ray_address: str | None = None) -> ExecutorName:
+    """`--executor` as an ExecutorName; ConfigError for an unknown name or a stray `--ray-address`."""
+    try:
+        parsed = ExecutorName(str(name))
+    except ValueError:
+        raise ConfigError(
+            f"--executor {str(name)!r} is not one of {', '.join(e.value for e in ExecutorName)}, pick one"
+        ) from None
+    if parsed != ExecutorName.RAY and ray_address is not None:
+        raise ConfigError("--ray-address needs --executor ray, add it or drop --ray-address")
+    if parsed == ExecutorName.RAY:
+        require_ray()
+    return parsed
+
+
+def make_executor(
+    name: str | ExecutorName,
+    workers: int,
+    *,
+    processes: bool = False,
+    ray_address: str | None = None,
+    worker_env: Callable[[int], Mapping[str, str]] | None = None,
+) -> Executor:
+    """The executor for `--executor NAME`: local threads (or processes) or Ray tasks (1 CPU each).
+
+    `worker_env(threads)` gives environment variables each worker sets before its first task
+    (e.g. a Rust library's thread count); `threads` is that worker's share of the cores.
+    """
+    if parse_executor(name, ray_address) == ExecutorName.RAY:
+        return ray_executor(workers, ray_address, dict(worker_env(1)) if worker_env else {})
+    if processes:
+        return process_executor(workers, worker_env)
+    return thread_executor(workers)
+
+
+__all__ = ["Executor", "Task", "make_executor", "parse_executor"]

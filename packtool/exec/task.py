@@ -1,0 +1,18 @@
+"""The one contract between a stage and an executor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Task(Protocol[R_co]):
+    """A self-contained, picklable, idempotent unit of work."""
+
+    def run(self) -> R_co: ...
+
+
+Executor = Callable[[Sequence[Any]], Iterator[Any]]
+"""`execute(tasks)` yields each task's `run()` result as it finishes (any order)."""

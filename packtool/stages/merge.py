@@ -1,0 +1,146 @@
+"""`packtool merge`: join the shard token stores of one sharded tokenize run.
+
+Shards own contiguous chunk ranges (`packtool.stages.tokenize.shards`), so merging is a
+concatenation in shard order, and the merged store is byte-identical to the single run,
+`manifest.json` included: a shard's manifest is the single run's manifest with per-shard counts,
+a shard-specific `build`, and one extra `shard` entry (last) that merge removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.errors import ConfigError, FormatError, OutputExistsError
+from packtool.formats.token_store import MANIFEST, REJECTS, TokenStore, open_token_store, write_token_store
+from packtool.progress import Progress
+
+#: documents copied per block while merging (memory stays flat whatever the shard size)
+MERGE_BLOCK_DOCS = 1 << 20
+#: manifest keys whose value is per shard (summed or rebuilt by merge); every other key must be equal
+#: manifest keys the writer fills in itself (and the shard entry, which the merged store drops)
+_WRITER_KEYS = ("format", "format_version", "dtype", "n_documents", "n_tokens", "n_target_tokens", "files", "shard")
+_PER_SHARD = {"n_documents", "n_tokens", "n_target_tokens", "files", "sources", "n_rejected", "build", "shard"}
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    path: Path
+    manifest: dict[str, Any]
+    n_shards: int
+
+
+def merge_shards(
+    shard_dirs: Sequence[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> MergeResult:
+    """Join the shard stores of one sharded run into the store a single run would have written."""
+    if not shard_dirs:
+        raise ConfigError(
+            "merge needs at least one shard directory, pass the --output of every `tokenize --shard-index` run"
+        )
+    stores = [open_token_store(d, check_hashes=True) for d in shard_dirs]
+    stores = _check_shards(stores)
+    out = Path(output).expanduser().resolve()
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise OutputExistsError(
+            f"output {out} already exists and is not empty, pass --overwrite to replace it or choose another --output"
+        )
+    first = stores[0].manifest
+    total = sum(s.n_tokens for s in stores)
+    done = 0
+    with write_token_store(out, stores[0].dtype) as writer:
+        if REJECTS in first["files"]:
+            with open(writer.directory / REJECTS, "wb") as rejects:
+                for store in stores:
+                    rejects.write((store.path / REJECTS).read_bytes())
+        for store in stores:
+            for lo in range(0, store.n_documents, MERGE_BLOCK_DOCS):
+                hi = min(lo + MERGE_BLOCK_DOCS, store.n_documents)
+                a, b = int(store.starts[lo]), int(store.boundaries[hi - 1])
+                lengths = np.asarray(store.boundaries[lo:hi], np.int64) - store.starts[lo:hi]
+                loss = None if store.loss is None else store.loss[a:b]
+                writer.append(store.tokens[a:b], lengths, loss)
+                done += b - a
+                if progress:
+                    progress(done, total)
+        manifest = {k: v for k, v in first.items() if k not in _WRITER_KEYS}
+        manifest["sources"] = _sum_sources([s.manifest for s in stores])
+        if "n_rejected" in manifest:
+            manifest["n_rejected"] = sum(int(s.manifest.get("n_rejected", 0)) for s in stores)
+        manifest["build"] = first["shard"]["build"]
+        full = writer.finish(manifest)
+    return MergeResult(out, full, len(stores))
+
+
+def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
+    """Same run, every shard once, in order; raise a ConfigError naming the problem otherwise."""
+    for store in stores:
+        if "shard" not in store.manifest:
+            raise ConfigError(
+                f"{store.path} is not a shard (its manifest has no 'shard' entry), "
+                "pass only stores written with `tokenize --num-shards N --shard-index I`"
+            )
+    stores = sorted(stores, key=lambda s: int(s.manifest["shard"]["index"]))
+    first = stores[0].manifest
+    count = int(first["shard"]["count"])
+    for store in stores:
+        m = store.manifest
+        for key in sorted((set(m) | set(first)) - _PER_SHARD):
+            if m.get(key) != first.get(key):
+                raise ConfigError(
+                    f"shard {store.path} differs from {stores[0].path} in {key!r} "
+                    f"({json.dumps(m.get(key))[:80]} vs {json.dumps(first.get(key))[:80]}), "
+                    "merge only shards of one run (same inputs, tokenizer, settings, backend)"
+                )
+        for key in ("count", "n_chunks", "build"):
+            if m["shard"][key] != first["shard"][key]:
+                raise ConfigError(
+                    f"shard {store.path} belongs to another run ({key} {m['shard'][key]} vs {first['shard'][key]}), "
+                    "re-run that shard with the same inputs and settings"
+                )
+    indices = [int(s.manifest["shard"]["index"]) for s in stores]
+    if len(set(indices)) != len(indices):
+        dup = sorted({i for i in indices if indices.count(i) > 1})
+        raise ConfigError(
+            f"shard index {dup[0]} is given twice ({', '.join(str(s.path) for s in stores if s.manifest['shard']['index'] == dup[0])}), "
+            "pass each shard once"
+        )
+    missing = sorted(set(range(count)) - set(indices))
+    if missing:
+        raise ConfigError(
+            f"shards {missing[:10]} of {count} are missing, run `packtool tokenize ... --num-shards {count} "
+            f"--shard-index I` for them and pass every shard directory"
+        )
+    end = 0
+    for store in stores:
+        shard = store.manifest["shard"]
+        if int(shard["chunk_start"]) != end:
+            raise FormatError(
+                f"shard {shard['index']} starts at chunk {shard['chunk_start']} but the previous one ends at {end}, "
+                f"{store.path / MANIFEST}, re-run that shard"
+            )
+        end = int(shard["chunk_end"])
+    if end != int(first["shard"]["n_chunks"]):
+        raise FormatError(
+            f"shards cover chunks 0..{end} of {first['shard']['n_chunks']}, {stores[-1].path / MANIFEST}, re-run the last shard"
+        )
+    return stores
+
+
+def _sum_sources(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = [dict(s) for s in manifests[0]["sources"]]
+    for m in manifests[1:]:
+        for total, part in zip(out, m["sources"], strict=True):
+            for key in ("records", "documents", "rejected"):
+                total[key] = int(total[key]) + int(part[key])
+    return out

@@ -1,0 +1,74 @@
+"""`PackConfig`: every flag of `packtool pack` (and key of a run config's `pack:` section), validated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from packtool.choices import Algorithm, ExecutorName, Overlong, Split
+from packtool.core.packing import MAX_CAPACITY
+from packtool.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """Everything `packtool pack` needs; `pack_store(config)` is the library call."""
+
+    tokens_dir: Path
+    """The token store to pack (a `packtool tokenize` output directory)."""
+    size: int
+    """Pack size N in tokens: every row of `{split}_{N}.npy` has exactly N positions."""
+    output: Path
+    """Pack ROOT: files go to `ROOT/packed/{tokenizer_name}/`."""
+    algorithm: Algorithm = Algorithm.BFD
+    """Bin-packing algorithm; bfd by default: same pack counts as ffd/mffd (lower bound + 0.004% on lognormal
+    lengths) and the fastest of the three in scripts/bench_pack.py."""
+    seed: int = 0
+    """Seed of the pack-order permutation (and of shuffling algorithms): same seed, same bytes."""
+    shuffle: bool = True
+    """Permute the pack order (seeded); False keeps the algorithm's order (`--no-shuffle`)."""
+    overlong: Overlong = Overlong.SPLIT
+    """What to do with a document longer than N (after rounding N down to `pad_multiple`)."""
+    pad_multiple: int = 1
+    """Round every segment up to a multiple of this with pad tokens (context parallelism)."""
+    max_docs_per_pack: int | None = None
+    """Cap on segments per pack, so that `cu_seqlens` can have a static length (CUDA graphs)."""
+    split: Split = Split.TRAINING
+    """Which split this token store becomes; re-packing a split replaces only its files and line."""
+    workers: int | None = None
+    """Parallel pack-block writers; None = all cores. Output bytes never depend on it."""
+    executor: ExecutorName = ExecutorName.LOCAL
+    """Where pack blocks are written: local (a thread pool) or ray (Ray tasks, shared file system)."""
+    ray_address: str | None = None
+    """Ray cluster to join with executor ray; None starts a local Ray with num_cpus = workers."""
+
+    def validate(self) -> PackConfig:
+        """Check every value range before any work; returns self so callers can chain."""
+        validate_pack_size(self.size)
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}, pass a non-negative seed")
+        if self.pad_multiple < 1:
+            raise ConfigError(f"--pad-multiple must be >= 1, got {self.pad_multiple}, leave it out for no padding")
+        if self.pad_multiple > self.size:
+            raise ConfigError(
+                f"--pad-multiple {self.pad_multiple} is larger than --size {self.size}, "
+                "pass a multiple that divides the pack size (e.g. 2*CP)"
+            )
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}, leave it out to use all cores")
+        if self.max_docs_per_pack is not None and self.max_docs_per_pack < 1:
+            raise ConfigError(
+                f"--max-docs-per-pack must be >= 1, got {self.max_docs_per_pack}, leave it out for no cap"
+            )
+        from packtool.exec import parse_executor
+
+        parse_executor(self.executor, self.ray_address)
+        return self
+
+
+def validate_pack_size(size: int, flag: str = "--size") -> None:
+    """A pack size must be a positive integer the packers support."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"{flag} must be a positive integer, got {size!r}, pass e.g. {flag} 4096")
+    if size > MAX_CAPACITY:
+        raise ConfigError(f"{flag} {size} is over the supported maximum {MAX_CAPACITY}, use a smaller {flag}")

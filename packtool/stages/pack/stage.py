@@ -1,0 +1,130 @@
+"""`pack_store`: token store -> segments -> packs -> `{split}_{N}.npy` + companions + metadata line.
+
+config (validated) -> plan (`build_segments`, `plan_layout`) -> tasks (`block_tasks`, run by an
+executor from `packtool.exec`) -> commit (`PackSplitWriter`, metadata line last). Only index
+arrays (a few int64 per segment) live in memory; tokens never pass through Python. Same input +
+seed -> byte-identical files for every `--workers` and executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool import __version__
+from packtool.core.packing import lower_bound
+from packtool.core.packing.segments import Segments, build_segments
+from packtool.exec import make_executor
+from packtool.formats.pack_store import PackSplitWriter, pack_dir
+from packtool.formats.token_store import TokenStore, dtype_name, open_token_store
+from packtool.progress import Progress
+from packtool.stages.pack.blocks import block_tasks
+from packtool.stages.pack.config import PackConfig
+from packtool.stages.pack.layout import Layout, pad_id_for, plan_layout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What `pack_store` wrote: the directory and the metadata line (every number in it)."""
+
+    directory: Path
+    metadata: dict[str, Any]
+
+
+def _write_matrices(
+    layout: Layout,
+    store: TokenStore,
+    writer: PackSplitWriter,
+    config: PackConfig,
+    pad_id: int,
+    progress: Progress | None,
+) -> None:
+    """Fill `{S}_{N}.npy` (and `.loss.npy`) block by block through the chosen executor."""
+    if layout.n_packs == 0:
+        return
+    workers = max(1, config.workers if config.workers else (os.cpu_count() or 1))
+    execute = make_executor(config.executor, workers, ray_address=config.ray_address)
+    tasks = block_tasks(layout, store, writer, config.size, pad_id, sync=str(config.executor) == "ray")
+    done = 0
+    for p0, p1 in execute(tasks):
+        done += p1 - p0
+        if progress is not None:
+            progress(done, layout.n_packs)
+
+
+def _metadata(config: PackConfig, store: TokenStore, segments: Segments, layout: Layout, pad_id: int) -> dict[str, Any]:
+    """The metadata line: Megatron-Bridge's keys (same definitions) plus packtool's provenance."""
+    size, n_packs = config.size, layout.n_packs
+    lengths = layout.lengths
+    per_pack_tokens = (
+        np.add.reduceat(lengths, layout.pack_offsets[:-1]) if n_packs and lengths.size else np.zeros(n_packs, np.int64)
+    )
+    per_pack_count = np.diff(layout.pack_offsets)
+    n_tokens = int(layout.real.sum())
+    tok = store.manifest.get("tokenizer", {})
+    return {
+        # Megatron-Bridge (packing_utils.create_packing_strategy): lengths include --pad-multiple padding
+        "pack_size": size,
+        "max_samples_per_bin": int(per_pack_count.max()) if n_packs else 0,
+        "dataset_max_seqlen": int(lengths.max()) if lengths.size else 0,
+        "min_packed_seqlen": int(per_pack_tokens.min()) if n_packs else 0,
+        "packing_factor": round(len(segments) / n_packs, 2) if n_packs else 0.0,
+        "packing_efficiency": round(float(lengths.sum()) / n_packs / size * 100, 2) if n_packs else 0.0,
+        # packtool
+        "split": str(config.split),
+        "algorithm": str(config.algorithm),
+        "seed": config.seed,
+        "shuffle": config.shuffle,
+        "tokenizer": {"name": tok.get("name"), "sha256": tok.get("sha256")},
+        "source": {"path": str(store.path.resolve()), "manifest_sha256": store.manifest_sha256},
+        "dtype": dtype_name(store.dtype),
+        "pad_id": pad_id,
+        "pad_multiple": config.pad_multiple,
+        "max_docs_per_pack": config.max_docs_per_pack,
+        "n_documents": store.n_documents,
+        "n_segments": len(segments),
+        "n_packs": n_packs,
+        "n_tokens": n_tokens,
+        "n_pad_tokens": n_packs * size - n_tokens,
+        "n_dropped_tokens": segments.n_dropped_tokens,
+        "lower_bound_packs": lower_bound(lengths, size, config.max_docs_per_pack),
+        "overlong": {"policy": str(config.overlong), "count": segments.n_overlong},
+        "n_empty_documents": segments.n_empty,
+        "packtool_version": __version__,
+    }
+
+
+def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResult:
+    """Pack a token store into `ROOT/packed/{tokenizer}/{split}_{N}.*`; metadata line written last.
+
+    Refuses a token store whose manifest, sizes or sha256 do not check out (FormatError).
+    """
+    config.validate()
+    store = open_token_store(config.tokens_dir, check_hashes=True)
+    segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
+    layout = plan_layout(segments, config)
+    pad_id = pad_id_for(store)
+    directory = pack_dir(config.output, store.tokenizer_name)
+    log.info("packing %d segments of %s into %d packs of %d", len(segments), store.path, layout.n_packs, config.size)
+    with PackSplitWriter(
+        directory, str(config.split), config.size, store.dtype, layout.n_packs, store.loss is not None
+    ) as writer:
+        _write_matrices(layout, store, writer, config, pad_id, progress)
+        companions = {
+            "pack_offsets": layout.pack_offsets,
+            "seg_lens": layout.lengths,
+            "seg_pad": layout.pad,
+            "seg_doc": layout.doc,
+            "seg_src": layout.src,
+        }
+        for what, values in companions.items():
+            writer.write_companion(what, values)
+        record = writer.commit(_metadata(config, store, segments, layout, pad_id))
+    return PackResult(directory, record)

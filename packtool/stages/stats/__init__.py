@@ -1,0 +1,8 @@
+"""The stats stage (read-only): padding waste of every strategy, or what a pack store holds."""
+
+from __future__ import annotations
+
+from packtool.stages.stats.compute import PackStoreStats, StatsConfig, TokenStoreStats, compute_stats
+from packtool.stages.stats.plot import plot_stats
+
+__all__ = ["PackStoreStats", "StatsConfig", "TokenStoreStats", "compute_stats", "plot_stats"]

@@ -1,0 +1,231 @@
+"""`packtool stats`: how much compute each batching strategy wastes on padding, before you pack.
+
+Waste ratio = share of computed positions that are padding. For a token store the documents are
+first cut the way `pack --overlong split` would (fragments of <= N; empty documents carry no
+tokens and are left out), then compared under: naive padding of every document to N, random
+batches of B padded to their longest, length-sorted batches of B, every packing algorithm in the
+registry, and the lower bound `1 - total / (ceil(total / N) * N)`. For a pack store it reads what
+was packed: efficiency, segments per pack, pad share, over-long counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.choices import Overlong, Split
+from packtool.core.packing import ALGORITHMS, pack_lengths
+from packtool.core.packing.segments import build_segments
+from packtool.errors import ConfigError
+from packtool.formats.pack_store import find_pack_dir, open_pack_split, parse_data_name, sizes_in
+from packtool.formats.token_store import MANIFEST, open_token_store
+from packtool.stages.pack.config import validate_pack_size
+
+DEFAULT_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    """Everything `packtool stats` needs; `compute_stats(config)` is the library call."""
+
+    path: Path
+    """A token store directory or a pack store (ROOT, `packed/{tok}` dir or `.npy` file)."""
+    size: int | None = None
+    """Pack size N for token-store waste ratios (default 4096); selects the size of a pack store."""
+    batch_size: int = 8
+    """Batch size B for the padded-batch baselines (random batches and length-sorted batches)."""
+    seed: int = 0
+    """Seed for the random batches and the shuffling algorithms."""
+    split: Split = Split.TRAINING
+    """Which split of a pack store to describe."""
+
+    def validate(self) -> StatsConfig:
+        """Check every value before any work; returns self."""
+        if self.size is not None:
+            validate_pack_size(self.size)
+        if isinstance(self.batch_size, bool) or self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}, pass e.g. --batch-size 8")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}, pass a non-negative seed")
+        return self
+
+
+@dataclass
+class TokenStoreStats:
+    """Length distribution of a token store and the waste of every batching strategy at size N."""
+
+    path: str
+    size: int
+    batch_size: int
+    n_documents: int
+    n_tokens: int
+    n_empty_documents: int
+    n_overlong: int
+    n_items: int  # documents after over-long ones are split into fragments of <= N (empty ones left out)
+    lengths: dict[str, int]  # p50, p90, p99, max of document lengths (empty ones included)
+    waste: dict[str, float]  # strategy -> share of computed positions that are padding
+    rows: dict[str, int]  # strategy -> sequences (rows of N or batch rows) it computes
+    kind: str = "tokens"
+    overlong_note: str = "documents longer than N are counted as their fragments of <= N tokens (pack --overlong split)"
+    _doc_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("_doc_lengths")
+        return d
+
+    def to_text(self) -> str:
+        lines = [
+            f"token store {self.path}",
+            f"  documents {self.n_documents} ({self.n_empty_documents} empty), tokens {self.n_tokens}",
+            "  length p50 {p50}  p90 {p90}  p99 {p99}  max {max}".format(**self.lengths),
+            f"  over-long (> {self.size}): {self.n_overlong} documents, counted as fragments -> {self.n_items} items",
+            f"  {'strategy (N=' + str(self.size) + ', B=' + str(self.batch_size) + ')':<28}{'rows':>10}{'waste':>10}",
+        ]
+        lines += [f"  {name:<28}{self.rows[name]:>10}{self.waste[name]:>10.2%}" for name in self.waste]
+        return "\n".join(lines)
+
+
+@dataclass
+class PackStoreStats:
+    """What one split at one size of a pack store holds and how full its packs are."""
+
+    path: str
+    split: str
+    size: int
+    algorithm: str
+    n_documents: int
+    n_segments: int
+    n_packs: int
+    n_tokens: int
+    efficiency: float  # real tokens / (n_packs * N)
+    pad_share: float  # 1 - efficiency: tail padding plus --pad-multiple padding
+    packing_efficiency: float  # Megatron-Bridge's percentage (segment lengths incl. --pad-multiple padding)
+    lower_bound_packs: int
+    docs_per_pack_mean: float
+    docs_per_pack_max: int
+    overlong: dict[str, Any]
+    n_empty_documents: int
+    kind: str = "packs"
+    _seg_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("_seg_lens")
+        return d
+
+    def to_text(self) -> str:
+        return "\n".join(
+            [
+                f"pack store {self.path} split {self.split} size {self.size} ({self.algorithm})",
+                f"  packs {self.n_packs} (lower bound {self.lower_bound_packs}), segments {self.n_segments}, "
+                f"documents {self.n_documents} ({self.n_empty_documents} empty)",
+                f"  tokens {self.n_tokens}, efficiency {self.efficiency:.2%}, pad share {self.pad_share:.2%}",
+                f"  docs per pack mean {self.docs_per_pack_mean:.2f}, max {self.docs_per_pack_max}",
+                f"  over-long: {self.overlong['count']} ({self.overlong['policy']})",
+            ]
+        )
+
+
+def _padded_batches(lengths: np.ndarray, batch: int, cap: int) -> tuple[int, int]:
+    """(rows, computed positions) when consecutive batches of `batch` are padded to their longest."""
+    n = lengths.size
+    if n == 0:
+        return 0, 0
+    padded = np.zeros(-(-n // batch) * batch, np.int64)
+    padded[:n] = lengths
+    longest = np.minimum(padded.reshape(-1, batch).max(axis=1), cap)
+    counts = np.full(longest.size, batch, np.int64)
+    counts[-1] = n - batch * (longest.size - 1)
+    return n, int((longest * counts).sum())
+
+
+def _waste(total: int, computed: int) -> float:
+    return 0.0 if computed == 0 else 1.0 - total / computed
+
+
+def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> TokenStoreStats:
+    """Waste ratios of every strategy for the documents of a token store at pack size `size`."""
+    store = open_token_store(path)
+    doc_lengths = store.lengths
+    items = build_segments(store.starts, doc_lengths, size, Overlong.SPLIT).lengths
+    total = int(items.sum())
+    rng = np.random.default_rng(seed)
+    rows: dict[str, int] = {"naive (pad each to N)": int(items.size)}
+    computed: dict[str, int] = {"naive (pad each to N)": int(items.size) * size}
+    for name, order in (
+        ("random batches of B", rng.permutation(items.size)),
+        ("sorted batches of B", np.argsort(items, kind="stable")),
+    ):
+        rows[name], computed[name] = _padded_batches(items[order], batch_size, size)
+    for name in ALGORITHMS:
+        offsets, _ = pack_lengths(items, size, algorithm=name, seed=seed)
+        rows[f"pack {name}"] = int(offsets.size - 1)
+        computed[f"pack {name}"] = rows[f"pack {name}"] * size
+    rows["lower bound"] = -(-total // size)
+    computed["lower bound"] = rows["lower bound"] * size
+    pct = np.percentile(doc_lengths, [50, 90, 99]) if doc_lengths.size else np.zeros(3)
+    return TokenStoreStats(
+        path=str(path),
+        size=size,
+        batch_size=batch_size,
+        n_documents=store.n_documents,
+        n_tokens=store.n_tokens,
+        n_empty_documents=int(np.count_nonzero(doc_lengths == 0)),
+        n_overlong=int(np.count_nonzero(doc_lengths > size)),
+        n_items=int(items.size),
+        lengths={"p50": int(pct[0]), "p90": int(pct[1]), "p99": int(pct[2]), "max": int(doc_lengths.max(initial=0))},
+        waste={k: _waste(total, v) for k, v in computed.items()},
+        rows=rows,
+        _doc_lengths=np.asarray(doc_lengths),
+    )
+
+
+def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats:
+    """Efficiency, docs per pack, pad share and over-long counts of one split of a pack store."""
+    directory = find_pack_dir(path)
+    named = parse_data_name(Path(path).name) if Path(path).is_file() else None
+    if named is not None:  # `{split}_{N}.npy` names its split and size
+        split, size = named
+    if size is None:
+        sizes = sizes_in(directory)
+        if len(sizes) != 1:
+            raise ConfigError(f"{directory} holds sizes {sizes}, pass --size to pick one")
+        size = sizes[0]
+    ps = open_pack_split(directory, split, size)
+    meta = ps.metadata
+    per_pack = np.diff(np.asarray(ps.pack_offsets))
+    n_tokens = int(meta["n_tokens"])
+    positions = ps.n_packs * size
+    eff = n_tokens / positions if positions else 0.0
+    return PackStoreStats(
+        path=str(directory),
+        split=split,
+        size=size,
+        algorithm=str(meta.get("algorithm")),
+        n_documents=int(meta["n_documents"]),
+        n_segments=int(per_pack.sum()),
+        n_packs=ps.n_packs,
+        n_tokens=n_tokens,
+        efficiency=eff,
+        pad_share=1.0 - eff if positions else 0.0,
+        packing_efficiency=float(meta["packing_efficiency"]),
+        lower_bound_packs=int(meta["lower_bound_packs"]),
+        docs_per_pack_mean=float(per_pack.mean()) if per_pack.size else 0.0,
+        docs_per_pack_max=int(per_pack.max(initial=0)),
+        overlong=dict(meta["overlong"]),
+        n_empty_documents=int(meta.get("n_empty_documents", 0)),
+        _seg_lens=np.asarray(ps.seg_lens),
+    )
+
+
+def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats:
+    """Statistics of a token store (detected by its manifest.json) or of a pack store."""
+    config.validate()
+    path = Path(config.path)
+    if path.is_dir() and (path / MANIFEST).is_file():
+        return token_store_stats(path, config.size or DEFAULT_SIZE, config.batch_size, config.seed)
+    return pack_store_stats(path, config.size, str(config.split))

@@ -1,0 +1,70 @@
+"""`packtool stats --plot`: one PNG a person reads without a ruler.
+
+Left: the length histogram with N marked. Right (token store): waste per strategy as bars, each
+labelled with its value, and the lower bound drawn as a line across them; (pack store): the share
+of real tokens and of padding, labelled, with the lower bound's padding share as a line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packtool.errors import ConfigError
+from packtool.stages.stats.compute import PackStoreStats, TokenStoreStats
+
+LOWER_BOUND = "lower bound"
+
+
+def plot_stats(stats: TokenStoreStats | PackStoreStats, out: Path) -> Path:
+    """Write the PNG to `out` (parent directories created) and return its path."""
+    out = Path(out)
+    if out.suffix.lower() != ".png":
+        raise ConfigError(f"--plot writes a PNG, got {out.name}, pass a file name ending in .png")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    lengths = stats._doc_lengths if isinstance(stats, TokenStoreStats) else stats._seg_lens
+    left.hist(lengths, bins=60, color="#4878d0")
+    left.axvline(stats.size, color="#d65f5f", linestyle="--", label=f"N = {stats.size}")
+    left.set(
+        yscale="log",
+        xlabel="document length (tokens)" if stats.kind == "tokens" else "segment length (tokens)",
+        ylabel="count",
+        title="length histogram",
+    )
+    left.legend()
+    if isinstance(stats, TokenStoreStats):
+        names = [n for n in stats.waste if n != LOWER_BOUND]
+        values = [100 * stats.waste[n] for n in names]
+        bound = 100 * stats.waste[LOWER_BOUND]
+        bars = right.barh(names, values, color="#6acc64")
+        right.bar_label(bars, labels=[f"{v:.2f}%" for v in values], padding=3, fontsize=8)
+        right.axvline(bound, color="#d65f5f", linestyle="--", label=f"lower bound {bound:.2f}%")
+        right.invert_yaxis()
+        right.set_xlim(0, max(values + [bound, 1.0]) * 1.18)
+        right.set(
+            xlabel="waste (% of computed positions that are padding)",
+            title=f"waste per strategy (N={stats.size}, B={stats.batch_size})",
+        )
+    else:
+        values = [100 * stats.efficiency, 100 * stats.pad_share]
+        bars = right.bar(["real tokens", "padding"], values, color=["#6acc64", "#d65f5f"])
+        right.bar_label(bars, labels=[f"{v:.2f}%" for v in values], padding=3)
+        positions = stats.lower_bound_packs * stats.size
+        bound = 100 * (1 - stats.n_tokens / positions) if positions else 0.0
+        right.axhline(bound, color="#4878d0", linestyle="--", label=f"lower-bound padding {bound:.2f}%")
+        right.set_ylim(0, 112)
+        right.set(ylabel="% of positions", title=f"{stats.split} {stats.size}: {stats.n_packs} packs")
+    right.legend(loc="lower right")
+    fig.tight_layout()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the plot ({exc.strerror}), {out}, choose a writable --plot path") from exc
+    finally:
+        plt.close(fig)
+    return out

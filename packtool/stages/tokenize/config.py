@@ -1,0 +1,94 @@
+"""`TokenizeConfig`: every flag of `packtool tokenize` (and key of a run config's `tokenize:` section).
+
+`validate()` checks every value before any work starts (no input hashed, no directory created).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from packtool.choices import BackendName, ExecutorName, InputFormat, OnError
+from packtool.errors import ConfigError
+
+DEFAULT_CHUNK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    """What to tokenize, with which tokenizer, into which token store."""
+
+    inputs: tuple[str, ...]
+    """Files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, .parquet, .txt."""
+    tokenizer: str
+    """A tokenizer.json, a model directory holding one, or a hub name in the local HF cache."""
+    output: str
+    """The token store directory to create."""
+    format: InputFormat = InputFormat.TEXT
+    """text: every token is a target; prompt-completion: completion (+EOS); chat: assistant turns."""
+    field: str = "text"
+    """Dotted path of the text field (format text)."""
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    messages_field: str = "messages"
+    chat_template: str | None = None
+    """A Jinja file overriding the tokenizer's chat template."""
+    separator: str | None = None
+    """Split .txt files into documents at this string (default: one document per file)."""
+    bos: bool | None = None
+    """None follows the tokenizer (its post-processor decides); True/False force BOS on/off."""
+    eos: bool | None = None
+    """None appends EOS when the tokenizer defines one (text, prompt-completion); chat leaves it to the template."""
+    workers: int | None = None
+    """Parallel tokenizer threads/processes; None = all cores. Output bytes never depend on it."""
+    on_error: OnError = OnError.FAIL
+    """fail: stop at the first bad record (file:line); skip: log it to rejects.jsonl and go on."""
+    overwrite: bool = False
+    """Replace an existing, different token store at `output`."""
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    """Size of a unit of work (and of resume); bigger chunks mean fewer, larger work files."""
+    backend: BackendName = BackendName.AUTO
+    """Tokenizer engine: hf (tokenizers), fast (fastokens), auto (fast when installed and verified identical)."""
+    num_shards: int = 1
+    """Split the chunk list into this many contiguous shards (one token store each; `packtool merge` joins them)."""
+    shard_index: int = 0
+    """Which shard this run writes (0-based)."""
+    executor: ExecutorName = ExecutorName.LOCAL
+    """Where chunks run: local (process pool) or ray."""
+    ray_address: str | None = None
+    """Ray cluster to join with --executor ray; None starts a local Ray with num_cpus = workers."""
+
+    def resolved_workers(self) -> int:
+        return max(1, self.workers if self.workers else (os.cpu_count() or 1))
+
+    def validate(self) -> TokenizeConfig:
+        """Check every choice and range; returns self. Raises ConfigError naming the flag and the fix."""
+        for name, enum_type in (
+            ("format", InputFormat),
+            ("on_error", OnError),
+            ("backend", BackendName),
+            ("executor", ExecutorName),
+        ):
+            value = getattr(self, name)
+            try:
+                enum_type(str(value))
+            except ValueError:
+                choices = ", ".join(e.value for e in enum_type)
+                raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not one of {choices}, pick one") from None
+        if not self.inputs:
+            raise ConfigError("no inputs given, pass at least one file, directory or glob")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}, leave it out to use all cores")
+        if self.chunk_bytes < 1:
+            raise ConfigError(f"--chunk-bytes must be >= 1, got {self.chunk_bytes}, leave it out for the default")
+        if self.num_shards < 1:
+            raise ConfigError(f"--num-shards must be at least 1, got {self.num_shards}, pass a positive count")
+        if not 0 <= self.shard_index < self.num_shards:
+            raise ConfigError(
+                f"--shard-index {self.shard_index} is outside 0..{self.num_shards - 1} for --num-shards "
+                f"{self.num_shards}, pass an index below the shard count (Slurm: --shard-index $SLURM_ARRAY_TASK_ID)"
+            )
+        from packtool.exec import parse_executor
+
+        parse_executor(self.executor, self.ray_address)
+        return self

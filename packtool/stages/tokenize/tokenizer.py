@@ -1,0 +1,198 @@
+"""Find and load a tokenizer: a `tokenizer.json`, a model directory, or a cached hub name.
+
+Hub names are resolved in the local Hugging Face cache only (`HF_HUB_CACHE`, else
+`HF_HOME/hub`, else `~/.cache/huggingface/hub`, layout `models--org--name/snapshots/<rev>/`,
+revision from `refs/main`), so tokenizing never needs the network nor `huggingface_hub`.
+Special tokens come from `tokenizer_config.json` (then `special_tokens_map.json`); they may
+be plain strings or `{"content": ...}` dicts, as transformers writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from packtool.errors import TokenizerError
+from packtool.formats.files import sha256_file
+
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """Everything the pipeline needs to know about a tokenizer, small and picklable."""
+
+    name: str
+    path: str  # the tokenizer.json file
+    sha256: str
+    vocab_size: int
+    max_id: int
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+    bos_token: str | None
+    eos_token: str | None
+    chat_template: str | None
+    post_bos: bool  # the tokenizer's own post-processor prepends BOS
+    post_eos: bool  # ... and appends EOS
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest's `tokenizer` entry."""
+        return {
+            "name": self.name,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+        }
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, honouring HF_HUB_CACHE and HF_HOME like huggingface_hub does."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path("~/.cache/huggingface/hub").expanduser()
+
+
+def resolve_hub_name(name: str) -> Path | None:
+    """The cached snapshot directory holding `tokenizer.json` for `org/name`, or None."""
+    repo = hub_cache_dir() / ("models--" + name.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        candidate = snapshots / ref.read_text().strip()
+        if (candidate / TOKENIZER_JSON).is_file():
+            return candidate
+    found = sorted((p for p in snapshots.iterdir() if (p / TOKENIZER_JSON).is_file()), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def locate(spec: str) -> tuple[Path, str]:
+    """Turn the --tokenizer argument into (tokenizer.json path, manifest name)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path, path.resolve().parent.name
+    if path.is_dir():
+        if not (path / TOKENIZER_JSON).is_file():
+            raise TokenizerError(
+                f"directory {spec} has no {TOKENIZER_JSON}, expected a model directory holding one, "
+                "save it with tokenizer.save_pretrained(DIR) or pass the tokenizer.json path"
+            )
+        return path / TOKENIZER_JSON, path.resolve().name
+    looks_like_hub = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+    if looks_like_hub:
+        snapshot = resolve_hub_name(spec)
+        if snapshot is not None:
+            return snapshot / TOKENIZER_JSON, spec
+        raise TokenizerError(
+            f"tokenizer {spec!r} is not a path and not in the local Hugging Face cache ({hub_cache_dir()}), "
+            f"download it first (huggingface-cli download {spec} tokenizer.json tokenizer_config.json) or set HF_HUB_CACHE"
+        )
+    raise TokenizerError(
+        f"tokenizer {spec!r} does not exist, expected a tokenizer.json, a model directory or a cached hub name (org/name)"
+    )
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{path.name} is not valid JSON ({exc}), {path}, fix or remove the file") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _config_name(config: dict[str, Any]) -> str | None:
+    """`name_or_path` of tokenizer_config.json when it is a hub-style name (not a local path),
+    so that `--tokenizer ./some/dir` still files packs under the model's real name."""
+    value = config.get("name_or_path")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    value = value.strip()
+    if value.startswith((".", "/", "~")) or "\\" in value or ":" in value:
+        return None
+    return value
+
+
+def _chat_template(config: dict[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
+    """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour."""
+    json_path, name = locate(spec)
+    try:
+        tok = Tokenizer.from_file(str(json_path))
+    except Exception as exc:  # the Rust side raises a plain Exception
+        raise TokenizerError(
+            f"cannot load tokenizer ({exc}), {json_path}, expected a Hugging Face tokenizers tokenizer.json"
+        ) from exc
+    config = _read_json(json_path.parent / TOKENIZER_CONFIG)
+    special = _read_json(json_path.parent / SPECIAL_TOKENS_MAP)
+    name = _config_name(config) or name
+    tokens: dict[str, str | None] = {}
+    ids: dict[str, int | None] = {}
+    for key in ("bos", "eos", "pad"):
+        text = _token_text(config.get(f"{key}_token")) or _token_text(special.get(f"{key}_token"))
+        tokens[key] = text
+        ids[key] = tok.token_to_id(text) if text is not None else None
+        if text is not None and ids[key] is None:
+            raise TokenizerError(
+                f"{key}_token {text!r} from {TOKENIZER_CONFIG} is not in the vocabulary, {json_path.parent}, fix the config"
+            )
+    vocab = tok.get_vocab(with_added_tokens=True)
+    max_id = max(vocab.values()) if vocab else 0
+    with_special = tok.encode("a", add_special_tokens=True).ids
+    plain = tok.encode("a", add_special_tokens=False).ids
+    post_bos = ids["bos"] is not None and len(with_special) > len(plain) and with_special[0] == ids["bos"]
+    post_eos = ids["eos"] is not None and len(with_special) > len(plain) and with_special[-1] == ids["eos"]
+    info = TokenizerInfo(
+        name=name,
+        path=str(json_path.resolve()),
+        sha256=sha256_file(json_path),
+        vocab_size=tok.get_vocab_size(with_added_tokens=True),
+        max_id=int(max_id),
+        bos_id=ids["bos"],
+        eos_id=ids["eos"],
+        pad_id=ids["pad"],
+        bos_token=tokens["bos"],
+        eos_token=tokens["eos"],
+        chat_template=_chat_template(config),
+        post_bos=post_bos,
+        post_eos=post_eos,
+    )
+    return tok, info
+
+
+_CACHE: dict[tuple[str, str], Tokenizer] = {}
+
+
+def cached_tokenizer(path: str, sha256: str) -> Tokenizer:
+    """One Tokenizer per worker process (loading a 150k-vocab tokenizer takes ~100 ms)."""
+    key = (path, sha256)
+    if key not in _CACHE:
+        _CACHE[key] = Tokenizer.from_file(path)
+    return _CACHE[key]
