@@ -25,7 +25,7 @@ FORMAT_NAME = "packtool.packs"
 FORMAT_VERSION = 1
 SPLITS = ("training", "validation", "test")
 
-#: companion arrays: suffix -> (dtype, what it holds)
+#: companion arrays: suffix -> dtype (the comment says what each holds)
 COMPANIONS: dict[str, np.dtype] = {
     "pack_offsets": np.dtype("<i8"),  # [n_packs + 1] CSR row pointer into the segment arrays
     "seg_lens": np.dtype("<i4"),  # [n_segments] tokens per segment, --pad-multiple padding included

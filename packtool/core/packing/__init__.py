@@ -4,11 +4,9 @@
 O(n log B)), then numbers the packs in a seeded random order so that pack index does not
 correlate with document length (FFD fills its first packs with the longest documents).
 
-Measured (scripts/bench_pack.py, 1 core, lognormal(6, 1) lengths, C = 4096): ffd/bfd/mffd
-pack 1M documents in ~0.1-0.2 s and 10M in ~1-2 s into 1.00004 x the ceil(total/C) lower
-bound; ffs is 1.0025 x, concat 1.18 x. With a binding `max_items_per_pack` (e.g. K = 8)
-the decreasing packers spend the slots on mid-size documents (~1.23 x the bound) and ffs
-does better (~1.03 x).
+Speed and pack counts against the lower bound are measured by scripts/bench_pack.py
+(docs/BENCHMARKS.md). With a binding `max_items_per_pack` the decreasing packers spend the
+slots on mid-size documents, and ffs usually needs fewer packs.
 """
 
 from __future__ import annotations

@@ -114,8 +114,8 @@ def build_segments(
 def expand_runs(lengths: np.ndarray, *starts: np.ndarray) -> tuple[np.ndarray, ...]:
     """Flat element indices of runs: for each start array, `start[i] + 0..lengths[i]-1`, concatenated.
 
-    One np.repeat + arange per array instead of a Python loop over runs: this is how the writer
-    gathers segments out of tokens.bin and how verify compares them.
+    One np.repeat + arange per array instead of a Python loop over runs: verify uses it to compare
+    packed segments with their source documents block by block.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())

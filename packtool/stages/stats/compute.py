@@ -27,6 +27,11 @@ from packtool.stages.pack.config import validate_pack_size
 DEFAULT_SIZE = 4096
 
 
+def _public(stats: object) -> dict[str, Any]:
+    """The fields of a stats dataclass without its private arrays (what --json prints)."""
+    return {k: v for k, v in asdict(stats).items() if not k.startswith("_")}  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
 class StatsConfig:
     """Everything `packtool stats` needs; `compute_stats(config)` is the library call."""
@@ -73,9 +78,7 @@ class TokenStoreStats:
     _doc_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("_doc_lengths")
-        return d
+        return _public(self)
 
     def to_text(self) -> str:
         lines = [
@@ -113,9 +116,7 @@ class PackStoreStats:
     _seg_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("_seg_lens")
-        return d
+        return _public(self)
 
     def to_text(self) -> str:
         return "\n".join(

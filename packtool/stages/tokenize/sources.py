@@ -222,7 +222,7 @@ def _plan_parquet(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
     return groups
 
 
-def read_chunk(chunk: Chunk, *, separator: str | None = None, parse_json: bool = True) -> Iterator[RawRecord]:
+def read_chunk(chunk: Chunk, *, separator: str | None = None) -> Iterator[RawRecord]:
     """Yield the records of a chunk in order: parsed JSON values / parquet rows / texts, or errors."""
     if chunk.kind == "jsonl":
         yield from _jsonl_lines(chunk.paths[0], _range_lines(chunk), chunk.first_line)

@@ -14,7 +14,7 @@ import numpy as np
 from packtool.choices import Overlong
 from packtool.core.packing.segments import expand_runs, usable_capacity
 from packtool.errors import ConfigError, FormatError
-from packtool.formats.pack_store import PackSplit, data_name, loss_name, metadata_name
+from packtool.formats.pack_store import PackSplit, companion_name, data_name, loss_name, metadata_name
 from packtool.formats.token_store import TOKEN_DTYPES, TokenStore
 from packtool.progress import Progress
 from packtool.stages.verify.tokens import BLOCK_TOKENS
@@ -49,7 +49,7 @@ def _geometry(ps: PackSplit) -> _Geometry:
     lens = np.asarray(ps.seg_lens, np.int64)
     pad = np.asarray(ps.seg_pad, np.int64)
     real = lens - pad
-    name = lambda c: f"{ps.split}_{size}.{c}.npy"  # noqa: E731
+    name = lambda c: companion_name(ps.split, size, c)  # noqa: E731
     multiple = int(meta.get("pad_multiple") or 1)
     bad = (pad < 0) | (real < 1) | (lens % multiple != 0)
     if bad.any():
@@ -131,7 +131,7 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
     meta, size = ps.metadata, ps.size
     doc, src = np.asarray(ps.seg_doc, np.int64), np.asarray(ps.seg_src, np.int64)
     n_docs, lengths, starts = store.n_documents, store.lengths, store.starts
-    fname = f"{ps.split}_{size}.seg_doc.npy"
+    fname = companion_name(ps.split, size, "seg_doc")
     if int(meta.get("n_documents", -1)) != n_docs:
         raise _fail(
             ps, metadata_name(size), f"metadata n_documents is {meta.get('n_documents')!r}, the source has {n_docs}"
@@ -172,7 +172,7 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
         j, dd = int(order[i]), int(d[i])
         raise _fail(
             ps,
-            f"{ps.split}_{size}.seg_src.npy",
+            companion_name(ps.split, size, "seg_src"),
             f"document {dd}: segment {j} (pack {_pack_of(g.po, j)}) starts at "
             f"token {int(s[i])}, expected {int(expected_start[i])} (duplicated, overlapping or missing fragment)",
         )
