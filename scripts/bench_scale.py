@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def corpus(mb: float) -> list[str]:
-    from conftest import zipf_texts
+    from support import zipf_texts
 
     files = sorted(glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages", "**", "*.py"), recursive=True))
     random.Random(1).shuffle(files)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import big_vocab_texts, run_cli, zipf_texts
+from support import big_vocab_texts, cli, zipf_texts
 from tokenizers import Tokenizer, processors
 
 import packtool
@@ -53,8 +53,8 @@ def test_fast_and_hf_write_identical_bytes(which: str, bpe_tokenizer_dir: Path, 
     outs = {}
     for backend in ("hf", "fast", "auto"):
         out = tmp_path / backend
-        code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(tok_dir), "--output", str(out), "--backend",
-                                backend, "--chunk-bytes", "20000", "--workers", "2", "-q"], capsys)
+        code, _, err = cli(*["tokenize", str(data), "--tokenizer", str(tok_dir), "--output", str(out), "--backend",
+                                backend, "--chunk-bytes", "20000", "--workers", "2", "-q"])
         assert code == 0, err
         outs[backend] = out
     assert manifest(outs["hf"])["backend"]["name"] == "hf"
@@ -79,13 +79,13 @@ def test_auto_falls_back_to_hf_when_fast_cannot_load(big_vocab_tokenizer_dir: Pa
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """fastokens has no WhitespaceSplit pre-tokenizer: auto must use hf, fast must say so in one line."""
     data = write_jsonl(tmp_path / "in.jsonl", big_vocab_texts(300))
-    code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(big_vocab_tokenizer_dir), "--output",
-                            str(tmp_path / "auto"), "-q"], capsys)
+    code, _, err = cli(*["tokenize", str(data), "--tokenizer", str(big_vocab_tokenizer_dir), "--output",
+                            str(tmp_path / "auto"), "-q"])
     assert code == 0, err
     assert manifest(tmp_path / "auto")["backend"]["name"] == "hf"
     assert manifest(tmp_path / "auto")["dtype"] == "uint32"
-    code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(big_vocab_tokenizer_dir), "--output",
-                            str(tmp_path / "fast"), "--backend", "fast", "-q"], capsys)
+    code, _, err = cli(*["tokenize", str(data), "--tokenizer", str(big_vocab_tokenizer_dir), "--output",
+                            str(tmp_path / "fast"), "--backend", "fast", "-q"])
     assert code == 1 and err.startswith("error: fastokens cannot load this tokenizer") and err.count("\n") == 1
     assert not (tmp_path / "fast").exists()
 
@@ -95,9 +95,9 @@ def test_fast_refuses_formats_that_need_offsets(bpe_tokenizer_dir: Path, tmp_pat
     data = tmp_path / "pc.jsonl"
     data.write_text(json.dumps({"prompt": "Q: why?", "completion": " A: because."}) + "\n")
     args = ["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--format", "prompt-completion", "-q"]
-    code, _, err = run_cli([*args, "--output", str(tmp_path / "f"), "--backend", "fast"], capsys)
+    code, _, err = cli(*[*args, "--output", str(tmp_path / "f"), "--backend", "fast"])
     assert code == 1 and "--backend fast supports only --format text" in err
-    code, _, err = run_cli([*args, "--output", str(tmp_path / "a")], capsys)
+    code, _, err = cli(*[*args, "--output", str(tmp_path / "a")])
     assert code == 0, err
     assert manifest(tmp_path / "a")["backend"]["name"] == "hf"
 
@@ -105,8 +105,8 @@ def test_fast_refuses_formats_that_need_offsets(bpe_tokenizer_dir: Path, tmp_pat
 def test_unknown_backend_is_a_usage_error_before_any_work(bpe_tokenizer_dir: Path, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     data = write_jsonl(tmp_path / "in.jsonl", ["hello"])
-    code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--output",
-                            str(tmp_path / "o"), "--backend", "rust", "-q"], capsys)
+    code, _, err = cli(*["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                            str(tmp_path / "o"), "--backend", "rust", "-q"])
     assert code == 2 and "'rust' is not one of" in err and "Traceback" not in err
     assert not list(tmp_path.glob(".o*")) and not (tmp_path / "o").exists()  # nothing created
 

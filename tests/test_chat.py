@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import zipf_texts
+from support import zipf_texts
 from tokenizers import Tokenizer
 
 import packtool

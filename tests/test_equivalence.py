@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _packs import Segment, write_pack_store, zipf_docs
+from support import Segment, write_pack_store, zipf_docs
 
 from packtool.attention import varlen_attention
 from packtool.loader import PackedCollator, PackedDataset

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _packs import write_pack_store, zipf_docs
+from support import write_pack_store, zipf_docs
 
 from packtool.attention import flash_available, varlen_attention
 from packtool.loader import PackedCollator, PackedDataset

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _packs import Segment, write_pack_store, zipf_docs
+from support import Segment, write_pack_store, zipf_docs
 
 from packtool.errors import ConfigError, FormatError, PacktoolError
 from packtool.formats.pack_store import companion_name
@@ -408,7 +408,7 @@ def test_set_epoch_of_the_current_epoch_keeps_the_resume_point():
 def test_round_trip_through_the_real_pipeline(tmp_path, bpe_tokenizer_dir):
     import json
 
-    from conftest import zipf_texts
+    from support import zipf_texts
     from tokenizers import Tokenizer
 
     texts = zipf_texts(150, seed=8) + [""]  # long tail and an empty document

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_pack_store import check_packs, cli, make_store, zipf_lengths
+from support import check_packs, cli, make_store, zipf_lengths
 
 from packtool import PackConfig, pack_store
 from packtool.core.packing.segments import build_segments, expand_runs
@@ -60,7 +60,7 @@ def test_bytes_identical_for_any_workers(tmp_path: Path, store: Path, small_bloc
     outs = {}
     for workers in (1, 2, 5):
         root = tmp_path / f"w{workers}"
-        code, msg = cli("pack", str(store), "--size", str(SIZE), "--output", str(root), "-q", "--workers", str(workers), *extra)
+        code, _, msg = cli("pack", str(store), "--size", str(SIZE), "--output", str(root), "-q", "--workers", str(workers), *extra)
         assert code == 0, msg
         outs[workers] = files_of(root)
     assert outs[1] == outs[2] == outs[5]
@@ -112,9 +112,9 @@ def test_failing_block_aborts_and_leaves_no_files(tmp_path: Path, store: Path, s
 
 
 def test_executor_errors_exit_1(tmp_path: Path, store: Path) -> None:
-    code, msg = cli("pack", str(store), "--size", "64", "--output", str(tmp_path), "-q", "--ray-address", "auto")
+    code, _, msg = cli("pack", str(store), "--size", "64", "--output", str(tmp_path), "-q", "--ray-address", "auto")
     assert code == 1 and "--ray-address needs --executor ray" in msg and msg.count("\n") == 1
-    code, msg = cli("pack", str(store), "--size", "64", "--output", str(tmp_path), "-q", "--executor", "slurm")
+    code, _, msg = cli("pack", str(store), "--size", "64", "--output", str(tmp_path), "-q", "--executor", "slurm")
     assert code == 2 and "'slurm' is not one of" in msg and "Traceback" not in msg  # a usage error
     with pytest.raises(ConfigError, match="--workers must be >= 1"):
         pack_store(PackConfig(store, 64, tmp_path, workers=0))
@@ -135,7 +135,7 @@ def test_ray_executor_gives_local_bytes(tmp_path: Path, store: Path, local_ray: 
     monkeypatch.setattr(writer, "BLOCK_TOKENS", 40 * SIZE)  # ~10 Ray tasks: enough blocks, little overhead
     args = ("pack", str(store), "--size", str(SIZE), "-q", "--pad-multiple", "4")
     assert cli(*args, "--output", str(tmp_path / "local"), "--workers", "1")[0] == 0
-    code, msg = cli(*args, "--output", str(tmp_path / "ray"), "--executor", "ray", "--workers", "2")
+    code, _, msg = cli(*args, "--output", str(tmp_path / "ray"), "--executor", "ray", "--workers", "2")
     assert code == 0, msg
     assert files_of(tmp_path / "local") == files_of(tmp_path / "ray")
     check_packs(store, pack_dir(tmp_path / "ray", "org/tiny-tok"), "training", SIZE)

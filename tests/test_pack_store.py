@@ -9,103 +9,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from support import EOS, PAD, check_packs, cli, make_store, zipf_lengths
 
 from packtool import PackConfig, pack_store
 from packtool.choices import Algorithm, Overlong
-from packtool.core.packing.segments import build_segments
 from packtool.errors import ConfigError
 from packtool.formats.pack_store import open_pack_split
-from packtool.formats.token_store import TokenStoreWriter, dtype_for_max_id, open_token_store
-
-PAD, EOS = 1, 0
-
-
-def zipf_lengths(n: int, seed: int = 0, cap: int = 300) -> np.ndarray:
-    """Many short documents, a long tail, and a few empty ones."""
-    rng = np.random.default_rng(seed)
-    lengths = np.minimum(rng.zipf(1.5, size=n) * 3, cap).astype(np.int64)
-    lengths[rng.choice(n, size=max(1, n // 50), replace=False)] = 0
-    return lengths
-
-
-def make_store(path: Path, lengths: np.ndarray, *, vocab: int = 600, with_loss: bool = False, seed: int = 0,
-               pad_id: int | None = PAD) -> Path:
-    """A token store written with the format module (random ids, optional loss mask)."""
-    rng = np.random.default_rng(seed)
-    total = int(np.sum(lengths))
-    ids = rng.integers(2, vocab, size=total)
-    loss = (rng.random(total) < 0.7).astype(np.uint8) if with_loss else None
-    path.mkdir(parents=True, exist_ok=True)
-    writer = TokenStoreWriter(path, dtype_for_max_id(vocab - 1))
-    writer.append(ids, np.asarray(lengths), loss)
-    writer.finish({"packtool_version": "test", "tokenizer": {"name": "org/tiny-tok", "sha256": "0" * 64,
-                   "vocab_size": vocab, "bos_id": None, "eos_id": EOS, "pad_id": pad_id}})
-    return path
-
-
-def cli(*args: str) -> tuple[int, str]:
-    """The real entry point in-process: exit code and stdout+stderr."""
-    code, out, err = run_cli(list(args))
-    return code, out + err
+from packtool.formats.token_store import open_token_store
 
 
 def run_pack(store: Path, out: Path, *args: str) -> tuple[int, str]:
-    return cli("pack", str(store), "--output", str(out), "--quiet", *args)
-
-
-def check_packs(store_dir: Path, pack_dir: Path, split: str, size: int) -> dict:
-    """The shared invariant checker: rows are real segments, no pack over size, pad elsewhere,
-    every non-empty document exactly once (as its fragments, in order) with identical tokens."""
-    store = open_token_store(store_dir)
-    ps = open_pack_split(pack_dir, split, size, check_hashes=True)
-    meta = ps.metadata
-    pad_id = meta["pad_id"]
-    po = np.asarray(ps.pack_offsets)
-    lens = np.asarray(ps.seg_lens, np.int64)
-    seg_pad = np.asarray(ps.seg_pad, np.int64)
-    real = lens - seg_pad
-    per_pack = np.add.reduceat(lens, po[:-1]) if ps.n_packs else np.zeros(0)
-    assert np.all(per_pack <= size)
-    if meta["max_docs_per_pack"]:
-        assert np.diff(po).max() <= meta["max_docs_per_pack"]
-    # reconstruct each segment's tokens from the pack rows, compare with the source
-    flat = np.asarray(ps.tokens).reshape(-1)
-    row = np.repeat(np.arange(ps.n_packs), np.diff(po))
-    within = np.cumsum(lens) - lens - np.repeat((np.cumsum(lens) - lens)[po[:-1]], np.diff(po))
-    dst = row * size + within
-    covered = np.zeros(flat.size, bool)
-    for i in range(lens.size):  # test code: clarity over speed
-        d, s, r = dst[i], ps.seg_src[i], real[i]
-        np.testing.assert_array_equal(flat[d:d + r], store.tokens[s:s + r])
-        assert np.all(flat[d + r:d + lens[i]] == pad_id)
-        covered[d:d + lens[i]] = True
-        if ps.loss is not None:
-            lf = np.asarray(ps.loss).reshape(-1)
-            np.testing.assert_array_equal(lf[d:d + r], store.loss[s:s + r])
-            assert not lf[d + r:d + lens[i]].any()
-    assert np.all(flat[~covered] == pad_id)
-    if ps.loss is not None:
-        assert not np.asarray(ps.loss).reshape(-1)[~covered].any()
-    # documents: each appears exactly once (split: consecutive fragments covering it)
-    lengths = store.lengths
-    key = np.lexsort((np.asarray(ps.seg_src), np.asarray(ps.seg_doc)))
-    doc, src, rl = np.asarray(ps.seg_doc)[key], np.asarray(ps.seg_src)[key], real[key]
-    policy = meta["overlong"]["policy"]
-    cap = size // meta["pad_multiple"] * meta["pad_multiple"]
-    expect = build_segments(store.starts, lengths, size, policy, meta["pad_multiple"])
-    np.testing.assert_array_equal(doc, expect.doc)
-    np.testing.assert_array_equal(src, expect.src)
-    np.testing.assert_array_equal(rl, expect.real)
-    covered_tokens = np.bincount(doc, weights=rl, minlength=lengths.size).astype(np.int64)
-    if policy == "split":
-        np.testing.assert_array_equal(covered_tokens, lengths)
-    else:
-        ok = lengths <= cap
-        np.testing.assert_array_equal(covered_tokens[ok], lengths[ok])
-    assert meta["n_tokens"] == int(real.sum())
-    assert meta["n_packs"] == ps.n_packs >= meta["lower_bound_packs"]
-    return meta
+    code, out_, err = cli("pack", str(store), "--output", str(out), "--quiet", *args)
+    return code, out_ + err
 
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import zipf_texts
+from support import zipf_texts
 
 from packtool import merge_shards
 from packtool.cli import main

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli, zipf_texts
+from support import cli, zipf_texts
 
 from packtool.choices import Algorithm
 from packtool.cli.runconfig import load_run_config, run_pipeline

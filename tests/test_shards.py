@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, zipf_texts
+from support import cli, zipf_texts
 
 from packtool import merge_shards
 from packtool.errors import ConfigError
@@ -61,13 +61,13 @@ def test_merged_shards_are_byte_identical_to_single_run(corpus: list[str], bpe_t
     shards = []
     for i in range(num_shards):
         out = tmp_path / f"shard{i}"
-        code, _, err = run_cli(tokenize_args(corpus, bpe_tokenizer_dir, out, "--num-shards", str(num_shards),
-                                             "--shard-index", str(i)), capsys)
+        code, _, err = cli(*tokenize_args(corpus, bpe_tokenizer_dir, out, "--num-shards", str(num_shards),
+                                             "--shard-index", str(i)))
         assert code == 0, err
         shards.append(out)
     n_chunks = json.loads((shards[0] / "manifest.json").read_text())["shard"]["n_chunks"]
     assert n_chunks >= 5
-    code, out, err = run_cli(["merge", *map(str, reversed(shards)), "--output", str(tmp_path / "merged"), "-q"], capsys)
+    code, out, err = cli(*["merge", *map(str, reversed(shards)), "--output", str(tmp_path / "merged"), "-q"])
     assert code == 0, err
     assert f"merged {num_shards} shards" in out
     assert store_bytes(tmp_path / "merged") == store_bytes(single)
@@ -122,11 +122,10 @@ def test_merge_refuses_incomplete_duplicate_and_foreign_shards(three_shards: lis
         "is not a shard": [s0, s1, s2, str(single)],
     }
     other = tmp_path / "other1"  # same shard slot, but another run (--no-eos)
-    assert run_cli(tokenize_args(corpus, bpe_tokenizer_dir, other, "--num-shards", "3", "--shard-index", "1", "--no-eos"),
-                   capsys)[0] == 0
+    assert cli(*tokenize_args(corpus, bpe_tokenizer_dir, other, "--num-shards", "3", "--shard-index", "1", "--no-eos"))[0] == 0
     cases["differs from"] = [s0, str(other), s2]
     for expected, args in cases.items():
-        code, _, err = run_cli(["merge", *args, "--output", str(tmp_path / "m"), "-q"], capsys)
+        code, _, err = cli(*["merge", *args, "--output", str(tmp_path / "m"), "-q"])
         assert code == 1, expected
         assert err.startswith("error: ") and expected in err and err.count("\n") == 1, err
         assert not (tmp_path / "m").exists()
@@ -134,8 +133,8 @@ def test_merge_refuses_incomplete_duplicate_and_foreign_shards(three_shards: lis
 
 def test_bad_shard_flags_exit_1(corpus: list[str], bpe_tokenizer_dir: Path, tmp_path: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_cli(tokenize_args(corpus, bpe_tokenizer_dir, tmp_path / "x", "--num-shards", "2",
-                                         "--shard-index", "2"), capsys)
+    code, _, err = cli(*tokenize_args(corpus, bpe_tokenizer_dir, tmp_path / "x", "--num-shards", "2",
+                                         "--shard-index", "2"))
     assert code == 1 and "--shard-index 2 is outside 0..1" in err
     assert not (tmp_path / "x").exists()
 
@@ -145,9 +144,9 @@ def test_merge_output_exists_needs_overwrite(three_shards: list[Path], tmp_path:
     out = tmp_path / "m"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    code, _, err = run_cli(["merge", *map(str, three_shards), "--output", str(out), "-q"], capsys)
+    code, _, err = cli(*["merge", *map(str, three_shards), "--output", str(out), "-q"])
     assert code == 1 and "--overwrite" in err and (out / "keep.txt").exists()
-    assert run_cli(["merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite"], capsys)[0] == 0
+    assert cli(*["merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite"])[0] == 0
     assert not (out / "keep.txt").exists()
 
 

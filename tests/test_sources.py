@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import zipf_texts
+from support import zipf_texts
 
 from packtool.errors import InputError
 from packtool.stages.tokenize.sources import expand_inputs, get_field, get_text_field, plan_chunks, read_chunk

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli, zipf_texts
+from support import cli, cli_error, zipf_texts
 
 from packtool import StatsConfig, compute_stats
 from packtool.core.packing import ALGORITHMS
@@ -23,14 +23,6 @@ def stats_json(*args: str) -> dict:
     code, out, err = cli("stats", *args, "--json")
     assert code == 0, err
     return json.loads(out)
-
-
-def fails(*args: str) -> str:
-    code, out, err = cli("stats", *args)
-    lines = err.strip().splitlines()
-    assert code == 1, (out, err)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err
-    return lines[0]
 
 
 def write_store(path: Path, lengths: list[int], vocab: int = 600) -> Path:
@@ -125,12 +117,12 @@ def test_plot_writes_png(tmp_path: Path, zipf_store: Path) -> None:
 
 
 def test_bad_input_exits_1_with_one_line(tmp_path: Path, zipf_store: Path) -> None:
-    assert "no token store or pack store" in fails(str(tmp_path / "missing"))
-    assert "--batch-size" in fails(str(zipf_store), "--batch-size", "0")
+    assert "no token store or pack store" in cli_error("stats", str(tmp_path / "missing"))
+    assert "--batch-size" in cli_error("stats", str(zipf_store), "--batch-size", "0")
     for size in ("64", "128"):
         code, _, err = cli("pack", str(zipf_store), "--size", size, "--output", str(tmp_path / "two"), "--quiet")
         assert code == 0, err
-    assert "pass --size" in fails(str(tmp_path / "two"))
+    assert "pass --size" in cli_error("stats", str(tmp_path / "two"))
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "manifest.json").write_text("{not json")
-    assert "manifest.json is not valid JSON" in fails(str(tmp_path / "broken"))
+    assert "manifest.json is not valid JSON" in cli_error("stats", str(tmp_path / "broken"))

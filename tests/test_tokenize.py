@@ -11,16 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import big_vocab_texts, run_cli, zipf_texts
+from support import big_vocab_texts, cli, write_jsonl, zipf_texts
 from tokenizers import Tokenizer
 
 import packtool
 from packtool.formats.token_store import open_token_store
-
-
-def write_jsonl(path: Path, rows: list[object]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def docs(path: Path) -> list[list[int]]:
@@ -50,8 +45,8 @@ def test_every_input_format_byte_identical_in_sorted_order(tmp_path: Path, bpe_t
     for i, t in enumerate(parts[4]):
         (data / "txt" / f"{i:03d}.txt").write_text(t, encoding="utf-8")
     out = tmp_path / "store"
-    code, stdout, err = run_cli(["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(out),
-                                 "--chunk-bytes", "300", "--workers", "1", "-q"], capsys)
+    code, stdout, err = cli(*["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(out),
+                                 "--chunk-bytes", "300", "--workers", "1", "-q"])
     assert code == 0, err
     assert "tokenized 123 documents" in stdout
     order = parts[0] + parts[1] + parts[2] + parts[3] + parts[4]
@@ -99,8 +94,8 @@ def test_bos_eos_flags(tmp_path: Path, bpe_tokenizer_dir: Path, tok: Tokenizer, 
                        flags: list[str], bos: int | None, eos: int | None) -> None:
     texts = ["", *zipf_texts(20, seed=9)]
     write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in texts])
-    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
-                            str(tmp_path / "s"), "-q", *flags], capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                            str(tmp_path / "s"), "-q", *flags])
     assert code == 0, err
     got = docs(tmp_path / "s")
     assert got == expected(tok, texts, eos=eos, bos=bos)
@@ -190,12 +185,11 @@ def test_hub_name_resolved_in_local_cache(tmp_path: Path, bpe_tokenizer_dir: Pat
     (repo / "snapshots" / "0123abc" / "tokenizer.json").write_text("not json")  # the stale revision is never read
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world"}])
-    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", "acme/tiny-bpe", "--output", str(tmp_path / "s"), "-q"],
-                           capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", "acme/tiny-bpe", "--output", str(tmp_path / "s"), "-q"])
     assert code == 0, err
     assert open_token_store(tmp_path / "s").manifest["tokenizer"]["name"] == "acme/tiny-bpe"
     assert docs(tmp_path / "s") == expected(tok, ["hello world"])
-    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", "acme/absent", "--output", str(tmp_path / "t")], capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", "acme/absent", "--output", str(tmp_path / "t")])
     assert code == 1 and err.count("\n") == 1 and "local Hugging Face cache" in err
 
 
@@ -208,10 +202,10 @@ def test_store_is_named_after_name_or_path_of_a_model_directory(tmp_path: Path, 
     config = json.loads((bpe_tokenizer_dir / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**config, "name_or_path": "acme/Tiny-BPE-7B"}))
     write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world"}])
-    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(model), "--output", str(tmp_path / "s"), "-q"], capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(model), "--output", str(tmp_path / "s"), "-q"])
     assert code == 0, err
     assert open_token_store(tmp_path / "s").manifest["tokenizer"]["name"] == "acme/Tiny-BPE-7B"
     (model / "tokenizer_config.json").write_text(json.dumps({**config, "name_or_path": "/home/me/ckpt"}))  # a local path is ignored
-    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(model), "--output", str(tmp_path / "t"), "-q"], capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(model), "--output", str(tmp_path / "t"), "-q"])
     assert code == 0, err
     assert open_token_store(tmp_path / "t").manifest["tokenizer"]["name"] == "checkout"

@@ -12,8 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, zipf_texts
-from test_tokenize import write_jsonl
+from support import cli, write_jsonl, zipf_texts
 
 import packtool
 from packtool.exec.local import process_executor as local_executor
@@ -35,7 +34,7 @@ def test_bad_record_fails_with_one_line_naming_file_and_line(tmp_path: Path, bpe
                                                              data: bytes, line: int, reason: str) -> None:
     (tmp_path / "in.jsonl").write_bytes(data)
     out = tmp_path / "s"
-    code, _, err = run_cli(["tokenize", str(tmp_path / "in.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(out), "-q"], capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "in.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(out), "-q"])
     assert code == 1
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert f"in.jsonl:{line}" in err and reason in err and "--on-error skip" in err
@@ -44,8 +43,8 @@ def test_bad_record_fails_with_one_line_naming_file_and_line(tmp_path: Path, bpe
 
 def test_bad_chat_role_fails_via_cli(tmp_path: Path, bpe_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "a"}]}, {"messages": [{"role": "bot", "content": "b"}]}])
-    code, _, err = run_cli(["tokenize", str(tmp_path / "c.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
-                            str(tmp_path / "s"), "--format", "chat", "-q"], capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "c.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                            str(tmp_path / "s"), "--format", "chat", "-q"])
     assert code == 1 and err.count("\n") == 1 and "c.jsonl:2" in err and "unknown role 'bot'" in err
 
 
@@ -57,8 +56,8 @@ def test_skip_mode_keeps_the_rest_and_logs_rejects(tmp_path: Path, bpe_tokenizer
     lines.insert(15, b'{"other": 1}')
     (tmp_path / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     (tmp_path / "b.jsonl").write_bytes(b"")  # an empty file next to real data is fine (records 0)
-    code, out, err = run_cli(["tokenize", str(tmp_path), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"),
-                              "--on-error", "skip", "--chunk-bytes", "200", "-q"], capsys)
+    code, out, err = cli(*["tokenize", str(tmp_path), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"),
+                              "--on-error", "skip", "--chunk-bytes", "200", "-q"])
     assert code == 0, err
     assert "3 rejected" in out
     rejects = [json.loads(x) for x in (tmp_path / "s" / "rejects.jsonl").read_text().splitlines()]
@@ -71,8 +70,8 @@ def test_skip_mode_keeps_the_rest_and_logs_rejects(tmp_path: Path, bpe_tokenizer
 
 def test_no_documents_at_all_is_an_error(tmp_path: Path, bpe_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "empty.jsonl").write_text("\n\n")
-    code, _, err = run_cli(["tokenize", str(tmp_path / "empty.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
-                            str(tmp_path / "s"), "-q"], capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "empty.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                            str(tmp_path / "s"), "-q"])
     assert code == 1 and "no documents to tokenize" in err and "empty.jsonl" in err and err.count("\n") == 1
     assert not (tmp_path / "s").exists()
 
@@ -80,26 +79,26 @@ def test_no_documents_at_all_is_an_error(tmp_path: Path, bpe_tokenizer_dir: Path
 @pytest.mark.parametrize("tokenizer", ["missing/dir/tokenizer.json", "./nowhere"])
 def test_missing_tokenizer_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer: str) -> None:
     write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
-    code, _, err = run_cli(["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(tmp_path / tokenizer), "--output",
-                            str(tmp_path / "s")], capsys)
+    code, _, err = cli(*["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(tmp_path / tokenizer), "--output",
+                            str(tmp_path / "s")])
     assert code == 1 and err.startswith("error: tokenizer") and "does not exist" in err and err.count("\n") == 1
 
 
 def test_overwrite_rules(tmp_path: Path, bpe_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in zipf_texts(30, seed=32)])
     args = ["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"), "-q"]
-    assert run_cli(args, capsys)[0] == 0
+    assert cli(*args)[0] == 0
     before = (tmp_path / "s" / "tokens.bin").read_bytes()
-    code, out, _ = run_cli(args, capsys)  # the same command again: nothing to do
+    code, out, _ = cli(*args)  # the same command again: nothing to do
     assert code == 0 and "up to date" in out
-    code, _, err = run_cli([*args, "--no-eos"], capsys)  # a different store at the same place
+    code, _, err = cli(*[*args, "--no-eos"])  # a different store at the same place
     assert code == 1 and "already holds a different token store" in err and "--overwrite" in err
     assert (tmp_path / "s" / "tokens.bin").read_bytes() == before
-    code, _, err = run_cli([*args, "--no-eos", "--overwrite"], capsys)
+    code, _, err = cli(*[*args, "--no-eos", "--overwrite"])
     assert code == 0, err
     assert len((tmp_path / "s" / "tokens.bin").read_bytes()) == len(before) - 2 * 30  # 30 EOS fewer
     (tmp_path / "f").write_text("x")
-    code, _, err = run_cli([*args[:-2], str(tmp_path / "f")], capsys)
+    code, _, err = cli(*[*args[:-2], str(tmp_path / "f")])
     assert code == 1 and "not a directory" in err
 
 
@@ -162,7 +161,7 @@ def test_killed_cli_leaves_nothing_final_and_rerun_matches(tmp_path: Path, bpe_t
 def test_bad_executor_flags_fail_before_any_work(tmp_path: Path, bpe_tokenizer_dir: Path, flags: list[str], code: int,
                                                 reason: str) -> None:
     src = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}])
-    got, _, err = run_cli(["tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"), *flags])
+    got, _, err = cli(*["tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"), *flags])
     assert got == code and reason in err and "Traceback" not in err, err
     assert code == 2 or err.count("\n") == 1
     assert not list(tmp_path.glob(".s*"))  # no partial directory: choices are checked before any work

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli, zipf_texts
+from support import cli, cli_error, zipf_texts
 
 from packtool import VerifyConfig, verify_path
 from packtool.errors import FormatError
@@ -27,16 +27,6 @@ from packtool.formats.pack_store import (
 N = 128
 
 
-
-
-def fails(*args: str) -> str:
-    """Run verify, expect exit 1 and exactly one `error:` line; return that line."""
-    code, out, err = cli("verify", *args, "--quiet")
-    lines = err.strip().splitlines()
-    assert code == 1, (out, err)
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def passes(*args: str) -> str:
@@ -139,11 +129,11 @@ def test_token_store_checks_id_bound_and_target_count(tmp_path: Path, text_store
     good = json.loads((store / "manifest.json").read_text())
     manifest["tokenizer"]["vocab_size"] = 10  # ids of the real tokenizer go far beyond
     (store / "manifest.json").write_text(json.dumps(manifest))
-    line = fails(str(store))
+    line = cli_error("verify", str(store))
     assert "expected < 10" in line and "tokens.bin" in line
     good["n_target_tokens"] = good["n_tokens"] - 1
     (store / "manifest.json").write_text(json.dumps(good))
-    assert "n_target_tokens" in fails(str(store))
+    assert "n_target_tokens" in cli_error("verify", str(store))
 
 
 # ---------------------------------------------------------------- damage: each exits 1 with one line
@@ -154,14 +144,14 @@ def test_flipped_byte_in_packs_is_a_sha_mismatch(packed: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x5A
     path.write_bytes(bytes(data))
-    line = fails(str(packed))
+    line = cli_error("verify", str(packed))
     assert "training_128.npy sha256 differs" in line and "re-run `packtool pack`" in line
 
 
 def test_truncated_companion_is_named(packed: Path) -> None:
     path = packed / "training_128.seg_lens.npy"
     path.write_bytes(path.read_bytes()[:-4])
-    assert "training_128.seg_lens.npy does not match its recorded size" in fails(str(packed))
+    assert "training_128.seg_lens.npy does not match its recorded size" in cli_error("verify", str(packed))
 
 
 @pytest.mark.parametrize("dtype", [">u2", "<u4"])
@@ -170,7 +160,7 @@ def test_wrong_dtype_with_updated_hashes_is_caught_by_the_dtype_check(packed: Pa
     path = packed / data_name("training", N)
     np.save(path, np.load(path).astype(dtype))
     refresh_hashes(packed)
-    line = fails(str(packed))
+    line = cli_error("verify", str(packed))
     assert "training_128.npy has dtype" in line and "uint16" in line
 
 
@@ -188,12 +178,12 @@ def test_swapped_tokens_are_caught_only_with_source(packed: Path, chat_store: Pa
     edit_npy(path, swap)
     refresh_hashes(packed)
     passes(str(packed))  # every invariant of the packs alone still holds
-    line = fails(str(packed), "--source", str(chat_store))
+    line = cli_error("verify", str(packed), "--source", str(chat_store))
     assert f"pack 0 segment {int(offsets[0])}" in line and "holds token" in line and "training_128.npy" in line
 
 
 def test_source_must_be_the_store_the_packs_came_from(packed: Path, text_store: Path) -> None:
-    assert "packs were made from another token store" in fails(str(packed), "--source", str(text_store))
+    assert "packs were made from another token store" in cli_error("verify", str(packed), "--source", str(text_store))
 
 
 def test_token_store_manifest_not_matching_its_files(tmp_path: Path, chat_store: Path) -> None:
@@ -201,14 +191,14 @@ def test_token_store_manifest_not_matching_its_files(tmp_path: Path, chat_store:
     manifest = json.loads((store / "manifest.json").read_text())
     manifest["files"]["tokens.loss"]["sha256"] = "0" * 64
     (store / "manifest.json").write_text(json.dumps(manifest))
-    assert "tokens.loss sha256 differs from its record" in fails(str(store))
+    assert "tokens.loss sha256 differs from its record" in cli_error("verify", str(store))
 
 
 def test_pack_metadata_counts_must_match_the_arrays(packed: Path) -> None:
     meta = metadata_for(packed, "training", N)
     meta["n_tokens"] += 1
     write_metadata_line(packed, meta)
-    line = fails(str(packed))
+    line = cli_error("verify", str(packed))
     assert "metadata n_tokens" in line and metadata_name(N) in line
 
 
@@ -223,7 +213,7 @@ def test_non_pad_id_in_the_tail_is_caught(packed: Path) -> None:
 
     edit_npy(packed / data_name("training", N), poke)
     refresh_hashes(packed)
-    assert f"pack {p} column {N - 1} (tail padding)" in fails(str(packed))
+    assert f"pack {p} column {N - 1} (tail padding)" in cli_error("verify", str(packed))
 
 
 def test_loss_on_pad_multiple_padding_is_caught(packed: Path) -> None:
@@ -238,7 +228,7 @@ def test_loss_on_pad_multiple_padding_is_caught(packed: Path) -> None:
 
     edit_npy(packed / loss_name("training", N), poke)
     refresh_hashes(packed)
-    line = fails(str(packed))
+    line = cli_error("verify", str(packed))
     assert f"pack {p} column {col} holds loss 1, expected 0 (padding)" in line and "training_128.loss.npy" in line
 
 
@@ -249,7 +239,7 @@ def test_moved_segment_source_breaks_coverage(packed: Path, chat_store: Path) ->
     edit_npy(packed / "training_128.seg_src.npy", shift)
     refresh_hashes(packed)
     passes(str(packed))
-    assert "duplicated, overlapping or missing fragment" in fails(str(packed), "--source", str(chat_store))
+    assert "duplicated, overlapping or missing fragment" in cli_error("verify", str(packed), "--source", str(chat_store))
 
 
 def test_overfull_pack_is_caught(packed: Path) -> None:
@@ -258,10 +248,10 @@ def test_overfull_pack_is_caught(packed: Path) -> None:
 
     edit_npy(packed / "training_128.seg_lens.npy", grow)
     refresh_hashes(packed)
-    assert f"of at most {N} tokens" in fails(str(packed))
+    assert f"of at most {N} tokens" in cli_error("verify", str(packed))
 
 
 def test_bad_paths_exit_1(tmp_path: Path) -> None:
-    assert "no token store or pack store" in fails(str(tmp_path / "nowhere"))
+    assert "no token store or pack store" in cli_error("verify", str(tmp_path / "nowhere"))
     with pytest.raises(FormatError, match="no token store or pack store"):
         verify_path(VerifyConfig(tmp_path))
