@@ -141,3 +141,25 @@ def test_missing_file_and_stage_failure_exit_1(corpus: Path, bpe_tokenizer_dir: 
     code, _, err = cli("run", str(cfg), "-q")
     assert code == 1 and err.startswith("error: ") and err.count("\n") == 1
     assert cli("run")[0] == 2  # usage error: no config given
+
+
+@pytest.mark.parametrize(
+    ("section", "expect"),
+    [
+        ("pack:\n  size: 0\n  output: out\n", "--size must be a positive integer"),
+        ("pack:\n  size: 64\n  output: out\n  pad_multiple: 128\n", "--pad-multiple 128 is larger than --size 64"),
+        ("pack:\n  size: 64\n  output: out\n  seed: -1\n", "--seed must be >= 0"),
+        ("pack:\n  size: 64\n  output: out\n  executor: rayy\n", "'rayy' is not one of local, ray"),
+        ("pack:\n  size: 64\n  output: out\nstats:\n  batch_size: 0\n", "--batch-size must be >= 1"),
+        ("pack:\n  size: 64\n  output: out\nstats:\n  plot: out/waste.txt\n", "writes a PNG"),
+        ("pack:\n  size: 64\n  size: 128\n  output: out\n", "key 'size' is given twice"),
+    ],
+)
+def test_every_section_is_checked_before_the_first_step_runs(corpus: Path, bpe_tokenizer_dir: Path, section: str,
+                                                             expect: str) -> None:
+    """A bad value in a later section fails before tokenize has written anything."""
+    cfg = write(corpus / "run.yaml", f"tokenize:\n  inputs: data.jsonl\n  tokenizer: {bpe_tokenizer_dir}\n"
+                                     f"  output: out/tokens\n{section}")
+    code, _, err = cli("run", str(cfg), "--quiet")
+    assert code == 1 and expect in err and err.count("\n") == 1, err
+    assert not (corpus / "out").exists() and not list(corpus.glob(".out*"))  # no step ran
