@@ -42,3 +42,7 @@ class TokenizerError(PacktoolError):
 
 class OutputExistsError(PacktoolError):
     """The output already holds a different store and `--overwrite` was not given."""
+
+
+class OutputLockedError(PacktoolError):
+    """Another packtool run holds the output's lock (`packtool.formats.locks.exclusive_output`)."""
