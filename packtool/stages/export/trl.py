@@ -35,7 +35,7 @@ def columns(block: PackBlock) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The block's rows in TRL's convention: `column -> (row offsets, flat values)`."""
     n = block.size
     row_offsets = np.arange(block.n_packs + 1, dtype=np.int64) * n
-    labels = np.where(block.target, block.tokens, IGNORE_INDEX).astype(np.int32)
+    labels = np.where(block.target, block.tokens.astype(np.int32), np.int32(IGNORE_INDEX))
     tail = n - block.used
     has_tail = tail > 0
     ends = np.cumsum(block.counts)  # each pack's tail goes right after its last segment
@@ -66,6 +66,6 @@ def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
         "  SFTConfig(packing=False, padding_free=True, max_length=None, "
         'dataset_kwargs={"skip_prepare_dataset": True}, per_device_train_batch_size=B)',
         f"  one row = one pack of {store.size} tokens: B rows give B*{store.size} tokens per device step; "
-        "load the model with a varlen attention (flash_attention_2/3, or sdpa/eager, which read position_ids)",
+        "any attn_implementation separates the sequences (flash-attention reads cu_seq_lens; sdpa/eager find them in position_ids)",
     ]
     return lines, {"tokens_per_row": store.size}
