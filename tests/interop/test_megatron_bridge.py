@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _megatron import EosTokenizer, dataset_kwargs, import_megatron_bridge_packing
 from _stores import batches, build_stores, export, segments_per_pack
 
@@ -41,10 +40,10 @@ def stores(tmp_path_factory: pytest.TempPathFactory):
 def _expected(items, counts, eos: int, size: int, pad_to_max: bool, meta: dict | None) -> dict[str, torch.Tensor]:
     """Megatron's batch for these loader items, derived from the loader's view alone."""
     rows = []
-    for item, n_seg in zip(items, counts):
+    for item, n_seg in zip(items, counts, strict=True):
         ids, labels = item["input_ids"].numpy(), item["labels"].numpy()
         cu = item["cu_seqlens"].numpy()[: n_seg + 1]  # the real sequences (the tail is not exported)
-        segs = list(zip(cu[:-1], cu[1:]))
+        segs = list(zip(cu[:-1], cu[1:], strict=True))
         rows.append(
             {
                 "tokens": np.concatenate([ids[s : e - 1] for s, e in segs]),

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from _stores import batches, build_stores, export
 
 pytestmark = pytest.mark.interop

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _stores import SAMPLE, batches, build_stores, export
 
 pytestmark = pytest.mark.interop
@@ -100,16 +99,16 @@ def test_sft_trainer_two_steps_on_the_export(stores, tmp_path: Path) -> None:
     row_of = {bytes(np.asarray(packed[i]["input_ids"])): i for i in range(len(packed))}
     ours = PackedCollator(flatten=True)
     seen = 0
-    for batch in trainer.get_train_dataloader():
+    for seen, batch in enumerate(trainer.get_train_dataloader(), 1):
         rows = batch["input_ids"].reshape(-1, store.size)
         idx = [row_of[bytes(r.numpy())] for r in rows]
         want = ours(packed.__getitems__(idx))
         for key in ("input_ids", "labels", "position_ids"):
             assert torch.equal(batch[key], want[key]), key
         assert torch.equal(batch["cu_seq_lens_q"], want["cu_seqlens"])
-        seen += 1
         if seen == 2:
             break
+    assert seen == 2
     result = trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert result.global_step == 2 and len(losses) == 2
