@@ -18,12 +18,14 @@ from pathlib import Path
 
 def import_megatron_bridge_packing() -> tuple[type, type]:
     """(GPTSFTPackedParquetDataset, GPTSFTPackedDataset) from the installed megatron-bridge."""
+    site = Path(sysconfig.get_paths()["purelib"])
     side = Path(sys.prefix) / "megatron-core"
-    if side.is_dir() and str(side) not in sys.path:
+    if not (site / "megatron" / "bridge").is_dir() or not side.is_dir():
+        raise ImportError("megatron-bridge / megatron-core are not installed here (run `make interop`)")
+    if str(side) not in sys.path:
         sys.path.append(str(side))
     if not hasattr(typing, "override"):
         typing.override = lambda f: f  # type: ignore[attr-defined]
-    site = Path(sysconfig.get_paths()["purelib"])
     for name in ("megatron.bridge", "megatron.bridge.data"):
         if name not in sys.modules:
             mod = types.ModuleType(name)
