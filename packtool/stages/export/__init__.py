@@ -23,15 +23,9 @@ from packtool.errors import ConfigError
 from packtool.formats.exports import StagedExport
 from packtool.formats.pack_store import PackSplit, find_pack_dir, open_pack_split, sizes_in
 from packtool.formats.token_store import MANIFEST
+from packtool.progress import Progress
 from packtool.stages.export import megatron_bridge, nemo, olmo_core, trl
-from packtool.stages.export.config import (
-    ExportConfig,
-    ExportJob,
-    ExportResult,
-    ExportTarget,
-    Progress,
-    TokenizerIds,
-)
+from packtool.stages.export.config import ExportConfig, ExportJob, ExportResult, ExportTarget, TokenizerIds
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +40,7 @@ EXPORTERS = {
 
 def export_store(config: ExportConfig, progress: Progress | None = None) -> ExportResult:
     """Write one split of a pack store in `config.to`'s format under `config.output`, atomically."""
-    target = config.validate()
+    target = config.validate().target
     directory, split, size = _resolve(config)
     output = Path(config.output)
     if output.resolve() == directory.resolve():

@@ -3,30 +3,24 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from packtool.choices import StrEnum
 from packtool.errors import ConfigError
 from packtool.formats.exports import StagedExport
 from packtool.formats.pack_store import PackSplit
-
-Progress = Callable[[int, int], None]
-"""`progress(done, total)`: packs exported so far out of the split's total."""
+from packtool.progress import Progress
 
 
-class ExportTarget(str, Enum):
+class ExportTarget(StrEnum):
     """The trainer whose format `--to` selects."""
 
     MEGATRON_BRIDGE = "megatron-bridge"
     NEMO = "nemo"
     TRL = "trl"
     OLMO_CORE = "olmo-core"
-
-    def __str__(self) -> str:
-        return str(self.value)
 
 
 @dataclass(frozen=True)
@@ -48,18 +42,22 @@ class ExportConfig:
     overwrite: bool = False
     """Replace this export's files when they exist already (other files in the directory are kept)."""
 
-    def validate(self) -> ExportTarget:
-        """Check the choices before any work; returns the target."""
+    @property
+    def target(self) -> ExportTarget:
         try:
-            target = ExportTarget(str(self.to))
+            return ExportTarget(str(self.to))
         except ValueError:
             choices = ", ".join(t.value for t in ExportTarget)
             raise ConfigError(f"unknown export target {str(self.to)!r}, --to, use one of {choices}") from None
+
+    def validate(self) -> ExportConfig:
+        """Check every choice and range before any work; returns self so callers can chain."""
+        _ = self.target
         if self.size is not None and self.size < 1:
             raise ConfigError(f"--size must be a positive number of tokens, got {self.size}, pass the packed size N")
         if self.eos_id is not None and self.eos_id < 0:
             raise ConfigError(f"--eos-id must be >= 0, got {self.eos_id}, pass the tokenizer's EOS id")
-        return target
+        return self
 
 
 @dataclass(frozen=True)
