@@ -251,3 +251,20 @@ def test_existing_output_is_refused_then_overwritten(stores: dict[str, Path], tm
 def test_output_may_not_be_the_pack_directory(stores: dict[str, Path]) -> None:
     line = _fails("export", str(stores["chat"]), "--to", "nemo", "--output", str(stores["chat"]))
     assert "pack directory itself" in line
+
+
+def test_run_yaml_export_section(tmp_path: Path) -> None:
+    """`packtool run`: an `export:` section with the flags as keys; path/size/split come from the pack step."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"tokenize: {{inputs: {SAMPLE / 'prompt_completion.jsonl'}, tokenizer: {SAMPLE / 'tokenizer'}, "
+        "output: out/tokens, format: prompt-completion, workers: 1}\n"
+        "pack: {size: 512, output: out, overlong: drop}\n"
+        "export: {to: olmo-core, output: out/olmo}\n"
+    )
+    out = _ok("run", str(cfg), "-q")
+    assert "exported" in out and "NumpyFSLDataset(" in out
+    assert (tmp_path / "out" / "olmo" / f"training_{SIZE}.label_mask.npy").exists()
+    cfg.write_text(cfg.read_text().replace("to: olmo-core", "to: axolotl"))
+    line = _fails("run", str(cfg), "-q")
+    assert "'axolotl' is not one of megatron-bridge, nemo, trl, olmo-core" in line
