@@ -113,3 +113,25 @@ def test_sft_trainer_two_steps_on_the_export(stores, tmp_path: Path) -> None:
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert result.global_step == 2 and len(losses) == 2
     assert all(np.isfinite(losses)) and all(0 < x < 20 for x in losses)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_collated_packs_keep_sequences_apart_without_flash_attention(stores, tmp_path: Path, attn: str) -> None:
+    """What the printed TRL line claims for CPU kernels: with `use_cache=False` (as `SFTTrainer` calls the model),
+    transformers finds the sequences in `position_ids`, so each sequence's logits equal those of it alone."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    store = stores["prompt_completion"]
+    ds = _load(export(store, "trl", tmp_path / "trl"), store.size)
+    batch = DataCollatorForLanguageModeling(pad_token_id=store.pad_id, padding_free=True)([ds[0], ds[1]])
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=store.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=store.size)
+    config._attn_implementation = attn
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+        cu = batch["cu_seq_lens_q"].tolist()
+        for s, e in list(zip(cu[:-1], cu[1:], strict=True))[:12]:
+            alone = model(input_ids=batch["input_ids"][:, s:e], use_cache=False).logits
+            assert torch.allclose(packed[:, s:e], alone, atol=1e-4), (attn, s, e)
