@@ -268,3 +268,22 @@ def test_run_yaml_export_section(tmp_path: Path) -> None:
     cfg.write_text(cfg.read_text().replace("to: olmo-core", "to: axolotl"))
     line = _fails("run", str(cfg), "-q")
     assert "'axolotl' is not one of megatron-bridge, nemo, trl, olmo-core" in line
+
+
+@pytest.mark.parametrize("values", [[], [0, 1, 255], [7, 256, 65535], [3, 65536, 2**31 - 1]])
+def test_pickled_int_lists_load_as_plain_python_lists(values: list[int], tmp_path: Path) -> None:
+    """The pre-encoded pickle opcodes (K/M/J by width) load exactly like pickling the Python list."""
+    import io
+
+    from packtool.formats.exports import PickledIntList, write_object_npy
+
+    rows = [{"input_ids": PickledIntList(np.array(values, dtype=np.int64)), "seq_start_id": PickledIntList(np.zeros(1))}]
+    buf = io.BytesIO()
+    write_object_npy(buf, rows)
+    ref = io.BytesIO()
+    np.save(ref, np.array([{"input_ids": list(values), "seq_start_id": [0]}], dtype=object), allow_pickle=True)
+    got, want = np.load(io.BytesIO(buf.getvalue()), allow_pickle=True), np.load(io.BytesIO(ref.getvalue()), allow_pickle=True)
+    assert got.dtype == want.dtype == object and got.shape == want.shape == (1,)
+    assert got[0] == want[0] and all(type(v) is int for v in got[0]["input_ids"])
+    with pytest.raises(ValueError):
+        PickledIntList(np.array([-1]))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -119,15 +120,53 @@ class ParquetRows:
         self._writer.close()
 
 
-def write_object_npy(fh: BinaryIO, rows: list[dict[str, list[int]]]) -> None:
-    """The legacy NeMo / Megatron-Bridge packed file: a 1-D object array of dicts of Python lists.
+class PickledIntList:
+    """A list of non-negative ints already in pickle's opcodes, written verbatim (`EMPTY_LIST MARK items APPENDS`).
 
-    Their readers unpickle it (Megatron-Bridge with a restricted unpickler that allows only
-    builtins and the ndarray container), so every value must be a plain list of Python ints.
+    Each int is `BININT1`/`BININT2`/`BININT` (1, 2 or 4 bytes after the opcode, the narrowest that
+    holds the array's largest value), encoded for the whole array at once with numpy: unpickling
+    gives a plain `list` of Python `int`, exactly what pickling the list would have given.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        values = np.asarray(values)
+        if values.size == 0:
+            self.data = b"]"
+            return
+        top = int(values.max())
+        if int(values.min()) < 0 or top >= 2**31:
+            raise ValueError("PickledIntList holds ints in 0..2**31-1")
+        op, width = (b"K", "<u1") if top < 256 else (b"M", "<u2") if top < 65536 else (b"J", "<i4")
+        items = np.empty(values.size, dtype=[("op", "u1"), ("v", width)])  # packed: 1 + width bytes per int
+        items["op"] = op[0]
+        items["v"] = values
+        self.data = b"](" + items.tobytes() + b"e"
+
+
+class _RowPickler(pickle._Pickler):  # the pure-Python pickler: it lets one type write raw opcodes
+    dispatch = dict(pickle._Pickler.dispatch)  # type: ignore[attr-defined]
+
+    def _save_pickled_list(self, obj: PickledIntList) -> None:
+        self.write(obj.data)  # type: ignore[attr-defined]
+
+    dispatch[PickledIntList] = _save_pickled_list
+
+
+def write_object_npy(fh: BinaryIO, rows: list[dict[str, PickledIntList]]) -> None:
+    """The legacy NeMo / Megatron-Bridge packed file: a `.npy` of a 1-D object array of dicts of lists.
+
+    Byte for byte what `np.save(np.array(rows_of_python_lists))` loads as (numpy's `.npy` header,
+    then a pickle of the object array); the int lists are pre-encoded (`PickledIntList`) instead of
+    being built as Python objects, ~10x faster. Readers unpickle it (Megatron-Bridge with a
+    restricted unpickler allowing builtins and the ndarray container only): every value loads as
+    a plain list of Python ints.
     """
     arr = np.empty(len(rows), dtype=object)
     arr[:] = rows
-    np.lib.format.write_array(fh, arr, allow_pickle=True)
+    np.lib.format.write_array_header_1_0(fh, {"descr": "|O", "fortran_order": False, "shape": (len(rows),)})
+    _RowPickler(fh, protocol=3).dump(arr)
 
 
 def merged_megatron_metadata(path: Path, entry: dict[str, Any]) -> bytes:

@@ -7,8 +7,9 @@ an element-wise addition. The file is a pickle by their design (Megatron-Bridge 
 restricted unpickler); packtool's own stores stay pickle-free. Rows, shift, EOS rule and the
 `--pad-multiple` refusal are exactly those of `megatron_bridge` (same collate function).
 
-Memory: the readers load the whole pickle into Python objects (~40 bytes per token), so this file is
-built whole as well; prefer `--to megatron-bridge` (Parquet, streamed) for large stores.
+The int lists are written as pre-encoded pickle opcodes (`formats.exports.PickledIntList`), never as
+Python ints, so writing costs about what the Parquet targets cost; the readers still load the whole
+pickle into Python objects (~40 bytes per token): prefer `--to megatron-bridge` for large stores.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from packtool.formats.exports import megatron_metadata_name, merged_megatron_metadata, nemo_name, write_object_npy
+from packtool.formats.exports import (
+    PickledIntList,
+    megatron_metadata_name,
+    merged_megatron_metadata,
+    nemo_name,
+    write_object_npy,
+)
 from packtool.formats.pack_store import PackSplit
 from packtool.stages.export import megatron_bridge
 from packtool.stages.export.blocks import iter_blocks
@@ -34,17 +41,19 @@ def check(store: PackSplit, ids: TokenizerIds) -> None:
 
 def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
     store = job.store
-    rows: list[dict[str, list[int]]] = []
+    rows: list[dict[str, PickledIntList]] = []
     for block in iter_blocks(store):
         cols = megatron_bridge.shifted(block, int(job.ids.eos_id), store)  # type: ignore[arg-type]
         offsets, ids = cols["input_ids"]
         _, loss = cols["loss_mask"]
         seq_offsets, starts = cols["seq_start_id"]
-        ids_l, loss_l, starts_l = ids.tolist(), loss.astype(np.int64).tolist(), starts.tolist()
-        for r in range(block.n_packs):  # per pack, not per token: slicing Python lists
-            a, b = int(offsets[r]), int(offsets[r + 1])
-            c, d = int(seq_offsets[r]), int(seq_offsets[r + 1])
-            rows.append({"input_ids": ids_l[a:b], "loss_mask": loss_l[a:b], "seq_start_id": starts_l[c:d]})
+        ids_rows = np.split(ids, offsets[1:-1])  # views, encoded per pack as pickled lists (no Python ints)
+        loss_rows = np.split(loss.view(np.uint8), offsets[1:-1])
+        start_rows = np.split(starts, seq_offsets[1:-1])
+        for a, b, c in zip(ids_rows, loss_rows, start_rows, strict=True):  # per pack, not per token
+            rows.append(
+                {"input_ids": PickledIntList(a), "loss_mask": PickledIntList(b), "seq_start_id": PickledIntList(c)}
+            )
         if job.progress is not None:
             job.progress(block.p1, store.n_packs)
     name = nemo_name(store.split, store.size)
