@@ -151,7 +151,7 @@ class _RowPickler(pickle._Pickler):  # the pure-Python pickler: it lets one type
     def _save_pickled_list(self, obj: PickledIntList) -> None:
         self.write(obj.data)  # type: ignore[attr-defined]
 
-    dispatch[PickledIntList] = _save_pickled_list
+    dispatch[PickledIntList] = _save_pickled_list  # type: ignore[assignment]
 
 
 def write_object_npy(fh: BinaryIO, rows: list[dict[str, PickledIntList]]) -> None:
