@@ -21,7 +21,7 @@ from typing import Any
 
 from packtool.errors import ConfigError
 from packtool.formats.exports import StagedExport
-from packtool.formats.pack_store import PackSplit, find_pack_dir, open_pack_split, sizes_in
+from packtool.formats.pack_store import PackSplit, find_pack_dir, open_pack_split, parse_data_name, sizes_in
 from packtool.formats.token_store import MANIFEST
 from packtool.progress import Progress
 from packtool.stages.export import megatron_bridge, nemo, olmo_core, trl
@@ -74,17 +74,16 @@ def _resolve(config: ExportConfig) -> tuple[Path, str, int]:
     if not p.exists():
         raise ConfigError(f"no pack store at {p}, PACK_PATH, pass a pack ROOT, a packed/{{tokenizer}} dir or a .npy")
     if p.is_file():
-        stem = p.name[: -len(".npy")] if p.name.endswith(".npy") else ""
-        head, _, tail = stem.rpartition("_")
-        if not head or not tail.isdigit():
+        parsed = parse_data_name(p.name)
+        if parsed is None:
             raise ConfigError(
                 f"{p.name} is not a pack file named {{split}}_{{N}}.npy, {p}, pass the pack directory or a {{split}}_{{N}}.npy file"
             )
-        if size is not None and size != int(tail):
+        if size is not None and size != parsed[1]:
             raise ConfigError(
                 f"--size {size} contradicts the file name {p.name}, {p}, drop --size or pass the matching file"
             )
-        split, size = head, int(tail)
+        split, size = parsed
     directory = find_pack_dir(p)
     sizes = sizes_in(directory)
     found = ", ".join(map(str, sizes)) or "none"
@@ -100,7 +99,7 @@ def _resolve(config: ExportConfig) -> tuple[Path, str, int]:
 
 
 def _tokenizer_ids(store: PackSplit, eos_override: int | None) -> TokenizerIds:
-    """Pad id from the pack metadata; EOS/BOS/vocab from the source token store when it is still there.
+    """Pad id from the pack metadata; EOS id and vocabulary size from the source token store if still there.
 
     The manifest is trusted only when its sha256 equals the one the pack metadata recorded (the
     token store may have been re-tokenized since); `--eos-id` overrides.
@@ -118,13 +117,10 @@ def _tokenizer_ids(store: PackSplit, eos_override: int | None) -> TokenizerIds:
             log.warning("token store manifest %s changed since packing; not using its token ids", mpath)
     tok = manifest.get("tokenizer", {})
     eos = eos_override if eos_override is not None else tok.get("eos_id")
-    bos_policy = manifest.get("bos") or {}
     return TokenizerIds(
         pad_id=pad_id,
         eos_id=eos if isinstance(eos, int) else None,
-        bos_id=tok.get("bos_id") if isinstance(tok.get("bos_id"), int) else None,
         vocab_size=tok.get("vocab_size") if isinstance(tok.get("vocab_size"), int) else None,
-        bos_enabled=bool(bos_policy.get("enabled")),
     )
 
 

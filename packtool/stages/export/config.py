@@ -66,9 +66,7 @@ class TokenizerIds:
 
     pad_id: int
     eos_id: int | None
-    bos_id: int | None
     vocab_size: int | None
-    bos_enabled: bool
 
 
 @dataclass(frozen=True)
