@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import big_vocab_texts, build_big_vocab_tokenizer, cli
+from support import big_vocab_texts, build_big_vocab_tokenizer, cli, cli_error
 
 from packtool.errors import ConfigError
 from packtool.stages.export import ExportConfig, export_store
@@ -32,15 +32,6 @@ def _ok(*args: str) -> str:
     code, out, err = cli(*args)
     assert code == 0, err
     return out
-
-
-def _fails(*args: str) -> str:
-    """Exit 1 with exactly one `error: ...` line on stderr, no traceback."""
-    code, out, err = cli(*args)
-    lines = err.strip().splitlines()
-    assert code == 1, (out, err)
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 def _make(root: Path, name: str, inputs: list[str], tok: str, *flags: str, pack: tuple[str, ...] = ()) -> Path:
@@ -187,30 +178,30 @@ def test_a_pack_file_path_fixes_split_and_size(stores: dict[str, Path], tmp_path
 
 
 def test_unknown_target(stores: dict[str, Path], tmp_path: Path) -> None:
-    line = _fails("export", str(stores["chat"]), "--to", "axolotl", "--output", str(tmp_path / "o"))
+    line = cli_error("export", str(stores["chat"]), "--to", "axolotl", "--output", str(tmp_path / "o"))
     assert "unknown export target 'axolotl'" in line and "megatron-bridge, nemo, trl, olmo-core" in line
     assert not (tmp_path / "o").exists()
 
 
 def test_missing_split_and_size(stores: dict[str, Path], tmp_path: Path) -> None:
-    line = _fails("export", str(stores["text"]), "--to", "trl", "--split", "test", "--output", str(tmp_path / "o"))
+    line = cli_error("export", str(stores["text"]), "--to", "trl", "--split", "test", "--output", str(tmp_path / "o"))
     assert "no metadata line for split 'test'" in line
-    line = _fails("export", str(stores["text"]), "--to", "trl", "--size", "4096", "--output", str(tmp_path / "o"))
+    line = cli_error("export", str(stores["text"]), "--to", "trl", "--size", "4096", "--output", str(tmp_path / "o"))
     assert "no packs of size 4096 (found 512)" in line
-    line = _fails("export", str(tmp_path / "nowhere"), "--to", "trl", "--output", str(tmp_path / "o"))
+    line = cli_error("export", str(tmp_path / "nowhere"), "--to", "trl", "--output", str(tmp_path / "o"))
     assert "no pack store" in line
     assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("target", ["megatron-bridge", "nemo", "olmo-core"])
 def test_pad_multiple_store_is_refused(stores: dict[str, Path], tmp_path: Path, target: str) -> None:
-    line = _fails("export", str(stores["pad8"]), "--to", target, "--output", str(tmp_path / "o"))
+    line = cli_error("export", str(stores["pad8"]), "--to", target, "--output", str(tmp_path / "o"))
     assert "--pad-multiple" in line and "re-pack without --pad-multiple" in line
     assert not (tmp_path / "o").exists()
 
 
 def test_olmo_core_refuses_sequences_without_eos(stores: dict[str, Path], tmp_path: Path) -> None:
-    line = _fails("export", str(stores["chat"]), "--to", "olmo-core", "--output", str(tmp_path / "o"))
+    line = cli_error("export", str(stores["chat"]), "--to", "olmo-core", "--output", str(tmp_path / "o"))
     assert "do not end with EOS" in line and "--eos" in line
     assert not (tmp_path / "o").exists()  # refused mid-write: the staged files are gone too
 
@@ -219,9 +210,9 @@ def test_olmo_core_refuses_eos_inside_a_sequence_and_pad_equal_to_eos(stores: di
     tokens = np.load(stores["text"] / f"training_{SIZE}.npy")
     common = int(np.bincount(tokens[:, :50].ravel()).argmax())  # a frequent token id, called EOS here
     assert common not in (0, 1)
-    line = _fails("export", str(stores["text"]), "--to", "olmo-core", "--eos-id", str(common), "--output", str(tmp_path / "o"))
+    line = cli_error("export", str(stores["text"]), "--to", "olmo-core", "--eos-id", str(common), "--output", str(tmp_path / "o"))
     assert "EOS" in line and "OLMo-core" in line
-    line = _fails("export", str(stores["text"]), "--to", "olmo-core", "--eos-id", "1", "--output", str(tmp_path / "o"))
+    line = cli_error("export", str(stores["text"]), "--to", "olmo-core", "--eos-id", "1", "--output", str(tmp_path / "o"))
     assert "pad id 1" in line and "is the EOS id" in line
     assert not (tmp_path / "o").exists()
 
@@ -230,7 +221,7 @@ def test_megatron_refuses_targets_after_an_eos_input(stores: dict[str, Path], tm
     """Megatron zeroes the loss after every EOS input: a store where that drops targets is refused, mid-write."""
     tokens = np.load(stores["text"] / f"training_{SIZE}.npy")
     common = int(np.bincount(tokens[:, :50].ravel()).argmax())
-    line = _fails("export", str(stores["text"]), "--to", "megatron-bridge", "--eos-id", str(common),
+    line = cli_error("export", str(stores["text"]), "--to", "megatron-bridge", "--eos-id", str(common),
                   "--output", str(tmp_path / "o"))
     assert "follow an EOS" in line
     assert not (tmp_path / "o").exists()
@@ -240,7 +231,7 @@ def test_existing_output_is_refused_then_overwritten(stores: dict[str, Path], tm
     out = tmp_path / "o"
     _ok("export", str(stores["text"]), "--to", "olmo-core", "--output", str(out), "-q")
     before = (out / f"training_{SIZE}.npy").read_bytes()
-    line = _fails("export", str(stores["text"]), "--to", "olmo-core", "--output", str(out))
+    line = cli_error("export", str(stores["text"]), "--to", "olmo-core", "--output", str(out))
     assert "already exists" in line and "--overwrite" in line
     (out / "keep.txt").write_text("mine")
     _ok("export", str(stores["text"]), "--to", "olmo-core", "--output", str(out), "--overwrite", "-q")
@@ -249,7 +240,7 @@ def test_existing_output_is_refused_then_overwritten(stores: dict[str, Path], tm
 
 
 def test_output_may_not_be_the_pack_directory(stores: dict[str, Path]) -> None:
-    line = _fails("export", str(stores["chat"]), "--to", "nemo", "--output", str(stores["chat"]))
+    line = cli_error("export", str(stores["chat"]), "--to", "nemo", "--output", str(stores["chat"]))
     assert "pack directory itself" in line
 
 
@@ -266,7 +257,7 @@ def test_run_yaml_export_section(tmp_path: Path) -> None:
     assert "exported" in out and "NumpyFSLDataset(" in out
     assert (tmp_path / "out" / "olmo" / f"training_{SIZE}.label_mask.npy").exists()
     cfg.write_text(cfg.read_text().replace("to: olmo-core", "to: axolotl"))
-    line = _fails("run", str(cfg), "-q")
+    line = cli_error("run", str(cfg), "-q")
     assert "'axolotl' is not one of megatron-bridge, nemo, trl, olmo-core" in line
 
 
@@ -287,3 +278,20 @@ def test_pickled_int_lists_load_as_plain_python_lists(values: list[int], tmp_pat
     assert got[0] == want[0] and all(type(v) is int for v in got[0]["input_ids"])
     with pytest.raises(ValueError):
         PickledIntList(np.array([-1]))
+
+
+def test_a_second_export_into_a_locked_output_fails_at_once(stores: dict[str, Path], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "o"
+    hold = "import sys, time\nfrom packtool.formats.locks import exclusive_output\nwith exclusive_output(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(30)\n"
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        line = cli_error("export", str(stores["chat"]), "--to", "trl", "--output", str(out))
+        assert f"pid {proc.pid}" in line and "another packtool run" in line
+        assert not out.exists()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from conftest import big_vocab_texts, build_big_vocab_tokenizer, cli
+from support import big_vocab_texts, build_big_vocab_tokenizer, cli
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 SIZE = 1024

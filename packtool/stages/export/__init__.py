@@ -3,7 +3,8 @@
 Life of the stage: `ExportConfig.validate()` -> open and check the split (`formats.pack_store`) ->
 the target's exporter checks what its trainer cannot represent (and refuses with a sentence) ->
 blocks of packs are re-expressed in the trainer's convention and streamed to hidden temp files
-(`formats.exports.StagedExport`) -> one commit renames them. Every exporter starts from the same
+(`formats.exports.StagedExport`) -> one commit renames them. The output directory is locked for
+the whole run (`formats.locks.exclusive_output`): a second export into it fails at once. Every exporter starts from the same
 view of a pack (`blocks.PackBlock`: tokens plus the loader's target mask), which is what makes "the
 trainer sees what packtool's loader sees" checkable pack by pack (tests/interop).
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from packtool.errors import ConfigError
 from packtool.formats.exports import StagedExport
+from packtool.formats.locks import exclusive_output
 from packtool.formats.pack_store import PackSplit, find_pack_dir, open_pack_split, parse_data_name, sizes_in
 from packtool.formats.token_store import MANIFEST
 from packtool.progress import Progress
@@ -53,7 +55,7 @@ def export_store(config: ExportConfig, progress: Progress | None = None) -> Expo
     module.check(store, ids)  # refuse what the trainer cannot represent before writing anything
     names, shared = module.file_names(split, size)
     log.info("exporting %d packs of %s to %s in %s", store.n_packs, directory, target, output)
-    with StagedExport(output, names, shared, config.overwrite) as staged:
+    with exclusive_output(output), StagedExport(output, names, shared, config.overwrite) as staged:
         job = ExportJob(store, ids, staged, output, progress)
         lines, numbers = module.write(job)
     return ExportResult(
