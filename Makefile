@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck bench check clean
+.PHONY: setup demo test interop lint typecheck bench check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,21 @@ demo: $(STAMP)
 	bash scripts/demo.sh
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not gpu and not slow" tests
+	$(BIN)/python -m pytest -q -m "not gpu and not slow and not interop" tests
+
+# The trainers' own readers (TRL, OLMo-core, Megatron-Bridge) in their own pinned venv: docs/EXPORT.md.
+INTEROP := .venv-interop
+$(INTEROP)/.installed: pyproject.toml
+	$(PY) -m venv $(INTEROP)
+	$(INTEROP)/bin/pip install --quiet --upgrade pip
+	$(INTEROP)/bin/pip install --quiet -e ".[interop]"
+	$(INTEROP)/bin/pip install --quiet --no-deps --ignore-requires-python megatron-bridge==0.6.2
+	$(INTEROP)/bin/pip install --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--target $(INTEROP)/megatron-core megatron-core==0.19.2
+	touch $@
+
+interop: $(INTEROP)/.installed
+	$(INTEROP)/bin/python -m pytest -q -m interop -p no:cacheprovider -W ignore::UserWarning tests/interop
 
 lint: $(STAMP)
 	$(BIN)/ruff check packtool tests scripts
@@ -33,4 +47,4 @@ bench: $(STAMP)
 check: lint typecheck test
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo_out
+	rm -rf $(VENV) $(INTEROP) build *.egg-info demo_out

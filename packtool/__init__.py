@@ -23,6 +23,8 @@ _PUBLIC = {
     "plot_stats": "packtool.stages.stats",
     "VerifyConfig": "packtool.stages.verify",
     "verify_path": "packtool.stages.verify",
+    "ExportConfig": "packtool.stages.export",
+    "export_store": "packtool.stages.export",
 }
 
 __all__ = ["__version__", *_PUBLIC]

@@ -160,6 +160,26 @@ def merge(
 
 
 @app.command()
+def export(
+    path: Annotated[Path, typer.Argument(help="A pack store: ROOT, packed/{tokenizer} or {split}_{N}.npy.")],
+    to: Annotated[str, typer.Option("--to", help="megatron-bridge|nemo|trl|olmo-core: the trainer's format.")],
+    output: Annotated[Path, typer.Option("--output", help="Directory for the trainer's files.")],
+    split: Annotated[Split, typer.Option("--split", help="Split to export.")] = Split.TRAINING,
+    size: Annotated[int | None, typer.Option("--size", help="Pack size N (default: the only one).")] = None,
+    eos_id: Annotated[int | None, typer.Option("--eos-id", help="EOS id (default: the token store's).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace this export's files.")] = False,
+    quiet: Quiet = False,
+) -> None:
+    """Write a pack store in a trainer's own format (row i = pack i); print the config lines that read it."""
+    from packtool.stages.export import ExportConfig, export_store
+
+    config = ExportConfig(path, to, output, str(split), size, eos_id, overwrite).validate()
+    with progress_bar(quiet, "export", "pack") as progress:
+        for line in summaries.export_lines(export_store(config, progress)):
+            typer.echo(line)
+
+
+@app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="YAML: sections tokenize/pack/stats/verify or a `steps` list.")],
     quiet: Quiet = False,

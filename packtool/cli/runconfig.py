@@ -1,4 +1,4 @@
-"""`packtool run CONFIG.yaml`: tokenize -> pack -> stats (+ plot) -> verify from one YAML file.
+"""`packtool run CONFIG.yaml`: tokenize -> pack -> stats (+ plot) -> verify -> export from one YAML file.
 
 A config is the CLI flags written down: each section is one command and each key is one of its
 flags (dashes or underscores), so `--pad-multiple 8` is `pad_multiple: 8` under `pack:`.
@@ -7,6 +7,7 @@ flags (dashes or underscores), so `--pad-multiple 8` is `pad_multiple: 8` under 
     pack:     {size: 4096, output: out}          # tokens_dir defaults to tokenize.output
     stats:    {plot: out/waste.png}              # path/size default to the pack store just written
     verify:   {}                                 # path defaults to the pack store, source to the tokens
+    export:   {to: trl, output: out/trl}         # path/size/split default to the pack store just written
 
 Several pipelines (e.g. a chat and a text corpus) go in a list: `steps: [{name: chat, tokenize:
 ..., pack: ...}, ...]`, run in order. Relative paths resolve against the YAML file's directory, so
@@ -32,6 +33,7 @@ import yaml
 
 from packtool.cli import summaries
 from packtool.errors import ConfigError
+from packtool.stages.export import ExportConfig
 from packtool.stages.pack import PackConfig
 from packtool.stages.stats import StatsConfig
 from packtool.stages.tokenize import TokenizeConfig
@@ -42,11 +44,12 @@ SECTIONS: dict[str, type] = {
     "pack": PackConfig,
     "stats": StatsConfig,
     "verify": VerifyConfig,
+    "export": ExportConfig,
 }
 #: flags of a command that are not fields of its config (output options of the CLI)
 EXTRA_KEYS: dict[str, dict[str, Any]] = {"stats": {"plot": Path | None, "json": bool}}
 #: keys filled from the earlier sections of the same step when left out
-LINKED: dict[str, set[str]] = {"pack": {"tokens_dir"}, "stats": {"path"}, "verify": {"path"}}
+LINKED: dict[str, set[str]] = {"pack": {"tokens_dir"}, "stats": {"path"}, "verify": {"path"}, "export": {"path"}}
 PATH_KEYS = {"inputs", "output", "chat_template", "tokens_dir", "path", "source", "plot"}
 STEP_KEYS = ("name", *SECTIONS)
 
@@ -90,6 +93,7 @@ class Step:
     pack: PackConfig | None = None
     stats: dict[str, Any] | None = None  # StatsConfig keys + plot/json; path/size filled at run time
     verify: dict[str, Any] | None = None  # VerifyConfig keys; path/source filled at run time
+    export: dict[str, Any] | None = None  # ExportConfig keys; path/size/split filled at run time
 
 
 @dataclass
@@ -103,6 +107,7 @@ class StepResult:
     plot: Path | None = None
     stats_json: bool = False
     verify: Any = None
+    export: Any = None
 
 
 @dataclass
@@ -197,7 +202,9 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
         plot = sections["stats"].get("plot")
         if plot is not None and Path(plot).suffix.lower() != ".png":
             raise ConfigError(f"stats.plot writes a PNG, got {plot}, {_at(file, raw, 'stats')}, end the name in .png")
-    return Step(name, tokenize, pack, sections.get("stats"), sections.get("verify"))
+    if "export" in sections:  # path may come from the pack step: check the choices with a stand-in
+        ExportConfig(**{"path": ".", **sections["export"]}).validate()
+    return Step(name, tokenize, pack, sections.get("stats"), sections.get("verify"), sections.get("export"))
 
 
 def _has_link(section: str, raw: dict[str, Any]) -> bool:
@@ -310,6 +317,7 @@ def _stage(progress: RunProgress | None, label: str) -> Callable[[int, int], Non
 
 
 def _run_step(step: Step, progress: RunProgress | None) -> StepResult:
+    from packtool.stages.export import export_store
     from packtool.stages.pack import pack_store
     from packtool.stages.stats import compute_stats, plot_stats
     from packtool.stages.tokenize import tokenize_corpus
@@ -340,6 +348,18 @@ def _run_step(step: Step, progress: RunProgress | None) -> StepResult:
             if packed is not None:
                 keys.setdefault("source", tokens_dir)
         out.verify = verify_path(VerifyConfig(**keys))  # raises FormatError at the first violated invariant
+    if step.export is not None:
+        keys = dict(step.export)
+        if "path" not in keys:
+            keys["path"] = packed
+            if step.pack is not None:
+                keys.setdefault("size", step.pack.size)
+                keys.setdefault("split", str(step.pack.split))
+        if keys["path"] is None:
+            raise ConfigError(
+                f"section 'export' of step {step.name!r} has no path and no pack section, add `path: ...`"
+            )
+        out.export = export_store(ExportConfig(**keys).validate(), _stage(progress, f"{step.name}: export"))
     return out
 
 
@@ -358,4 +378,7 @@ def describe(result: RunResult) -> list[str]:
                 lines.append(f"{tag} plot -> {step.plot}")
         if step.verify is not None:
             lines.append(f"{tag} verify {summaries.verify_line(step.verify)}")
+        if step.export is not None:
+            first, *rest = summaries.export_lines(step.export)
+            lines += [f"{tag} {first}", *rest]
     return lines

@@ -36,3 +36,8 @@ def stats_text(result: Any, as_json: bool) -> str:
 
 def verify_line(report: Any) -> str:
     return f"ok: {report.to_text()}"
+
+
+def export_lines(result: Any) -> list[str]:
+    files = ", ".join(str(f) for f in result.files)
+    return [f"exported {result.n_packs} packs of {result.size} tokens for {result.target} -> {files}", *result.lines]

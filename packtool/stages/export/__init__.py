@@ -1,0 +1,129 @@
+"""`packtool export`: a pack store rewritten in a trainer's own format, row/instance i = pack i.
+
+Life of the stage: `ExportConfig.validate()` -> open and check the split (`formats.pack_store`) ->
+the target's exporter checks what its trainer cannot represent (and refuses with a sentence) ->
+blocks of packs are re-expressed in the trainer's convention and streamed to hidden temp files
+(`formats.exports.StagedExport`) -> one commit renames them. The output directory is locked for
+the whole run (`formats.locks.exclusive_output`): a second export into it fails at once. Every exporter starts from the same
+view of a pack (`blocks.PackBlock`: tokens plus the loader's target mask), which is what makes "the
+trainer sees what packtool's loader sees" checkable pack by pack (tests/interop).
+
+The library never prints: `ExportResult.lines` holds the trainer config lines and numbers the CLI
+shows (docs/EXPORT.md explains every format and decision).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from packtool.errors import ConfigError
+from packtool.formats.exports import StagedExport
+from packtool.formats.locks import exclusive_output
+from packtool.formats.pack_store import PackSplit, find_pack_dir, open_pack_split, parse_data_name, sizes_in
+from packtool.formats.token_store import MANIFEST
+from packtool.progress import Progress
+from packtool.stages.export import megatron_bridge, nemo, olmo_core, trl
+from packtool.stages.export.config import ExportConfig, ExportJob, ExportResult, ExportTarget, TokenizerIds
+
+log = logging.getLogger(__name__)
+
+#: one module per target, each with `file_names`, `check` and `write`
+EXPORTERS = {
+    ExportTarget.MEGATRON_BRIDGE: megatron_bridge,
+    ExportTarget.NEMO: nemo,
+    ExportTarget.TRL: trl,
+    ExportTarget.OLMO_CORE: olmo_core,
+}
+
+
+def export_store(config: ExportConfig, progress: Progress | None = None) -> ExportResult:
+    """Write one split of a pack store in `config.to`'s format under `config.output`, atomically."""
+    target = config.validate().target
+    directory, split, size = _resolve(config)
+    output = Path(config.output)
+    if output.resolve() == directory.resolve():
+        raise ConfigError(
+            f"--output is the pack directory itself, {output}, choose another directory (export file names would clash with the store's)"
+        )
+    store = open_pack_split(directory, split, size)
+    ids = _tokenizer_ids(store, config.eos_id)
+    module = EXPORTERS[target]
+    module.check(store, ids)  # refuse what the trainer cannot represent before writing anything
+    names, shared = module.file_names(split, size)
+    log.info("exporting %d packs of %s to %s in %s", store.n_packs, directory, target, output)
+    with exclusive_output(output), StagedExport(output, names, shared, config.overwrite) as staged:
+        job = ExportJob(store, ids, staged, output, progress)
+        lines, numbers = module.write(job)
+    return ExportResult(
+        target,
+        output,
+        tuple(output / n for n in names + shared),
+        store.n_packs,
+        size,
+        tuple(lines),
+        numbers,
+    )
+
+
+def _resolve(config: ExportConfig) -> tuple[Path, str, int]:
+    """(pack directory, split, size) from the forms `PackedDataset` accepts."""
+    p = Path(config.path)
+    split, size = config.split, config.size
+    if not p.exists():
+        raise ConfigError(f"no pack store at {p}, PACK_PATH, pass a pack ROOT, a packed/{{tokenizer}} dir or a .npy")
+    if p.is_file():
+        parsed = parse_data_name(p.name)
+        if parsed is None:
+            raise ConfigError(
+                f"{p.name} is not a pack file named {{split}}_{{N}}.npy, {p}, pass the pack directory or a {{split}}_{{N}}.npy file"
+            )
+        if size is not None and size != parsed[1]:
+            raise ConfigError(
+                f"--size {size} contradicts the file name {p.name}, {p}, drop --size or pass the matching file"
+            )
+        split, size = parsed
+    directory = find_pack_dir(p)
+    sizes = sizes_in(directory)
+    found = ", ".join(map(str, sizes)) or "none"
+    if size is None:
+        if len(sizes) != 1:
+            raise ConfigError(f"pack directory holds sizes {found}, {directory}, pass --size N to choose one")
+        size = sizes[0]
+    elif size not in sizes:
+        raise ConfigError(
+            f"no packs of size {size} (found {found}), {directory}, pass one of those or run `packtool pack --size {size}`"
+        )
+    return directory, split, int(size)
+
+
+def _tokenizer_ids(store: PackSplit, eos_override: int | None) -> TokenizerIds:
+    """Pad id from the pack metadata; EOS id and vocabulary size from the source token store if still there.
+
+    The manifest is trusted only when its sha256 equals the one the pack metadata recorded (the
+    token store may have been re-tokenized since); `--eos-id` overrides.
+    """
+    meta = store.metadata
+    pad_id = int(meta.get("pad_id", 0))
+    manifest: dict[str, Any] = {}
+    source = meta.get("source") or {}
+    mpath = Path(str(source.get("path", ""))) / MANIFEST
+    if source.get("path") and mpath.is_file():
+        raw = mpath.read_bytes()
+        if hashlib.sha256(raw).hexdigest() == source.get("manifest_sha256"):
+            manifest = json.loads(raw)
+        else:
+            log.warning("token store manifest %s changed since packing; not using its token ids", mpath)
+    tok = manifest.get("tokenizer", {})
+    eos = eos_override if eos_override is not None else tok.get("eos_id")
+    return TokenizerIds(
+        pad_id=pad_id,
+        eos_id=eos if isinstance(eos, int) else None,
+        vocab_size=tok.get("vocab_size") if isinstance(tok.get("vocab_size"), int) else None,
+    )
+
+
+__all__ = ["ExportConfig", "ExportResult", "ExportTarget", "export_store"]

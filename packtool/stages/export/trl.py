@@ -1,0 +1,71 @@
+"""`--to trl`: `{S}_{N}.parquet`, one row per pack, for TRL's padding-free `SFTTrainer` without re-packing.
+
+Columns: `input_ids` (the whole row of N tokens), `labels` (unshifted, -100 = no loss: exactly the
+loader's labels) and `seq_lengths` (the pack's segments, then the tail padding as one more sequence
+when the pack is not full, so they sum to N). TRL 1.16's `DataCollatorForLanguageModeling(padding_free=True)`
+rebuilds `position_ids` from `seq_lengths`, sets -100 where a position is 0 (already -100 here) and
+derives `cu_seq_lens_q/k` from the positions: the flattened `[1, B*N]` batch equals
+`PackedCollator(flatten=True)` of the same packs, tail segment included (fixed shapes; the tail is
+~0-3% of a BFD pack). `--pad-multiple` padding stays inside its segment, as in the loader.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from packtool.formats.exports import ParquetRows, row_group_rows, trl_name
+from packtool.formats.pack_store import PackSplit
+from packtool.stages.export.blocks import PackBlock, iter_blocks
+from packtool.stages.export.config import ExportJob, TokenizerIds
+
+IGNORE_INDEX = -100
+
+
+def file_names(split: str, size: int) -> tuple[list[str], list[str]]:
+    return [trl_name(split, size)], []
+
+
+def check(store: PackSplit, ids: TokenizerIds) -> None:
+    """Every pack store can be expressed: nothing to refuse."""
+
+
+def columns(block: PackBlock) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The block's rows in TRL's convention: `column -> (row offsets, flat values)`."""
+    n = block.size
+    row_offsets = np.arange(block.n_packs + 1, dtype=np.int64) * n
+    labels = np.where(block.target, block.tokens.astype(np.int32), np.int32(IGNORE_INDEX))
+    tail = n - block.used
+    has_tail = tail > 0
+    ends = np.cumsum(block.counts)  # each pack's tail goes right after its last segment
+    seq_lengths = np.insert(block.seg_len, ends[has_tail], tail[has_tail])
+    seq_offsets = np.zeros(block.n_packs + 1, dtype=np.int64)
+    np.cumsum(block.counts + has_tail, out=seq_offsets[1:])
+    return {
+        "input_ids": (row_offsets, block.tokens.reshape(-1)),
+        "labels": (row_offsets, labels.reshape(-1)),
+        "seq_lengths": (seq_offsets, seq_lengths),
+    }
+
+
+def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
+    store = job.store
+    name = trl_name(store.split, store.size)
+    writer = ParquetRows(job.staged.path(name), "trl", row_group_rows(store.size))
+    try:
+        for block in iter_blocks(store):
+            writer.write(columns(block))
+            if job.progress is not None:
+                job.progress(block.p1, store.n_packs)
+    finally:
+        writer.close()
+    data = job.directory / name
+    lines = [
+        f'TRL: train_dataset = datasets.load_dataset("parquet", data_files="{data}", split="train")',
+        "  SFTConfig(packing=False, padding_free=True, max_length=None, "
+        'dataset_kwargs={"skip_prepare_dataset": True}, per_device_train_batch_size=B)',
+        f"  one row = one pack of {store.size} tokens: B rows give B*{store.size} tokens per device step; "
+        "any attn_implementation separates the sequences (flash-attention reads cu_seq_lens; sdpa/eager find them in position_ids)",
+    ]
+    return lines, {"tokens_per_row": store.size}
