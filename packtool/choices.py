@@ -56,3 +56,12 @@ class BackendName(StrEnum):
     AUTO = "auto"
     HF = "hf"
     FAST = "fast"
+
+
+class ExportTarget(StrEnum):
+    """The trainer whose format `--to` selects."""
+
+    MEGATRON_BRIDGE = "megatron-bridge"
+    NEMO = "nemo"
+    TRL = "trl"
+    OLMO_CORE = "olmo-core"

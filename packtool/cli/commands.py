@@ -11,7 +11,16 @@ from typing import Annotated
 import typer
 
 from packtool import __version__
-from packtool.choices import Algorithm, BackendName, ExecutorName, InputFormat, OnError, Overlong, Split
+from packtool.choices import (
+    Algorithm,
+    BackendName,
+    ExecutorName,
+    ExportTarget,
+    InputFormat,
+    OnError,
+    Overlong,
+    Split,
+)
 from packtool.cli import summaries
 from packtool.cli.progress import progress_bar
 
@@ -162,7 +171,7 @@ def merge(
 @app.command()
 def export(
     path: Annotated[Path, typer.Argument(help="A pack store: ROOT, packed/{tokenizer} or {split}_{N}.npy.")],
-    to: Annotated[str, typer.Option("--to", help="megatron-bridge|nemo|trl|olmo-core: the trainer's format.")],
+    to: Annotated[ExportTarget, typer.Option("--to", help="The trainer whose format to write.")],
     output: Annotated[Path, typer.Option("--output", help="Directory for the trainer's files.")],
     split: Annotated[Split, typer.Option("--split", help="Split to export.")] = Split.TRAINING,
     size: Annotated[int | None, typer.Option("--size", help="Pack size N (default: the only one).")] = None,

@@ -7,20 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packtool.choices import StrEnum
+from packtool.choices import ExportTarget
 from packtool.errors import ConfigError
 from packtool.formats.exports import StagedExport
 from packtool.formats.pack_store import PackSplit
 from packtool.progress import Progress
-
-
-class ExportTarget(StrEnum):
-    """The trainer whose format `--to` selects."""
-
-    MEGATRON_BRIDGE = "megatron-bridge"
-    NEMO = "nemo"
-    TRL = "trl"
-    OLMO_CORE = "olmo-core"
 
 
 @dataclass(frozen=True)
