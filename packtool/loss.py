@@ -48,7 +48,9 @@ def _targets(labels: torch.Tensor, cu: np.ndarray, shifted: bool, ignore_index: 
 
 
 def _segments(cu_seqlens: torch.Tensor | np.ndarray, total: int) -> np.ndarray:
-    cu = np.asarray(cu_seqlens.detach().cpu() if torch.is_tensor(cu_seqlens) else cu_seqlens, dtype=np.int64).reshape(-1)
+    cu = np.asarray(cu_seqlens.detach().cpu() if torch.is_tensor(cu_seqlens) else cu_seqlens, dtype=np.int64).reshape(
+        -1
+    )
     if cu.size < 2 or cu[0] != 0 or cu[-1] != total or bool(np.any(np.diff(cu) < 0)):
         raise FormatError(
             f"cu_seqlens must run from 0 to {total} (the token count) without decreasing, got {cu[:4].tolist()}...{cu[-2:].tolist()}, packed_cross_entropy, pass the collator's cu_seqlens"
@@ -57,7 +59,11 @@ def _segments(cu_seqlens: torch.Tensor | np.ndarray, total: int) -> np.ndarray:
 
 
 def count_targets(
-    labels: torch.Tensor, cu_seqlens: torch.Tensor | np.ndarray, *, shifted: bool = False, ignore_index: int = IGNORE_INDEX
+    labels: torch.Tensor,
+    cu_seqlens: torch.Tensor | np.ndarray,
+    *,
+    shifted: bool = False,
+    ignore_index: int = IGNORE_INDEX,
 ) -> tuple[int, int]:
     """(target tokens, sequences with at least one target) of a packed row: the counts to all-reduce."""
     cu = _segments(cu_seqlens, labels.numel())

@@ -107,7 +107,12 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ConfigError(
                 f"rank {self.rank} is not in 0..{self.num_replicas - 1}, DynamicBatchSampler, pass 0 <= rank < num_replicas"
             )
-        self.max_tokens, self.padded, self.round_to, self.window = int(max_tokens), bool(padded), int(round_to), int(window)
+        self.max_tokens, self.padded, self.round_to, self.window = (
+            int(max_tokens),
+            bool(padded),
+            int(round_to),
+            int(window),
+        )
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
         self.epoch = 0
         self.consumed = 0  # batches of this epoch the training loop consumed (this rank)
@@ -179,7 +184,14 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def state_dict(self) -> dict[str, Any]:
         state = {key: getattr(self, key) for key in _CHECKED}
-        return {"version": STATE_VERSION, "kind": "dynamic", **state, "rank": self.rank, "epoch": self.epoch, "consumed": self.consumed}
+        return {
+            "version": STATE_VERSION,
+            "kind": "dynamic",
+            **state,
+            "rank": self.rank,
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state`; refuses a state of another dataset size, budget, seed or world size."""
