@@ -99,10 +99,7 @@ def _costs(lens: np.ndarray, offsets: np.ndarray, padded: bool, round_to: int) -
     rounded = (lens + round_to - 1) // round_to * round_to
     starts = offsets[:-1]
     tokens = np.add.reduceat(lens, starts)
-    if padded:
-        cost = np.maximum.reduceat(rounded, starts) * np.diff(offsets)
-    else:
-        cost = np.add.reduceat(rounded, starts)
+    cost = np.maximum.reduceat(rounded, starts) * np.diff(offsets) if padded else np.add.reduceat(rounded, starts)
     return cost.astype(np.int64), tokens.astype(np.int64)
 
 
