@@ -32,6 +32,7 @@ from torch.utils.data import get_worker_info
 
 from packtool.errors import ConfigError, FormatError
 from packtool.loader import context_parallel
+from packtool.loader.buffers import BufferPool
 from packtool.loader.dataset import segment_arrays
 from packtool.loader.kernels import IGNORE_INDEX, check_cu
 
@@ -108,6 +109,10 @@ class PackedCollator:
         self.pad_to_length = pad_to_length
         self.pad_id = int(pad_id)
         self.keys = None if keys is None else frozenset(keys)
+        self._pool: BufferPool | None = None  # context-parallel output buffers, process-local
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}  # each DataLoader worker grows its own
 
     def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if not items:
@@ -155,7 +160,9 @@ class PackedCollator:
         cp: dict[str, torch.Tensor] = {}
         if self.cp_size > 1:
             context_parallel.check_layout(np.diff(cu), self.cp_size, row_length)
-            cp = context_parallel.shard(ids, labels, pos, cu, self.cp_size, self.cp_rank)
+            if self._pool is None:
+                self._pool = BufferPool()
+            cp = context_parallel.shard(ids, labels, pos, cu, self.cp_size, self.cp_rank, self._pool)
             ids, labels, pos = cp.pop("input_ids"), cp.pop("labels"), cp.pop("position_ids")
             padded_keys = True  # Transformer Engine's THD + CP path always takes the padded offsets
         if self.static_segments is not None:

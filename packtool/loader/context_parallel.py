@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from numba import njit
 
 from packtool.errors import ConfigError
+from packtool.loader.buffers import BufferPool
 from packtool.loader.kernels import IGNORE_INDEX
 
 
@@ -64,33 +66,57 @@ def partition_indices(cu_seqlens_padded: np.ndarray, cp_size: int, cp_rank: int)
     return np.repeat(starts - first, runs) + np.arange(int(runs.sum()), dtype=np.int64)
 
 
-def shifted_labels(labels: torch.Tensor, cu_seqlens: np.ndarray) -> torch.Tensor:
-    """`[T]` targets of each position: `labels[t+1]` inside a segment, -100 before a segment start
-    and at the end. With packtool's labels (-100 at every segment's first token) this is just the
-    row shifted by one; the explicit mask keeps it right for any labels."""
-    flat = labels.reshape(-1)
-    out = torch.full_like(flat, IGNORE_INDEX)
-    out[:-1] = flat[1:]
-    bounds = np.asarray(cu_seqlens, dtype=np.int64)
-    cut = bounds[(bounds > 0) & (bounds < flat.numel())]
-    if cut.size:
-        out[torch.from_numpy(cut - 1)] = IGNORE_INDEX
-    return out
+@njit(cache=True, nogil=True)
+def gather_rank(
+    ids: np.ndarray, labels: np.ndarray, pos: np.ndarray, cu: np.ndarray, cp_size: int, cp_rank: int, out: np.ndarray
+) -> None:
+    """`partition_indices` and the gather in one compiled pass: rows of `out` `[4, T/C]` receive the
+    rank's input_ids, labels, position_ids and shift_labels (segments already checked by `check_layout`)."""
+    two = 2 * cp_size
+    k = 0
+    for s in range(cu.size - 1):
+        a = cu[s]
+        end = cu[s + 1]
+        m = (end - a) // two
+        for half in range(2):
+            base = a + (cp_rank if half == 0 else two - 1 - cp_rank) * m
+            for j in range(m):  # straight copies: LLVM vectorises these loops
+                out[0, k + j] = ids[base + j]
+                out[1, k + j] = labels[base + j]
+                out[2, k + j] = pos[base + j]
+            inside = m if base + m < end else m - 1  # the segment's last token predicts nothing
+            for j in range(inside):
+                out[3, k + j] = labels[base + j + 1]
+            if inside < m:
+                out[3, k + m - 1] = IGNORE_INDEX
+            k += m
 
 
 def shard(
-    ids: torch.Tensor, labels: torch.Tensor, pos: torch.Tensor, cu: np.ndarray, cp_size: int, cp_rank: int
+    ids: torch.Tensor,
+    labels: torch.Tensor,
+    pos: torch.Tensor,
+    cu: np.ndarray,
+    cp_size: int,
+    cp_rank: int,
+    pool: BufferPool | None = None,
 ) -> dict[str, torch.Tensor]:
     """Rank `cp_rank`'s `[1, T/C]` input_ids, labels, position_ids (of the unsharded sequence) and
     shift_labels, plus `cu_seqlens_local` (the global padded offsets divided by C: where each segment's
-    two chunks sit in the local row), from a batch and its global padded `cu`."""
-    idx = torch.from_numpy(partition_indices(cu, cp_size, cp_rank))
-    shift = shifted_labels(labels, cu)
-    out = {
-        "input_ids": ids.reshape(-1).index_select(0, idx)[None],
-        "labels": labels.reshape(-1).index_select(0, idx)[None],
-        "position_ids": pos.reshape(-1).index_select(0, idx)[None],
-        "shift_labels": shift.index_select(0, idx)[None],
-        "cu_seqlens_local": torch.from_numpy((np.asarray(cu, np.int64) // cp_size).astype(np.int32)),
+    two chunks sit in the local row), from a batch and its global padded `cu`. One compiled pass
+    (`gather_rank`) writes the four rows into ONE buffer (one storage to send from a DataLoader worker)."""
+    cu64 = np.asarray(cu, np.int64)
+    check_layout(np.diff(cu64), cp_size)
+    local = int(cu64[-1]) // cp_size
+    buffer = pool.get(4 * local) if pool is not None else np.empty(4 * local, np.int64)  # a fresh one page-faults
+    out = buffer[: 4 * local].reshape(4, 1, local)
+    flat = [t.reshape(-1).numpy() for t in (ids, labels, pos)]
+    gather_rank(flat[0], flat[1], flat[2], cu64, cp_size, cp_rank, out[:, 0])
+    rows = torch.from_numpy(out)
+    return {
+        "input_ids": rows[0],
+        "labels": rows[1],
+        "position_ids": rows[2],
+        "shift_labels": rows[3],
+        "cu_seqlens_local": torch.from_numpy((cu64 // cp_size).astype(np.int32)),
     }
-    return out
