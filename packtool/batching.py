@@ -15,8 +15,8 @@ Two budgets, both in computed positions:
   docs/BENCHMARKS.md, `scripts/bench_modes.py`).
 
 A document whose own (rounded) length exceeds `max_tokens` forms a batch alone. Every document is in
-exactly one batch. The greedy close is one compiled pass; sorting is one `np.lexsort`, so planning
-millions of documents takes a fraction of a second.
+exactly one batch. The greedy close is one compiled pass; sorting is one row-wise `np.argsort`, so planning
+10M documents takes about a second.
 """
 
 from __future__ import annotations
@@ -104,10 +104,23 @@ def _costs(lens: np.ndarray, offsets: np.ndarray, padded: bool, round_to: int) -
 
 
 def window_order(lengths: np.ndarray, order: np.ndarray, window: int) -> np.ndarray:
-    """`order` with each run of `window` documents sorted by length, alternately up and down (stable)."""
-    w = np.arange(order.size, dtype=np.int64) // window
-    key = np.where(w % 2 == 0, 1, -1) * lengths[order]
-    return order[np.lexsort((key, w))]
+    """`order` with each run of `window` documents sorted by length, alternately up and down (stable).
+
+    One row-wise `argsort` over a `[n_windows, window]` view (small rows, cache-friendly: ~4x faster
+    than a global `lexsort` on 10M documents)."""
+    keys = lengths[order]
+    n = int(order.size)
+    full = n // window * window
+    out = np.empty_like(order)
+    if full:
+        rows = full // window
+        sign = np.where(np.arange(rows) % 2 == 0, 1, -1)[:, None]
+        idx = np.argsort(keys[:full].reshape(rows, window) * sign, axis=1, kind="stable")
+        out[:full] = order[(idx + (np.arange(rows, dtype=np.int64) * window)[:, None]).reshape(-1)]
+    if full < n:
+        sign = 1 if (full // window) % 2 == 0 else -1
+        out[full:] = order[full + np.argsort(sign * keys[full:], kind="stable")]
+    return out
 
 
 def plan_batches(
@@ -139,20 +152,25 @@ def split_to_multiple(plan: BatchPlan, lengths: np.ndarray, world: int, padded: 
     """Split the batches holding the most documents in two until the batch count divides `world`.
 
     Keeps every document exactly once (no wrap-around repeats) and every batch under its budget (a
-    part never computes more than the whole). Raises when too few batches hold two documents.
+    part never computes more than the whole). Raises when even one document per batch cannot reach a
+    multiple of `world`.
     """
+    offsets = plan.offsets
+    n_docs = int(offsets[-1])
     need = (-plan.n_batches) % world
-    if need == 0:
-        return plan
-    sizes = np.diff(plan.offsets)
-    victims = np.argsort(-sizes, kind="stable")[:need]
-    if victims.size < need or int(sizes[victims].min(initial=2)) < 2:
+    if need and n_docs < plan.n_batches + need:
         raise ConfigError(
-            f"{plan.offsets[-1]} documents in {plan.n_batches} batches cannot be split evenly over {world} ranks, "
+            f"{n_docs} documents in {plan.n_batches} batches cannot be split evenly over {world} ranks, "
             "DynamicBatchSampler, use drop_last=True, a smaller max_tokens or fewer ranks"
         )
-    cuts = plan.offsets[victims] + sizes[victims] // 2
-    offsets = np.union1d(plan.offsets, cuts).astype(np.int64)
+    while need:  # each round halves up to `need` of the largest batches: a few rounds at most
+        sizes = np.diff(offsets)
+        victims = np.argsort(-sizes, kind="stable")[:need]
+        victims = victims[sizes[victims] >= 2]
+        offsets = np.union1d(offsets, offsets[victims] + sizes[victims] // 2).astype(np.int64)
+        need -= int(victims.size)
+    if offsets is plan.offsets:
+        return plan
     lens = np.asarray(lengths, np.int64)[plan.docs]
     cost, tokens = _costs(lens, offsets, padded, round_to)
     return BatchPlan(offsets, plan.docs, cost, tokens)
