@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from packtool.batching import DEFAULT_WINDOW, assign_ranks, plan_batches
+from packtool.core.batching import DEFAULT_WINDOW, assign_ranks, plan_batches
 from packtool.formats.pack_store import FORMAT_VERSION, PackSplitWriter
 from packtool.formats.token_store import TokenStoreWriter
 from packtool.loader import DocumentDataset, DynamicBatchSampler, PackedCollator, PackedDataset, PaddedCollator

@@ -1,4 +1,4 @@
-"""DynamicBatchSampler and the torch-free planner behind it (`packtool.batching`): every document once
+"""DynamicBatchSampler and the torch-free planner behind it (`packtool.core.batching`): every document once
 per epoch, the budget, over-long documents alone, determinism, set_epoch, exact resume, DP balance,
 and padded waste against random and sorted batches on Zipf-like lengths."""
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.batching import dynamic_waste, plan_batches
+from packtool.core.batching import dynamic_waste, plan_batches
 from packtool.errors import ConfigError
 from packtool.loader import DocumentDataset, DynamicBatchSampler, PackedCollator, PaddedCollator, ResumableLoader
 

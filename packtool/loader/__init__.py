@@ -1,6 +1,6 @@
 """The runtime side (needs torch): pack store or token store -> GPU batches with `cu_seqlens`.
 
-Depends only on `packtool.formats` (and the torch-free planner `packtool.batching`); never imports
+Depends only on `packtool.formats` (and the torch-free planner `packtool.core.batching`); never imports
 typer, tqdm or tokenizers, so a training job pays for torch and numpy only.
 
 - fixed packs: `PackedDataset` + `PackedCollator` (+ `PackedSampler`, `ResumableLoader`);

@@ -11,7 +11,7 @@ work per step instead::
     sampler = DynamicBatchSampler(ds, 16384, padded=True, round_to=64)      # [B, L]: B * L <= 16384
     loader = ResumableLoader(DataLoader(ds, batch_sampler=sampler, collate_fn=PaddedCollator(round_to=64)))
 
-The plan of an epoch is a pure function of (lengths, budget, seed, epoch, world): `packtool.batching`
+The plan of an epoch is a pure function of (lengths, budget, seed, epoch, world): `packtool.core.batching`
 builds it (shared with `packtool stats`), every rank builds the same one and takes its own column.
 Each rank gets the same number of batches (batches are split in two, never repeated, until their
 count divides the world size, so every document is seen exactly once per epoch; `drop_last=True`
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packtool.batching import (
+from packtool.core.batching import (
     DEFAULT_WINDOW,
     BatchPlan,
     assign_ranks,
