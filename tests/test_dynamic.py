@@ -65,18 +65,35 @@ def test_every_document_once_under_the_budget(padded, world):
     round_to=st.sampled_from([1, 3, 8]),
     window=st.integers(1, 64),
     world=st.integers(1, 4),
+    split_gain=st.sampled_from([0.1, 0.25, 1.0]),
 )
-def test_planner_invariants_on_any_lengths(lengths, max_tokens, padded, round_to, window, world):
+def test_planner_invariants_on_any_lengths(lengths, max_tokens, padded, round_to, window, world, split_gain):
     arr = np.array(lengths, np.int64)
     try:
         s = DynamicBatchSampler(arr, max_tokens, padded=padded, round_to=round_to, window=window, num_replicas=world,
-                                rank=0, seed=0)
+                                rank=0, seed=0, split_gain=split_gain)
     except ConfigError as exc:  # only when even one document per batch cannot fill whole steps
-        n_batches = plan_batches(arr, max_tokens, padded=padded, round_to=round_to, window=window,
+        n_batches = plan_batches(arr, max_tokens, padded=padded, round_to=round_to, window=window, split_gain=split_gain,
                                  order=np.random.default_rng([0, 0]).permutation(arr.size)).n_batches
         assert "ranks" in str(exc) and arr.size < -(-n_batches // world) * world
         return
     check_epoch(s, arr, 0)
+
+
+def test_splitting_wasteful_batches_only_removes_padding(document_stores):
+    """split_gain=1 is NeMo-RL's plain greedy; the default cuts a batch where that saves >= 25% of it."""
+    for lengths, budget in ((DocumentDataset(document_stores["text"]).lengths, 4096), (zipf_lengths(20000, 5), 131072)):
+        order = np.random.default_rng(0).permutation(lengths.size)
+        greedy = plan_batches(lengths, budget, padded=True, order=order, split_gain=1.0)
+        split = plan_batches(lengths, budget, padded=True, order=order)
+        np.testing.assert_array_equal(greedy.docs, split.docs)  # same order, finer cuts only
+        assert set(greedy.offsets.tolist()) <= set(split.offsets.tolist())
+        assert split.n_batches > greedy.n_batches and split.cost.sum() < greedy.cost.sum()
+        for b in range(split.n_batches):  # no cut could have saved 25% of its batch
+            lens = lengths[split.batch(b)]
+            whole = lens.size * lens.max()
+            cuts = [m * lens[:m].max() + (lens.size - m) * lens[m:].max() for m in range(1, lens.size)]
+            assert not cuts or min(cuts) > 0.75 * whole
 
 
 def test_deterministic_per_seed_and_epoch():
@@ -182,6 +199,8 @@ def test_refuses_foreign_state_and_bad_arguments():
         s.load_state_dict({"version": 1, "epoch": 0, "consumed": 0})
     with pytest.raises(ConfigError, match="max_tokens"):
         DynamicBatchSampler(lengths, 0)
+    with pytest.raises(ConfigError, match="split_gain"):
+        DynamicBatchSampler(lengths, 100, split_gain=0)
     with pytest.raises(ConfigError, match="rank"):
         DynamicBatchSampler(lengths, 2048, num_replicas=2, rank=2)
     with pytest.raises(ConfigError, match="ranks"):

@@ -29,6 +29,7 @@ import torch
 
 from packtool.core.batching import (
     DEFAULT_WINDOW,
+    SPLIT_GAIN,
     BatchPlan,
     assign_ranks,
     check_budget,
@@ -38,7 +39,18 @@ from packtool.core.batching import (
 from packtool.errors import ConfigError
 
 STATE_VERSION = 1
-_CHECKED = ("n", "max_tokens", "padded", "round_to", "window", "shuffle", "seed", "drop_last", "num_replicas")
+_CHECKED = (
+    "n",
+    "max_tokens",
+    "padded",
+    "round_to",
+    "window",
+    "split_gain",
+    "shuffle",
+    "seed",
+    "drop_last",
+    "num_replicas",
+)
 
 
 def _world() -> tuple[int, int]:
@@ -72,6 +84,8 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         produces; with `padded=False`, the per-document rounding a collator would add).
     window: documents per length-sorted window in padded mode (sorting only inside windows of the
         shuffled order keeps the randomness of the order).
+    split_gain: padded mode: cut a batch in two where that saves at least this share of its computed
+        positions (`packtool.core.batching`); 1.0 keeps NeMo-RL's plain greedy batches.
     shuffle, seed: the epoch's order is `default_rng([seed, epoch]).permutation(n)`; without shuffle
         the index order (still sorted inside windows when padded).
     num_replicas, rank: data-parallel world; default from `torch.distributed` when initialised.
@@ -87,13 +101,14 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         padded: bool = False,
         round_to: int = 1,
         window: int = DEFAULT_WINDOW,
+        split_gain: float = SPLIT_GAIN,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
         num_replicas: int | None = None,
         rank: int | None = None,
     ) -> None:
-        check_budget(int(max_tokens), int(round_to), int(window))
+        check_budget(int(max_tokens), int(round_to), int(window), float(split_gain))
         world, me = _world()
         self.lengths = lengths_of(dataset)
         self.n = int(self.lengths.size)
@@ -107,12 +122,8 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ConfigError(
                 f"rank {self.rank} is not in 0..{self.num_replicas - 1}, DynamicBatchSampler, pass 0 <= rank < num_replicas"
             )
-        self.max_tokens, self.padded, self.round_to, self.window = (
-            int(max_tokens),
-            bool(padded),
-            int(round_to),
-            int(window),
-        )
+        self.max_tokens, self.padded, self.round_to = int(max_tokens), bool(padded), int(round_to)
+        self.window, self.split_gain = int(window), float(split_gain)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
         self.epoch = 0
         self.consumed = 0  # batches of this epoch the training loop consumed (this rank)
@@ -127,7 +138,13 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.n) if self.shuffle else None
         plan = plan_batches(
-            self.lengths, self.max_tokens, padded=self.padded, round_to=self.round_to, window=self.window, order=order
+            self.lengths,
+            self.max_tokens,
+            padded=self.padded,
+            round_to=self.round_to,
+            window=self.window,
+            order=order,
+            split_gain=self.split_gain,
         )
         world = self.num_replicas
         if self.drop_last:
