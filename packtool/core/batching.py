@@ -177,8 +177,8 @@ def window_order(lengths: np.ndarray, order: np.ndarray, window: int) -> np.ndar
         idx = np.argsort(keys[:full].reshape(rows, window) * sign, axis=1, kind="stable")
         out[:full] = order[(idx + (np.arange(rows, dtype=np.int64) * window)[:, None]).reshape(-1)]
     if full < n:
-        sign = 1 if (full // window) % 2 == 0 else -1
-        out[full:] = order[full + np.argsort(sign * keys[full:], kind="stable")]
+        last = 1 if (full // window) % 2 == 0 else -1
+        out[full:] = order[full + np.argsort(last * keys[full:], kind="stable")]
     return out
 
 
