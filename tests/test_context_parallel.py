@@ -4,41 +4,18 @@ unsharded `varlen_attention`, balanced causal work, labels that shard correctly,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import cli, zipf_texts
 
 from packtool.attention import varlen_attention
 from packtool.errors import ConfigError
 from packtool.loader import PackedCollator, PackedDataset
 from packtool.loss import packed_cross_entropy
 
-N = 256
-
-
-def pack(tmp: Path, tokens: Path, name: str, *flags: str) -> Path:
-    code, _, err = cli("pack", str(tokens), "--output", str(tmp / name), "-q", *flags)
-    assert code == 0, err
-    return tmp / name
-
-
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer_dir: Path) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("cp")
-    records = [{"prompt": p, "completion": c} for p, c in zip(zipf_texts(160, 31, 150), zipf_texts(160, 32, 60), strict=True)]
-    (tmp / "pc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    code, _, err = cli("tokenize", str(tmp / "pc.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
-                       str(tmp / "tok"), "--format", "prompt-completion", "--workers", "1", "-q")
-    assert code == 0, err
-    return {
-        "cp": pack(tmp, tmp / "tok", "cp", "--size", str(N), "--pad-multiple", "8"),  # 2C for C = 2 and 4
-        "plain": pack(tmp, tmp / "tok", "plain", "--size", str(N)),
-        "odd_size": pack(tmp, tmp / "tok", "odd", "--size", "252", "--pad-multiple", "4"),
-    }
+N = 256  # the pack size of conftest's cp_stores
 
 
 def expected_indices(cu: np.ndarray, c: int, r: int) -> np.ndarray:
@@ -57,9 +34,9 @@ def batches(root: Path, packs: list[int], c: int) -> tuple[dict, list[dict]]:
 
 
 @pytest.mark.parametrize("c", [2, 4])
-def test_each_rank_holds_exactly_its_two_chunks_of_every_segment(stores, c):
+def test_each_rank_holds_exactly_its_two_chunks_of_every_segment(cp_stores, c):
     packs = [0, 3, 1]
-    full, shards = batches(stores["cp"], packs, c)
+    full, shards = batches(cp_stores["cp"], packs, c)
     cu = full["cu_seqlens"].numpy()
     assert np.any(np.diff(cu) != N)  # several segments per pack, tail padding included
     total = full["input_ids"].shape[1]
@@ -92,8 +69,8 @@ def reference_cp_attention(q, k, v, idx_r, all_idx, seg, pos, scale):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("c", [2, 4])
-def test_cp_attention_emulation_equals_unsharded_varlen_attention(stores, c, dtype):
-    full, shards = batches(stores["cp"], [2, 5], c)
+def test_cp_attention_emulation_equals_unsharded_varlen_attention(cp_stores, c, dtype):
+    full, shards = batches(cp_stores["cp"], [2, 5], c)
     cu = full["cu_seqlens"].numpy().astype(np.int64)
     total, heads, dim = full["input_ids"].shape[1], 4, 16
     g = torch.Generator().manual_seed(c)
@@ -109,9 +86,9 @@ def test_cp_attention_emulation_equals_unsharded_varlen_attention(stores, c, dty
         torch.testing.assert_close(out, ref[idx[r]], rtol=1e-5, atol=1e-5)
 
 
-def test_causal_work_is_balanced_exactly(stores):
+def test_causal_work_is_balanced_exactly(cp_stores):
     for c in (2, 4):
-        full, shards = batches(stores["cp"], [0, 1, 2, 3], c)
+        full, shards = batches(cp_stores["cp"], [0, 1, 2, 3], c)
         # query-key pairs under a causal mask within segments: position_in_segment + 1 per query
         pairs = [int((s["position_ids"][0] + 1).sum()) for s in shards]
         assert len(set(pairs)) == 1, pairs
@@ -119,9 +96,9 @@ def test_causal_work_is_balanced_exactly(stores):
         assert len(set(naive)) > 1
 
 
-def test_shift_labels_shard_the_unsharded_loss(stores):
+def test_shift_labels_shard_the_unsharded_loss(cp_stores):
     c = 2
-    full, shards = batches(stores["cp"], [4, 0], c)
+    full, shards = batches(cp_stores["cp"], [4, 0], c)
     total = full["input_ids"].shape[1]
     logits = torch.randn(total, 600, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     whole = packed_cross_entropy(logits, full["labels"], full["cu_seqlens"], "sum")
@@ -138,19 +115,19 @@ def test_shift_labels_shard_the_unsharded_loss(stores):
     torch.testing.assert_close(local, whole, rtol=1e-12, atol=1e-12)
 
 
-def test_static_segments_and_keys_work_with_cp(stores):
-    ds = PackedDataset(stores["cp"])
+def test_static_segments_and_keys_work_with_cp(cp_stores):
+    ds = PackedDataset(cp_stores["cp"])
     b = PackedCollator(cp_size=2, cp_rank=1, static_segments=64, keys=("input_ids", "cu_seqlens", "shift_labels"))(ds.__getitems__([0]))
     assert set(b) == {"input_ids", "cu_seqlens", "shift_labels"}
     assert b["cu_seqlens"].numel() == 65 and b["input_ids"].shape == (1, N // 2)
 
 
-def test_stores_that_cannot_be_split_are_refused_with_the_fix(stores):
-    ds = PackedDataset(stores["plain"])
+def test_stores_that_cannot_be_split_are_refused_with_the_fix(cp_stores):
+    ds = PackedDataset(cp_stores["plain"])
     with pytest.raises(ConfigError, match=r"--pad-multiple 4") as err:
         PackedCollator(cp_size=2, cp_rank=0)(ds.__getitems__([0, 1]))
     assert "\n" not in str(err.value)
-    odd = PackedDataset(stores["odd_size"])
+    odd = PackedDataset(cp_stores["odd_size"])
     with pytest.raises(ConfigError, match=r"pack size 252 is not a multiple of 2\*cp_size=8"):
         PackedCollator(cp_size=4, cp_rank=0)(odd.__getitems__([0]))
     with pytest.raises(ConfigError, match="cp_rank"):
