@@ -70,23 +70,3 @@ def tiny_lm() -> type:
     spec.loader.exec_module(module)
     return module.TinyLM
 
-
-@pytest.fixture(scope="session")
-def cp_stores(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer_dir: Path) -> dict[str, Path]:
-    """Pack stores (N = 256) built by the real `packtool tokenize` (prompt-completion: a loss file) and
-    `packtool pack`: `cp` (--pad-multiple 8, splittable for cp_size 2 and 4), `plain` (no padding),
-    `odd_size` (N = 252, --pad-multiple 4)."""
-    tmp = tmp_path_factory.mktemp("cp")
-    records = [{"prompt": p, "completion": c} for p, c in zip(zipf_texts(160, 31, 150), zipf_texts(160, 32, 60), strict=True)]
-    tok = _tokenize(tmp, "tok", records, bpe_tokenizer_dir, "--format", "prompt-completion")
-
-    def pack(name: str, *flags: str) -> Path:
-        code, _, err = cli("pack", str(tok), "--output", str(tmp / name), "-q", *flags)
-        assert code == 0, err
-        return tmp / name
-
-    return {
-        "cp": pack("cp", "--size", "256", "--pad-multiple", "8"),
-        "plain": pack("plain", "--size", "256"),
-        "odd_size": pack("odd", "--size", "252", "--pad-multiple", "4"),
-    }
