@@ -1,4 +1,4 @@
-"""`PackedCollator`: packs from `PackedDataset` -> one batch with every varlen kwarg frameworks want.
+"""`PackedCollator`: packs (or documents) -> one batch with every varlen kwarg frameworks want.
 
 Varlen kernels (flash-attn, Transformer Engine) trust `cu_seqlens` blindly: a non-monotone
 array or a `max_seqlen` below a segment's length silently computes wrong attention. So every
