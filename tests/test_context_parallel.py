@@ -12,7 +12,7 @@ import torch
 
 from packtool.attention import varlen_attention
 from packtool.errors import ConfigError
-from packtool.loader import PackedCollator, PackedDataset
+from packtool.loader import DocumentDataset, PackedCollator, PackedDataset
 from packtool.loss import packed_cross_entropy
 
 N = 256  # the pack size of conftest's cp_stores
@@ -132,3 +132,9 @@ def test_stores_that_cannot_be_split_are_refused_with_the_fix(cp_stores):
         PackedCollator(cp_size=4, cp_rank=0)(odd.__getitems__([0]))
     with pytest.raises(ConfigError, match="cp_rank"):
         PackedCollator(cp_size=2, cp_rank=2)
+
+
+def test_documents_are_refused_with_the_way_to_pad_them(document_stores):
+    ds = DocumentDataset(document_stores["pc"])
+    with pytest.raises(ConfigError, match=r"pack --pad-multiple 4` and use PackedDataset"):
+        PackedCollator(cp_size=2, cp_rank=0)(ds.__getitems__([0, 1, 2]))

@@ -159,6 +159,10 @@ class PackedCollator:
         _validate(cu, total, max_seqlen)
         cp: dict[str, torch.Tensor] = {}
         if self.cp_size > 1:
+            if docs is not None and np.any(np.diff(cu) % (2 * self.cp_size)):
+                raise ConfigError(
+                    f"documents are not padded to multiples of 2*cp_size={2 * self.cp_size}, PackedCollator(cp_size={self.cp_size}) over DocumentDataset, pack the token store with `packtool pack --pad-multiple {2 * self.cp_size}` and use PackedDataset"
+                )
             context_parallel.check_layout(np.diff(cu), self.cp_size, row_length)
             if self._pool is None:
                 self._pool = BufferPool()
