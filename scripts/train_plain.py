@@ -1,12 +1,15 @@
 """A plain PyTorch training loop on a pack store: the minimal padding-free recipe.
 
     python scripts/train_plain.py PACK_DIR [--size N] [--steps 3] [--batch-size 4]
+    python scripts/train_plain.py TOKEN_STORE --documents [--max-tokens 8192]   # no packing step
 
 PackedDataset -> PackedSampler (sharded, resumable) -> DataLoader(PackedCollator(flatten=True))
 -> a tiny causal transformer whose attention is `packtool.attention.varlen_attention` over
 the batch's `cu_seqlens` (flash-attn on CUDA when installed, the exact SDPA fallback on CPU).
 The loss is summed over target tokens and divided by the batch's `n_target_tokens`, so every
 target token weighs the same however the documents were packed. CPU is fine.
+With `--documents`, PATH is a token store: DocumentDataset -> DynamicBatchSampler (a token budget)
+-> PackedCollator(flatten=True), the padding-free minibatch, and the loss is `packed_cross_entropy`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ import torch
 import torch.nn.functional as F
 
 from packtool.attention import varlen_attention
-from packtool.loader import PackedCollator, PackedDataset, PackedSampler, ResumableLoader
+from packtool.loader import (
+    DocumentDataset,
+    DynamicBatchSampler,
+    PackedCollator,
+    PackedDataset,
+    PackedSampler,
+    ResumableLoader,
+)
+from packtool.loss import packed_cross_entropy
 
 
 class TinyLM(torch.nn.Module):
@@ -64,28 +75,42 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--vocab-size", type=int, default=None, help="default: the largest id in the store + 1")
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--documents", action="store_true", help="PATH is a token store: dynamic padding-free batches")
+    ap.add_argument("--max-tokens", type=int, default=8192, help="token budget per batch with --documents")
     args = ap.parse_args()
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ds = PackedDataset(args.pack_dir, split=args.split, size=args.size)
-    vocab = args.vocab_size or int(ds._open().tokens.max()) + 1  # one vectorised pass over the map
-    sampler = PackedSampler(ds, seed=0)  # rank / world size from torch.distributed when initialised
-    loader = ResumableLoader(torch.utils.data.DataLoader(
-        ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-        collate_fn=PackedCollator(flatten=True, pad_id=ds.pad_id)))
+    collate = PackedCollator(flatten=True)
+    if args.documents:
+        docs = DocumentDataset(args.pack_dir)
+        vocab = args.vocab_size or int(docs._open().tokens.max()) + 1
+        batches = DynamicBatchSampler(docs, args.max_tokens, seed=0)  # rank / world from torch.distributed
+        loader = ResumableLoader(torch.utils.data.DataLoader(docs, batch_sampler=batches, num_workers=args.workers,
+                                                             collate_fn=collate))
+        what = f"{len(docs)} documents in {len(batches)} batches of <= {args.max_tokens} tokens"
+    else:
+        ds = PackedDataset(args.pack_dir, split=args.split, size=args.size)
+        vocab = args.vocab_size or int(ds._open().tokens.max()) + 1  # one vectorised pass over the map
+        sampler = PackedSampler(ds, seed=0)  # rank / world size from torch.distributed when initialised
+        loader = ResumableLoader(torch.utils.data.DataLoader(
+            ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+            collate_fn=PackedCollator(flatten=True, pad_id=ds.pad_id)))
+        what = f"{len(ds)} packs of {ds.size} tokens"
     model = TinyLM(vocab).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    print(f"{len(ds)} packs of {ds.size} tokens, vocab {vocab}, {sum(p.numel() for p in model.parameters())} params, {device}")
+    print(f"{what}, vocab {vocab}, {sum(p.numel() for p in model.parameters())} params, {device}")
     step = 0
     t0 = time.perf_counter()
     while step < args.steps:
         for batch in loader:
             ids, pos, labels = (batch[k][0].to(device) for k in ("input_ids", "position_ids", "labels"))
             logits = model(ids, pos, batch["cu_seqlens"].to(device), batch["max_seqlen"])
-            # unshifted HF labels: position t predicts labels[t + 1]; -100 marks document starts and padding
-            loss = F.cross_entropy(logits[:-1].float(), labels[1:], ignore_index=-100, reduction="sum")
-            loss = loss / max(1, batch["n_target_tokens"])
+            if args.documents:  # the same loss, with boundaries taken from cu_seqlens
+                loss = packed_cross_entropy(logits, labels, batch["cu_seqlens"], "token")
+            else:  # unshifted HF labels: position t predicts labels[t + 1]; -100 marks document starts and padding
+                loss = F.cross_entropy(logits[:-1].float(), labels[1:], ignore_index=-100, reduction="sum")
+                loss = loss / max(1, batch["n_target_tokens"])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -128,6 +128,14 @@ def write_jsonl(path: Path, rows: list[object]) -> Path:
     return path
 
 
+def tokenize_records(out: Path, rows: list[object], tokenizer: Path, *flags: str) -> Path:
+    """`packtool tokenize` (the real CLI, one worker) of `rows` written as `{out}.jsonl` into the store `out`."""
+    src = write_jsonl(out.with_suffix(".jsonl"), rows)
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(tokenizer), "--output", str(out), "--workers", "1", "-q", *flags)
+    assert code == 0, err
+    return out
+
+
 # ---- token stores and pack stores written straight through the format modules ----
 
 PAD, EOS = 1, 0

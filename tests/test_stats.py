@@ -17,6 +17,7 @@ from packtool.formats.token_store import TokenStoreWriter, dtype_for_max_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NAIVE, RANDOM, SORTED, BOUND = "naive (pad each to N)", "random batches of B", "sorted batches of B", "lower bound"
+DYNAMIC = "dynamic (padded)"
 
 
 def stats_json(*args: str) -> dict:
@@ -59,8 +60,15 @@ def test_hand_checked_waste_on_a_tiny_store(tmp_path: Path) -> None:
         assert s["rows"][f"pack {name}"] == 2
         assert s["waste"][f"pack {name}"] == pytest.approx(1 - total / 8192)
     assert s["lengths"]["max"] == 4096 and s["n_overlong"] == 0
-    # B = 2, sorted: [100, 100] then [4096] -> no padding at all
-    assert stats_json(str(store), "--size", "4096", "--batch-size", "2")["waste"][SORTED] == pytest.approx(0.0)
+    # dynamic, budget B*N = 32768: the greedy batch of 3 rows padded to 4096 (as the random batch) is cut
+    # into [100, 100] | [4096], which saves 65% of it: no padding left
+    assert s["waste"][DYNAMIC] == pytest.approx(0.0) and s["rows"][DYNAMIC] == 3
+    # [100, 90, 80]: one batch of 3 rows of 100; the best cut ([80] | [90, 100]) would save only 7%
+    close = stats_json(str(write_store(tmp_path / "t", [100, 90, 80])), "--size", "4096")["waste"]
+    assert close[DYNAMIC] == pytest.approx(1 - 270 / 300)
+    # B = 2, sorted: [100, 100] then [4096] -> no padding at all; dynamic (budget 8192) finds the same
+    two = stats_json(str(store), "--size", "4096", "--batch-size", "2")["waste"]
+    assert two[SORTED] == pytest.approx(0.0) and two[DYNAMIC] == pytest.approx(0.0)
 
 
 def test_overlong_documents_count_as_fragments(tmp_path: Path) -> None:
@@ -83,10 +91,11 @@ def test_strategies_are_consistent_on_a_zipf_store(zipf_store: Path) -> None:
         assert s["waste"][NAIVE] >= s["waste"][SORTED] >= bound
         assert s["waste"][NAIVE] >= s["waste"][RANDOM]
         assert s["waste"]["pack ffd"] < s["waste"][SORTED]  # packing is the point
+        assert 0 <= s["waste"][DYNAMIC] <= s["waste"][RANDOM] / 2  # sorting inside windows + a token budget
         assert set(s["lengths"]) == {"p50", "p90", "p99", "max"}
         assert s["lengths"]["p50"] <= s["lengths"]["p90"] <= s["lengths"]["p99"] <= s["lengths"]["max"]
     code, out, _ = cli("stats", str(zipf_store), "--size", "256")
-    assert code == 0 and "lower bound" in out and "pack ffd" in out
+    assert code == 0 and "lower bound" in out and "pack ffd" in out and DYNAMIC in out
 
 
 def test_pack_store_stats_match_its_metadata(tmp_path: Path) -> None:

@@ -2,4 +2,5 @@
 
 `packing`: bin-packing algorithms over item lengths, and how documents become segments.
 `encoding`: text and chat encoding through a tokenizer engine, with loss masks.
+`batching`: dynamic batching plans under a token budget (the loader's sampler and `stats` share it).
 """

@@ -1,22 +1,33 @@
-"""The runtime side (needs torch): pack store -> GPU batches with `cu_seqlens`.
+"""The runtime side (needs torch): pack store or token store -> GPU batches with `cu_seqlens`.
 
-Depends only on `packtool.formats`; never imports typer, tqdm or tokenizers, so a training
-job pays for torch and numpy only.
+Depends only on `packtool.formats` (and the torch-free planner `packtool.core.batching`); never imports
+typer, tqdm or tokenizers, so a training job pays for torch and numpy only.
+
+- fixed packs: `PackedDataset` + `PackedCollator` (+ `PackedSampler`, `ResumableLoader`);
+  `PackedCollator(cp_size=C, cp_rank=r)` for context parallelism;
+- documents: `DocumentDataset` + `PackedCollator(flatten=True)` (padding-free minibatches) or
+  `PaddedCollator` (`[B, L]` + `attention_mask`), batched by `DynamicBatchSampler` under a token budget.
 """
 
 from __future__ import annotations
 
 from packtool.loader.collator import HF_KEYS, PackedCollator, validate_cu_seqlens
 from packtool.loader.dataset import PackedDataset
+from packtool.loader.documents import DocumentDataset
+from packtool.loader.dynamic import DynamicBatchSampler
 from packtool.loader.kernels import IGNORE_INDEX
+from packtool.loader.padded import PaddedCollator
 from packtool.loader.sampler import PackedSampler, ResumableLoader
 
 __all__ = [
     "HF_KEYS",
     "IGNORE_INDEX",
+    "DocumentDataset",
+    "DynamicBatchSampler",
     "PackedCollator",
     "PackedDataset",
     "PackedSampler",
+    "PaddedCollator",
     "ResumableLoader",
     "validate_cu_seqlens",
 ]

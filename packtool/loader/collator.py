@@ -1,4 +1,4 @@
-"""`PackedCollator`: packs from `PackedDataset` -> one batch with every varlen kwarg frameworks want.
+"""`PackedCollator`: packs (or documents) -> one batch with every varlen kwarg frameworks want.
 
 Varlen kernels (flash-attn, Transformer Engine) trust `cu_seqlens` blindly: a non-monotone
 array or a `max_seqlen` below a segment's length silently computes wrong attention. So every
@@ -11,7 +11,14 @@ Keys emitted (filter them with `keys=`, e.g. `HF_KEYS` for `model(**batch)`):
 - Megatron/Transformer Engine `cu_seqlens_q/_kv` (real lengths) and `max_seqlen_q/_kv`, plus
   `cu_seqlens_q_padded/_kv_padded` (offsets incl. `--pad-multiple` padding) when the store
   was packed with padding (THD format with context parallelism);
-- `n_target_tokens` (int): labels that count, to normalise a summed loss across ranks.
+- `n_target_tokens` (int): labels that count, to normalise a summed loss across ranks;
+- with `cp_size=C > 1` (context parallelism, `context_parallel.py`): rank `cp_rank`'s `[1, T/C]`
+  `input_ids`, `labels`, `position_ids` (of the unsharded sequence) and `shift_labels`, plus
+  `cu_seqlens_local`; every `cu_seqlens*` key stays global and unsharded, `*_padded` always present,
+  `n_target_tokens` counts the whole (unsharded) batch.
+
+Items are packs (`PackedDataset`, equal length) or documents (`DocumentDataset`, any length:
+`flatten=True` gives the padding-free minibatch; `PaddedCollator` the padded one).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from packtool.errors import ConfigError, FormatError
+from packtool.loader import context_parallel
+from packtool.loader.buffers import BufferPool
 from packtool.loader.dataset import segment_arrays
 from packtool.loader.kernels import IGNORE_INDEX, check_cu
 
@@ -72,6 +81,9 @@ class PackedCollator:
     pad_to_length: VeOmni-style: pad each row (or the flattened row) to this many tokens; the
         padding is one extra segment with `labels = -100` and `input_ids = pad_id`.
     keys: emit only these keys (e.g. `HF_KEYS`), so the batch can go to `model(**batch)`.
+    cp_size, cp_rank: context parallelism: emit rank `cp_rank`'s share of the load-balanced split
+        (implies the flattened THD layout); every segment and the pack size must be multiples of
+        `2 * cp_size` (`packtool pack --pad-multiple 2C`), else a `ConfigError` says so.
     """
 
     def __init__(
@@ -81,6 +93,8 @@ class PackedCollator:
         pad_to_length: int | None = None,
         pad_id: int = 0,
         keys: Collection[str] | None = None,
+        cp_size: int = 1,
+        cp_rank: int = 0,
     ) -> None:
         if static_segments is not None and static_segments < 1:
             raise ConfigError(
@@ -88,16 +102,24 @@ class PackedCollator:
             )
         if pad_to_length is not None and pad_to_length < 1:
             raise ConfigError(f"pad_to_length must be >= 1, got {pad_to_length}, PackedCollator, pass a token count")
-        self.flatten = flatten
+        context_parallel.check_cp(int(cp_size), int(cp_rank))
+        self.cp_size, self.cp_rank = int(cp_size), int(cp_rank)
+        self.flatten = flatten or self.cp_size > 1
         self.static_segments = static_segments
         self.pad_to_length = pad_to_length
         self.pad_id = int(pad_id)
         self.keys = None if keys is None else frozenset(keys)
+        self._pool: BufferPool | None = None  # context-parallel output buffers, process-local
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}  # each DataLoader worker grows its own
 
     def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if not items:
             raise ConfigError("cannot collate an empty batch, PackedCollator, use a batch size >= 1")
         stacked = getattr(items, "stacked", None)
+        docs = getattr(items, "flat", None)
+        row_length = int(stacked["rows"].shape[2]) if stacked is not None else None
         if stacked is not None and self.pad_to_length is None:
             # PackedDataset.__getitems__ built rows and cu_seqlens already, in ONE buffer: no copy here
             rows, cu, cu_real = stacked["rows"], stacked["cu_seqlens"], stacked["cu_seqlens_real"]
@@ -121,8 +143,10 @@ class PackedCollator:
                 lens, real, counts, n_target_rows = segment_arrays(stacked)
                 padded_keys = bool(stacked["has_segment_padding"])
                 n_target = int(n_target_rows.sum())
+            elif docs is not None:
+                ids, labels, pos, lens, real, counts, padded_keys, n_target = _from_documents(docs, self.flatten)
             else:
-                ids, labels, pos, lens, real, counts, padded_keys, n_target = _from_items(items)
+                ids, labels, pos, lens, real, counts, padded_keys, n_target = _from_items(items, self.flatten)
             if self.pad_to_length is not None:
                 ids, labels, pos, lens, real, counts = self._pad(ids, labels, pos, lens, real, counts)
             if self.flatten:
@@ -133,6 +157,18 @@ class PackedCollator:
             cu_t, cu_real_t = torch.from_numpy(cu), torch.from_numpy(cu_real)
         row = ids.shape[1]
         _validate(cu, total, max_seqlen)
+        cp: dict[str, torch.Tensor] = {}
+        if self.cp_size > 1:
+            if docs is not None and np.any(np.diff(cu) % (2 * self.cp_size)):
+                raise ConfigError(
+                    f"documents are not padded to multiples of 2*cp_size={2 * self.cp_size}, PackedCollator(cp_size={self.cp_size}) over DocumentDataset, pack the token store with `packtool pack --pad-multiple {2 * self.cp_size}` and use PackedDataset"
+                )
+            context_parallel.check_layout(np.diff(cu), self.cp_size, row_length)
+            if self._pool is None:
+                self._pool = BufferPool()
+            cp = context_parallel.shard(ids, labels, pos, cu, self.cp_size, self.cp_rank, self._pool)
+            ids, labels, pos = cp.pop("input_ids"), cp.pop("labels"), cp.pop("position_ids")
+            padded_keys = True  # Transformer Engine's THD + CP path always takes the padded offsets
         if self.static_segments is not None:
             cus = torch.from_numpy(_pad_cu(np.stack([cu, cu_real]), self.static_segments))
             cu_t, cu_real_t = cus[0], cus[1]
@@ -152,6 +188,7 @@ class PackedCollator:
             "max_seqlen_q": max_seqlen,
             "max_seqlen_kv": max_seqlen,
             "n_target_tokens": n_target,
+            **cp,
         }
         if padded_keys:
             out["cu_seqlens_q_padded"] = cu_t
@@ -195,27 +232,53 @@ class PackedCollator:
 
 
 def _from_items(
-    items: Sequence[dict[str, Any]],
+    items: Sequence[dict[str, Any]], flatten: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray, bool, int]:
-    """Stack item dicts built elsewhere (no `.stacked`): rows plus per-row segment lengths."""
-    ids = torch.stack([it["input_ids"] for it in items])
-    labels = torch.stack([it["labels"] for it in items])
-    pos = torch.stack([it["position_ids"] for it in items])
+    """Stack (or, for `flatten`, concatenate) item dicts built elsewhere (no `.stacked`/`.flat`):
+    rows plus per-row segment lengths. Items of different lengths need `flatten`."""
+    sizes = {int(it["input_ids"].numel()) for it in items}
+    if len(sizes) > 1 and not flatten:
+        raise ConfigError(
+            f"items have {len(sizes)} different lengths ({min(sizes)}..{max(sizes)}), PackedCollator(flatten=False) stacks equal-length packs, use flatten=True (padding-free) or PaddedCollator"
+        )
+    join = torch.cat if flatten else torch.stack
+    ids = join([it["input_ids"].reshape(-1) for it in items])
+    labels = join([it["labels"].reshape(-1) for it in items])
+    pos = join([it["position_ids"].reshape(-1) for it in items])
+    if flatten:
+        ids, labels, pos = ids[None], labels[None], pos[None]
     lens_l, real_l = [], []
-    for it in items:  # per pack, not per token
+    for it in items:  # per item, not per token
+        n = int(it["input_ids"].numel())
         cu = np.asarray(it["cu_seqlens"], dtype=np.int64)
         cu_real = np.asarray(it.get("cu_seqlens_unpadded", it["cu_seqlens"]), dtype=np.int64)
-        if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != ids.shape[1] or cu_real.shape != cu.shape:
+        if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != n or cu_real.shape != cu.shape:
             raise FormatError(
-                f"an item's cu_seqlens {cu.tolist()[:8]}... does not start at 0 and end at {ids.shape[1]}, PackedCollator, items must come from PackedDataset"
+                f"an item's cu_seqlens {cu.tolist()[:8]}... does not start at 0 and end at {n}, PackedCollator, items must come from PackedDataset or DocumentDataset"
             )
         lens_l.append(np.diff(cu))
         real_l.append(np.diff(cu_real))
     lens = np.concatenate(lens_l)
     real = np.concatenate(real_l)
-    counts = np.array([x.size for x in lens_l], dtype=np.int64)
+    counts = np.array([lens.size]) if flatten else np.array([x.size for x in lens_l], dtype=np.int64)
     n_target = int(sum(int(it.get("n_target_tokens", 0)) for it in items))
     return ids, labels, pos, lens, real, counts, bool(np.any(lens != real)), n_target
+
+
+def _from_documents(
+    flat: dict[str, Any], flatten: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray, bool, int]:
+    """The `.flat` batch of `DocumentDataset.__getitems__`: already one row, one segment per document."""
+    lens = np.asarray(flat["lengths"], dtype=np.int64)
+    if not flatten and lens.size > 1 and np.any(lens != lens[0]):
+        raise ConfigError(
+            f"documents of {int(lens.min())}..{int(lens.max())} tokens cannot be stacked as rows, PackedCollator(flatten=False), use flatten=True (padding-free) or PaddedCollator"
+        )
+    t = torch.from_numpy(flat["rows"])
+    shape = (1, int(lens.sum())) if flatten else (int(lens.size), int(lens[0]) if lens.size else 0)
+    ids, labels, pos = t[0].reshape(shape), t[1].reshape(shape), t[2].reshape(shape)
+    counts = np.array([lens.size]) if flatten else np.ones(lens.size, np.int64)
+    return ids, labels, pos, lens, lens, counts, False, int(flat["n_target_total"])
 
 
 def _views_of_one_storage(buffer: np.ndarray, shape: tuple[int, ...], n_cu: int) -> tuple[torch.Tensor, ...]:

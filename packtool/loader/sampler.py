@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from packtool.errors import ConfigError
+from packtool.loader.dynamic import DynamicBatchSampler
 
 STATE_VERSION = 1
 
@@ -138,27 +139,31 @@ class PackedSampler(torch.utils.data.Sampler[int]):
 
 
 class ResumableLoader:
-    """Wraps a `DataLoader` over a `PackedSampler` and counts the batches the loop received.
+    """Wraps a `DataLoader` over a `PackedSampler` (or a `DynamicBatchSampler` as its `batch_sampler`)
+    and counts the batches the loop received.
 
     Each `iter()` runs one epoch (the remaining part, after a resume); once an epoch is fully
     consumed the next `iter()` moves to the next epoch's shuffle by itself.
     """
 
     def __init__(self, loader: torch.utils.data.DataLoader) -> None:  # type: ignore[type-arg]
-        sampler = loader.sampler
-        if not isinstance(sampler, PackedSampler) or loader.batch_size is None:
+        sampler: PackedSampler | DynamicBatchSampler
+        if isinstance(loader.batch_sampler, DynamicBatchSampler):
+            sampler, self.step = loader.batch_sampler, 1  # one batch = one batch of the plan
+        elif isinstance(loader.sampler, PackedSampler) and loader.batch_size is not None:
+            sampler, self.step = loader.sampler, int(loader.batch_size)
+        else:
             raise ConfigError(
-                "ResumableLoader needs DataLoader(..., sampler=PackedSampler(...), batch_size=B), pass those to the DataLoader"
+                "ResumableLoader needs DataLoader(..., sampler=PackedSampler(...), batch_size=B) or DataLoader(..., batch_sampler=DynamicBatchSampler(...)), pass those to the DataLoader"
             )
         self.loader = loader
         self.sampler = sampler
-        self.batch_size = int(loader.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
         if self.sampler.exhausted:
             self.sampler.set_epoch(self.sampler.epoch + 1)
         for batch in self.loader:
-            self.sampler.advance(self.batch_size)  # the last batch may be short; advance clamps
+            self.sampler.advance(self.step)  # the last batch may be short; advance clamps
             yield batch
 
     def __len__(self) -> int:

@@ -3,7 +3,9 @@
 Waste ratio = share of computed positions that are padding. For a token store the documents are
 first cut the way `pack --overlong split` would (fragments of <= N; empty documents carry no
 tokens and are left out), then compared under: naive padding of every document to N, random
-batches of B padded to their longest, length-sorted batches of B, every packing algorithm in the
+batches of B padded to their longest, length-sorted batches of B, padded dynamic batching under a
+budget of B*N tokens per batch (`packtool.core.batching`, what `DynamicBatchSampler(padded=True)`
+yields: a seeded shuffle sorted inside windows of 1024 documents), every packing algorithm in the
 registry, and the lower bound `1 - total / (ceil(total / N) * N)`. For a pack store it reads what
 was packed: efficiency, segments per pack, pad share, over-long counts.
 """
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from packtool.choices import Overlong, Split
+from packtool.core.batching import dynamic_waste
 from packtool.core.packing import ALGORITHMS, pack_lengths
 from packtool.core.packing.segments import build_segments
 from packtool.errors import ConfigError
@@ -25,6 +28,8 @@ from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
 
 DEFAULT_SIZE = 4096
+DYNAMIC = "dynamic (padded)"
+"""Waste key of padded dynamic batching: batches of documents with rows x padded length <= B*N."""
 
 
 def _public(stats: object) -> dict[str, Any]:
@@ -162,6 +167,11 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         ("sorted batches of B", np.argsort(items, kind="stable")),
     ):
         rows[name], computed[name] = _padded_batches(items[order], batch_size, size)
+    if items.size:
+        rows[DYNAMIC] = int(items.size)
+        computed[DYNAMIC] = dynamic_waste(items, batch_size * size, seed=seed)[1]
+    else:
+        rows[DYNAMIC], computed[DYNAMIC] = 0, 0
     for name in ALGORITHMS:
         offsets, _ = pack_lengths(items, size, algorithm=name, seed=seed)
         rows[f"pack {name}"] = int(offsets.size - 1)
