@@ -13,10 +13,10 @@ import torch
 from support import Segment, write_pack_store, zipf_docs
 
 from packtool.errors import ConfigError, FormatError, PacktoolError
-from packtool.formats.pack_store import companion_name
+from packtool.formats.pack_store import companion_name, open_pack_split
 from packtool.loader import HF_KEYS, PackedCollator, PackedDataset, PackedSampler, ResumableLoader, validate_cu_seqlens
 from packtool.loader.dataset import parallel_ok, plain_views
-from packtool.loader.kernels import fill_batch, fill_batch_parallel, segments_of
+from packtool.loader.kernels import fill_batch, segments_of
 
 N = 256
 
@@ -107,25 +107,22 @@ def test_a_batch_still_held_is_never_overwritten(store):
             assert torch.equal(b[k], v), k
 
 
-def test_worker_batches_travel_as_one_storage(store):
-    # each tensor storage sent from a worker costs a file-descriptor round trip: send one
+def test_worker_batches_equal_local_batches(store):
     ds = PackedDataset(store[0])
     loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=1, collate_fn=PackedCollator(flatten=True))
     batch = next(iter(loader))
-    ptrs = {batch[k].untyped_storage().data_ptr() for k in ("input_ids", "labels", "position_ids", "cu_seqlens", "cu_seqlens_q")}
-    assert len(ptrs) == 1
     local = PackedCollator(flatten=True)(ds.__getitems__([0, 1, 2]))
     for key, value in local.items():
         assert torch.equal(value, batch[key]) if torch.is_tensor(value) else value == batch[key], key
 
 
-def _kernel_outputs(ds: PackedDataset, idx: np.ndarray, kernel) -> tuple:  # type: ignore[no-untyped-def]
-    tokens, loss, po, lens, pads = plain_views(ds._open())
+def _kernel_outputs(ds: PackedDataset, idx: np.ndarray, parallel: bool) -> tuple:
+    tokens, loss, po, lens, pads = plain_views(open_pack_split(ds.directory, ds.split, ds.size))
     cap = idx.size + int(segments_of(po, idx))
     rows = np.full((3, idx.size, ds.size), 7, np.int64)
     seg = np.full((4, cap), 7, np.int64)
     cus = np.full((2, cap + 1), 7, np.int32)
-    ret = kernel(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus)
+    ret = fill_batch(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus, parallel)
     return ret, rows, seg, cus
 
 
@@ -140,8 +137,8 @@ def test_parallel_kernel_is_byte_identical_to_the_serial_one(store, tmp_path, wi
     rng = np.random.default_rng(9)
     batches = [np.arange(len(ds)), rng.integers(0, len(ds), 7), np.array([3]), np.array([2, 2, 0])]
     for idx in batches:
-        serial = _kernel_outputs(ds, idx, fill_batch)
-        parallel = _kernel_outputs(ds, idx, fill_batch_parallel)
+        serial = _kernel_outputs(ds, idx, False)
+        parallel = _kernel_outputs(ds, idx, True)
         assert serial[0] == parallel[0] and serial[0][1] == -1
         for a, b in zip(serial[1:], parallel[1:], strict=True):
             assert a.tobytes() == b.tobytes()  # every byte, untouched entries included
@@ -155,7 +152,7 @@ def test_parallel_kernel_refuses_corrupt_packs_like_the_serial_one(tmp_path):
     np.save(lens, arr)
     ds = PackedDataset(tmp_path / "p")
     idx = np.arange(len(ds))
-    bad_serial, bad_parallel = _kernel_outputs(ds, idx, fill_batch)[0], _kernel_outputs(ds, idx, fill_batch_parallel)[0]
+    bad_serial, bad_parallel = _kernel_outputs(ds, idx, False)[0], _kernel_outputs(ds, idx, True)[0]
     assert bad_serial == bad_parallel and bad_serial[1] >= 0
 
 
@@ -170,7 +167,7 @@ def test_workers_after_the_parallel_kernel_ran_in_the_parent(store, context):
     # numba's GNU-OpenMP layer aborts a forked child that launches threads its parent started:
     # the parent runs the parallel kernel first, workers must still work (serial kernel there)
     ds = PackedDataset(store[0])
-    _kernel_outputs(ds, np.arange(len(ds)), fill_batch_parallel)  # numba's threads now exist here
+    _kernel_outputs(ds, np.arange(len(ds)), True)  # numba's threads now exist here
     expected = [_collate_reporting_threads(ds.__getitems__(list(range(a, min(a + 3, len(ds))))))
                 for a in range(0, len(ds), 3)]
     loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=_collate_reporting_threads,
@@ -230,7 +227,7 @@ def test_pickles_without_the_maps_and_workers_agree(store):
     state = pickle.dumps(ds)
     assert len(state) < 20_000  # no token bytes travel to the workers
     clone = pickle.loads(state)
-    assert clone._store is None and torch.equal(clone[1]["input_ids"], ds[1]["input_ids"])
+    assert torch.equal(clone[1]["input_ids"], ds[1]["input_ids"])
     runs = []
     for workers in (0, 2):
         loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=PackedCollator(flatten=True))
@@ -422,7 +419,7 @@ def test_round_trip_through_the_real_pipeline(tmp_path, bpe_tokenizer_dir):
         done = subprocess.run(cmd, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     ds = PackedDataset(tmp_path / "out")
-    store = ds._open()
+    store = open_pack_split(ds.directory, ds.split, ds.size)
     po, lens, pad = store.pack_offsets, store.seg_lens, store.seg_pad
     assert np.any(pad > 0)
     pieces: dict[int, list[tuple[int, np.ndarray]]] = {}

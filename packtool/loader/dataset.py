@@ -34,7 +34,7 @@ from packtool.formats.pack_store import (
     sizes_in,
 )
 from packtool.loader.buffers import BufferPool
-from packtool.loader.kernels import fill_batch, fill_batch_parallel, segments_of
+from packtool.loader.kernels import fill_batch, segments_of
 
 _MAIN_PID = os.getpid()  # the process that imported the loader: numba's threads may be used here only
 
@@ -146,8 +146,7 @@ def build_batch(
 ) -> dict[str, Any]:
     """Stacked arrays for the packs `idx`: `rows` `[3, B, N]` (ids, labels, positions) and segments.
 
-    One compiled pass (`kernels.fill_batch`, or `fill_batch_parallel` over numba's threads when
-    `parallel_ok()`) over the batch's rows. `cu_seqlens`/`cu_seqlens_real` are the global int32
+    One compiled pass (`kernels.fill_batch`, over numba's threads when `parallel_ok()`) over the batch's rows. `cu_seqlens`/`cu_seqlens_real` are the global int32
     offsets over the flattened batch; `segment_arrays` gives the per-segment lengths. `rows`
     and both cu_seqlens live in ONE int64 buffer (one shared-memory storage when a worker sends
     the batch).
@@ -169,8 +168,10 @@ def build_batch(
     rows = buffer[: 3 * b * n].reshape(3, b, n)
     cus = buffer[3 * b * n :].view(np.int32).reshape(2, -1)  # two rows of >= cap + 1 entries
     seg = np.empty((4, cap), dtype=np.int64)  # lengths, real lengths, entries per pack, targets per pack
-    kernel = fill_batch_parallel if b > 1 and parallel_ok() else fill_batch
-    k, bad, longest, n_target_total = kernel(tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus)
+    parallel = b > 1 and parallel_ok()
+    k, bad, longest, n_target_total = fill_batch(
+        tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus, parallel
+    )
     if bad >= 0:
         raise FormatError(
             f"pack {int(idx[bad])} has inconsistent segment lengths (sum > {n}, negative, or padding > length), {store.directory}, re-run `packtool pack`"

@@ -5,9 +5,9 @@
 int32 `cu_seqlens`: ~10x fewer memory passes and Python calls than the equivalent numpy, so
 a B=8, N=4096 batch costs tens of microseconds. It runs in two halves: `plan_batch` (per
 segment: validation, lengths, global `cu_seqlens`) and `fill_row` (per token, one row), so
-`fill_batch_parallel` can hand the rows to numba's threads (`prange`) with the same bytes out.
+`fill_batch(..., parallel=True)` can hand the rows to numba's threads (`prange`) with the same bytes out.
 What remains is memory traffic: 24 output bytes per 2-byte input token (three int64 arrays),
-which is why the loader cannot approach a bare copy of the stored bytes (README, "Speed").
+which is why the loader cannot approach a bare copy of the stored bytes (docs/BENCHMARKS.md).
 
 `check_cu` is `validate_cu_seqlens`'s scan, compiled: a status code, the message stays in Python."""
 
@@ -129,7 +129,6 @@ def fill_row(
     return tgt
 
 
-@njit(cache=True, nogil=True)
 def fill_batch(
     tokens: np.ndarray,
     loss: np.ndarray,
@@ -141,58 +140,37 @@ def fill_batch(
     rows: np.ndarray,
     seg: np.ndarray,
     cus: np.ndarray,
+    parallel: bool = False,
 ) -> tuple[int, int, int, int]:
     """Fill `rows` [3, B, N] (ids, labels, positions) and the segment arrays for packs `idx`.
 
     `seg` [4, cap] receives segment lengths, real lengths (without `--pad-multiple` padding),
     entries per pack and target tokens per pack; `cus` [2, cap + 1] the global int32 `cu_seqlens`
-    and its real-length twin; `cap` = the batch's segments plus one tail per pack. Returns `(n_entries, -1, longest segment, target
-    tokens)`, or `(0, r, 0, 0)` when pack `idx[r]` has segments that do not fit its row
-    (corrupt store; no row is written).
+    and its real-length twin; `cap` = the batch's segments plus one tail per pack. Returns
+    `(n_entries, -1, longest segment, target tokens)`, or `(0, r, 0, 0)` when pack `idx[r]` has
+    segments that do not fit its row (corrupt store; no row is written). With `parallel` the rows
+    go to numba's threads (`prange`; same bytes out): only in the main process (see `dataset.py`).
     """
-    n_target = seg[3]
     k, bad, longest = plan_batch(
         tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1]
     )
     if bad >= 0:
         return 0, bad, 0, 0
-    total_target = 0
+    fill = _fill_rows_parallel if parallel else _fill_rows
+    fill(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, idx, rows, seg[3])
+    return k, -1, longest, int(seg[3, : idx.size].sum())
+
+
+@njit(cache=True, nogil=True)
+def _fill_rows(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, idx, rows, n_target):  # type: ignore[no-untyped-def]
     for r in range(idx.size):
         n_target[r] = fill_row(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, idx[r], rows, r)
-        total_target += n_target[r]
-    return k, -1, longest, total_target
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def fill_batch_parallel(
-    tokens: np.ndarray,
-    loss: np.ndarray,
-    has_loss: bool,
-    pack_offsets: np.ndarray,
-    seg_lens: np.ndarray,
-    seg_pad: np.ndarray,
-    idx: np.ndarray,
-    rows: np.ndarray,
-    seg: np.ndarray,
-    cus: np.ndarray,
-) -> tuple[int, int, int, int]:
-    """`fill_batch` with the rows spread over numba's threads (`prange`): same arguments, same bytes out.
-
-    Rows are independent once `plan_batch` has laid out the segments, so each thread writes its
-    own rows; the target count is summed afterwards. Only for the main process (see `dataset.py`).
-    """
-    n_target = seg[3]
-    k, bad, longest = plan_batch(
-        tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1]
-    )
-    if bad >= 0:
-        return 0, bad, 0, 0
-    for r in prange(idx.size):
+def _fill_rows_parallel(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, idx, rows, n_target):  # type: ignore[no-untyped-def]
+    for r in prange(idx.size):  # rows are independent once plan_batch has laid out the segments
         n_target[r] = fill_row(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, idx[r], rows, r)
-    total_target = 0
-    for r in range(idx.size):
-        total_target += n_target[r]
-    return k, -1, longest, total_target
 
 
 @njit(cache=True, nogil=True)
