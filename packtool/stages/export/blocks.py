@@ -9,13 +9,16 @@ interop tests can compare the trainers' batches with the loader's for every pack
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from packtool.errors import FormatError
+from packtool.formats.exports import ParquetRows, row_group_rows
 from packtool.formats.pack_store import PackSplit
+from packtool.progress import Progress
 
 BLOCK_TOKENS = 1 << 22
 """Tokens per block of packs (~4M: a few tens of MB of temporaries whatever the store size)."""
@@ -110,3 +113,21 @@ def _ramp(lengths: np.ndarray) -> np.ndarray:
     total = int(lengths.sum())
     begin = np.repeat(np.cumsum(lengths) - lengths, lengths)
     return np.arange(total, dtype=np.int64) - begin
+
+
+def stream_parquet(
+    path: Path,
+    target: str,
+    store: PackSplit,
+    columns: Callable[[PackBlock], dict[str, tuple[np.ndarray, np.ndarray]]],
+    progress: Progress | None,
+) -> None:
+    """Write one Parquet row per pack, block by block (bounded memory), `columns(block)` giving the lists."""
+    writer = ParquetRows(path, target, row_group_rows(store.size))
+    try:
+        for block in iter_blocks(store):
+            writer.write(columns(block))
+            if progress is not None:
+                progress(block.p1, store.n_packs)
+    finally:
+        writer.close()

@@ -27,14 +27,12 @@ import numpy as np
 from packtool.errors import ConfigError
 from packtool.formats.exports import (
     MEGATRON_METADATA_KEYS,
-    ParquetRows,
     megatron_metadata_name,
     megatron_parquet_name,
     merged_megatron_metadata,
-    row_group_rows,
 )
 from packtool.formats.pack_store import PackSplit
-from packtool.stages.export.blocks import PackBlock, iter_blocks
+from packtool.stages.export.blocks import PackBlock, stream_parquet
 from packtool.stages.export.config import ExportJob, TokenizerIds
 
 
@@ -112,14 +110,8 @@ def config_lines(job: ExportJob, data_file: str, trainer: str) -> tuple[list[str
 def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
     store = job.store
     name = megatron_parquet_name(store.split, store.size)
-    writer = ParquetRows(job.staged.path(name), "megatron-bridge", row_group_rows(store.size))
-    try:
-        for block in iter_blocks(store):
-            writer.write(shifted(block, int(job.ids.eos_id), store))  # type: ignore[arg-type]
-            if job.progress is not None:
-                job.progress(block.p1, store.n_packs)
-    finally:
-        writer.close()
+    eos_id = int(job.ids.eos_id)  # type: ignore[arg-type]  # check() refused a store without one
+    stream_parquet(job.staged.path(name), "megatron-bridge", store, lambda b: shifted(b, eos_id, store), job.progress)
     meta_name = megatron_metadata_name(store.size)
     job.staged.path(meta_name).write_bytes(merged_megatron_metadata(job.staged.final(meta_name), metadata_entry(store)))
     return config_lines(job, name, "Megatron-Bridge")

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from packtool.formats.exports import ParquetRows, row_group_rows, trl_name
+from packtool.formats.exports import trl_name
 from packtool.formats.pack_store import PackSplit
-from packtool.stages.export.blocks import PackBlock, iter_blocks
+from packtool.stages.export.blocks import PackBlock, stream_parquet
 from packtool.stages.export.config import ExportJob, TokenizerIds
 
 IGNORE_INDEX = -100
@@ -52,14 +52,7 @@ def columns(block: PackBlock) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
     store = job.store
     name = trl_name(store.split, store.size)
-    writer = ParquetRows(job.staged.path(name), "trl", row_group_rows(store.size))
-    try:
-        for block in iter_blocks(store):
-            writer.write(columns(block))
-            if job.progress is not None:
-                job.progress(block.p1, store.n_packs)
-    finally:
-        writer.close()
+    stream_parquet(job.staged.path(name), "trl", store, columns, job.progress)
     data = job.directory / name
     lines = [
         f'TRL: train_dataset = datasets.load_dataset("parquet", data_files="{data}", split="train")',
