@@ -34,6 +34,7 @@ from packtool.stages.tokenize.journal import ChunkResult, Journal, read_chunk_ar
 from packtool.stages.tokenize.settings import ChunkSettings, special_policy
 from packtool.stages.tokenize.shards import shard_build, shard_entry, shard_slice
 from packtool.stages.tokenize.sources import Chunk, SourceFile, expand_inputs, plan_chunks
+from packtool.stages.tokenize.template import check_chat_template, read_chat_template
 from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -145,10 +146,9 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> Chun
     fmt = InputFormat(config.format)
     template = info.chat_template
     if config.chat_template is not None:
-        path = Path(config.chat_template).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"--chat-template {config.chat_template} does not exist, pass a Jinja template file")
-        template = path.read_text("utf-8")
+        template = read_chat_template(config.chat_template)
+    if fmt == InputFormat.CHAT and template:
+        check_chat_template(template, config.chat_template or f"of tokenizer {info.name!r} (tokenizer_config.json)")
     if fmt == InputFormat.CHAT and not template:
         raise ConfigError(
             f"--format chat needs a chat template but tokenizer {info.name!r} has none in tokenizer_config.json, "
@@ -170,6 +170,7 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> Chun
         policy=special_policy(info, fmt, config.bos, config.eos),
         dtype=dtype_name(dtype_for_max_id(info.max_id)),
         work_dir=str(work_dir_for(output)),
+        max_record_bytes=config.max_record_bytes,
     )
 
 
