@@ -146,8 +146,13 @@ def test_merge_output_exists_needs_overwrite(three_shards: list[Path], tmp_path:
     (out / "keep.txt").write_text("x")
     code, _, err = cli(*["merge", *map(str, three_shards), "--output", str(out), "-q"])
     assert code == 1 and "--overwrite" in err and (out / "keep.txt").exists()
-    assert cli(*["merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite"])[0] == 0
-    assert not (out / "keep.txt").exists()
+    code, _, err = cli("merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite")
+    assert code == 1 and "not a packtool token store" in err and (out / "keep.txt").read_text() == "x"  # never deleted
+    (out / "keep.txt").unlink()
+    assert cli("merge", *map(str, three_shards), "--output", str(out), "-q")[0] == 0
+    assert cli("merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite")[0] == 0
+    code, _, err = cli("merge", *map(str, three_shards), "--output", str(three_shards[0]), "-q", "--overwrite")
+    assert code == 1 and "holds the input" in err and open_token_store(three_shards[0]).n_documents > 0
 
 
 def dying_executor(after: int) -> object:
