@@ -1,0 +1,398 @@
+"""Hostile inputs, table-driven: every case through the CLI -> exit 1, ONE `error:` line, no traceback.
+
+For every case also: nothing appears under the final name, the previous store next to it is
+byte-identical, every file that was there before is still there unchanged (packtool deletes only
+what it wrote), and no lock / staging / moved-aside directory is left behind.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from conftest import CHATML_TEMPLATE, cli, zipf_texts
+
+ROOT = Path(__file__).resolve().parents[1]
+IS_ROOT = os.geteuid() == 0
+SETPRIV = shutil.which("setpriv")
+
+
+def lines(rows: list[object]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+
+
+GOOD = lines([{"text": t} for t in zipf_texts(60, seed=9)])
+
+
+def zstd_frames(data: bytes, n: int) -> list[bytes]:
+    """`data` as n independently compressed frames (line-aligned, as streaming writers flush them)."""
+    cuts = [0] + [data.index(b"\n", len(data) * i // n) + 1 for i in range(1, n)] + [len(data)]
+    return [zstandard.ZstdCompressor(write_checksum=True).compress(data[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+def big_block_zstd(data: bytes) -> bytes:
+    """One frame of several 128 KiB blocks (incompressible-ish data so the blocks are large)."""
+    return zstandard.ZstdCompressor(level=1, write_checksum=False).compress(data)
+
+
+@dataclass
+class Ws:
+    """A case's workspace: `data/` inputs, `tok/` tokenizer, `prev/` a finished store, `out` the target."""
+
+    root: Path
+    tok: Path
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    def write(self, name: str, data: bytes | str) -> str:
+        path = self.data / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+        return str(path)
+
+    def tokenize(self, *inputs: str, extra: tuple[str, ...] = (), out: Path | None = None) -> list[str]:
+        dest = self.out if out is None else out
+        return ["tokenize", *inputs, "--tokenizer", str(self.tok), "--output", str(dest), "-q", "--workers", "1", *extra]
+
+
+def _truncated_zstd_mid_frame(ws: Ws) -> list[str]:
+    frames = zstd_frames(GOOD, 4)
+    data = b"".join(frames)
+    return ws.tokenize(ws.write("a.jsonl.zst", data[: len(data) - len(frames[-1]) // 2]))
+
+
+def _truncated_zstd_in_checksum(ws: Ws) -> list[str]:
+    data = b"".join(zstd_frames(GOOD, 3))
+    return ws.tokenize(ws.write("a.jsonl.zst", data[:-2]))
+
+
+def _truncated_zstd_block_boundary(ws: Ws) -> list[str]:
+    raw = os.urandom(300_000).hex().encode()  # 600 KB of hex: several 128 KiB blocks in one frame
+    doc = lines([{"text": raw[i : i + 1000].decode()} for i in range(0, len(raw), 1000)])
+    data = big_block_zstd(doc)
+    pos, cut = 4, None
+    fhd = data[pos]
+    pos += 1 + (0 if (fhd >> 5) & 1 else 1) + [0, 1, 2, 4][fhd & 3] + [0, 2, 4, 8][fhd >> 6] + (
+        1 if (fhd >> 5) & 1 and fhd >> 6 == 0 else 0
+    )
+    header = int.from_bytes(data[pos : pos + 3], "little")
+    cut = pos + 3 + (header >> 3)  # the end of the first block: a clean block boundary inside the frame
+    assert not header & 1 and cut < len(data)
+    return ws.tokenize(ws.write("a.jsonl.zst", data[:cut]))
+
+
+def _truncated_zstd_skip(ws: Ws) -> list[str]:
+    return [*_truncated_zstd_mid_frame(ws), "--on-error", "skip"]
+
+
+def _truncated_gz(ws: Ws) -> list[str]:
+    data = gzip.compress(GOOD)
+    return ws.tokenize(ws.write("a.jsonl.gz", data[: len(data) * 2 // 3]), extra=("--on-error", "skip"))
+
+
+def _corrupted_gz(ws: Ws) -> list[str]:
+    data = bytearray(gzip.compress(GOOD))
+    for i in range(len(data) // 2, len(data) // 2 + 40):
+        data[i] ^= 0x5A
+    return ws.tokenize(ws.write("a.jsonl.gz", bytes(data)))
+
+
+def _parquet(ws: Ws, corrupt: str) -> list[str]:
+    path = ws.data / "a.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{"text": t} for t in zipf_texts(3000, seed=5)]), path, row_group_size=1000)
+    data = bytearray(path.read_bytes())
+    if corrupt == "page":
+        for i in range(len(data) // 4, len(data) // 4 + 64):
+            data[i] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(bytes(data))
+    return ws.tokenize(str(path))
+
+
+def _tokenizer_config(ws: Ws, content: str) -> list[str]:
+    tok = ws.root / "tok2"
+    shutil.copytree(ws.tok, tok)
+    (tok / "tokenizer_config.json").write_text(content)
+    return ["tokenize", ws.write("a.jsonl", GOOD), "--tokenizer", str(tok), "--output", str(ws.out), "-q"]
+
+
+def _template(ws: Ws, content: bytes | None) -> list[str]:
+    path = ws.root / "t.jinja"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    return ws.tokenize(ws.write("c.jsonl", lines(rows)), extra=("--format", "chat", "--chat-template", str(path)))
+
+
+def _overwrite_inputs_dir(ws: Ws) -> list[str]:
+    a = ws.write("a.jsonl", GOOD)
+    ws.write("notes.md", "mine")
+    return ws.tokenize(a, out=ws.data, extra=("--overwrite",))
+
+
+def _overwrite_foreign_dir(ws: Ws) -> list[str]:
+    (ws.out / "sub").mkdir(parents=True)
+    (ws.out / "thesis.tex").write_text("years of work")
+    (ws.out / "sub" / "x.bin").write_bytes(b"\0" * 10)
+    return ws.tokenize(ws.write("a.jsonl", GOOD), extra=("--overwrite",))
+
+
+def _overwrite_store_with_extra_file(ws: Ws) -> list[str]:
+    shutil.copytree(ws.root / "prev", ws.out)
+    (ws.out / "notes.txt").write_text("mine")
+    return ws.tokenize(ws.write("a.jsonl", lines([{"text": "other"}])), extra=("--overwrite",))
+
+
+def _overwrite_store_holding_input(ws: Ws) -> list[str]:
+    shutil.copytree(ws.root / "prev", ws.out)
+    return ws.tokenize(str(ws.out / "rejects.jsonl"), extra=("--overwrite",))
+
+
+def _max_record(ws: Ws) -> list[str]:
+    big = json.dumps({"text": "x" * 5000})
+    return ws.tokenize(ws.write("a.jsonl", GOOD + big.encode() + b"\n"), extra=("--max-record-bytes", "1000"))
+
+
+def _held_lock(ws: Ws) -> list[str]:
+    """Another process holds the output's lock (the losing side of two concurrent runs)."""
+    ready = ws.root / "ready"
+    code = (
+        "import sys, time, pathlib; from packtool.formats.locks import exclusive_output\n"
+        "with exclusive_output(sys.argv[1]):\n"
+        "    pathlib.Path(sys.argv[2]).write_text('x'); time.sleep(60)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(ws.out), str(ready)], env=_env())
+    ws.holder = holder  # type: ignore[attr-defined]
+    for _ in range(300):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    return ws.tokenize(ws.write("a.jsonl", GOOD))
+
+
+def _setpriv(args: list[str]) -> list[str]:
+    """Run as root without the capabilities that bypass file permissions (or as is, when not root)."""
+    if not IS_ROOT:
+        return args
+    drop = "-dac_override,-dac_read_search"
+    return [str(SETPRIV), f"--inh-caps={drop}", f"--bounding-set={drop}", *args]
+
+
+def _unreadable_input(ws: Ws) -> list[str]:
+    path = ws.write("a.jsonl", GOOD)
+    os.chmod(path, 0)
+    return ws.tokenize(path)
+
+
+def _unwritable_parent(ws: Ws) -> list[str]:
+    parent = ws.root / "ro"
+    parent.mkdir()
+    os.chmod(parent, 0o555)
+    return ws.tokenize(ws.write("a.jsonl", GOOD), out=parent / "out")
+
+
+def _limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG, as on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+
+def _disk_full(ws: Ws) -> list[str]:
+    return ws.tokenize(ws.write("a.jsonl", lines([{"text": t} for t in zipf_texts(6000, seed=3)])))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    setup: Callable[[Ws], list[str]]
+    expect: str
+    subprocess: bool = False
+    preexec: Callable[[], None] | None = None
+    wrap: Callable[[list[str]], list[str]] | None = None
+    needs: bool = True  # False: skipped on this machine
+
+    def __str__(self) -> str:
+        return self.name
+
+
+CASES = [
+    # 1: --overwrite replaces only a token store
+    Case("overwrite-inputs-dir", _overwrite_inputs_dir, "holds the input"),
+    Case("overwrite-foreign-dir", _overwrite_foreign_dir, "not a packtool token store"),
+    Case("overwrite-store-with-user-file", _overwrite_store_with_extra_file, "also holds notes.txt"),
+    Case("overwrite-store-holding-input", _overwrite_store_holding_input, "holds the input"),
+    Case("output-is-a-file", lambda ws: ws.tokenize(ws.write("a.jsonl", GOOD), out=Path(ws.write("f.jsonl", GOOD))),
+         "not a directory"),
+    # 3: truncated / corrupted compressed inputs are file-level errors, also with --on-error skip
+    Case("zst-cut-mid-frame", _truncated_zstd_mid_frame, "truncated"),
+    Case("zst-cut-mid-frame-skip", _truncated_zstd_skip, "truncated"),
+    Case("zst-cut-in-checksum", _truncated_zstd_in_checksum, "truncated"),
+    Case("zst-cut-at-block-boundary", _truncated_zstd_block_boundary, "truncated"),
+    Case("zst-garbage", lambda ws: ws.tokenize(ws.write("a.jsonl.zst", b"not zstd at all")), "not a zstd frame"),
+    Case("gz-truncated-skip", _truncated_gz, "truncated"),
+    Case("gz-corrupted", _corrupted_gz, "cannot decompress"),
+    Case("parquet-corrupted-page", lambda ws: _parquet(ws, "page"), "cannot read parquet data"),
+    Case("parquet-truncated", lambda ws: _parquet(ws, "cut"), "cannot read parquet"),
+    # record-level classes (fail mode): file:line
+    Case("malformed-json", lambda ws: ws.tokenize(ws.write("a.jsonl", GOOD + b'{"text": "x\n')), "a.jsonl:61"),
+    Case("invalid-utf8", lambda ws: ws.tokenize(ws.write("a.jsonl", GOOD + b'{"text": "\xff"}\n')), "invalid UTF-8"),
+    Case("missing-field", lambda ws: ws.tokenize(ws.write("a.jsonl", b'{"body": 1}\n')), "missing field 'text'"),
+    # 7: bare JSON values are bad records, --field is never ignored
+    Case("bare-string-record", lambda ws: ws.tokenize(ws.write("a.jsonl", GOOD + b'"x"\n')), "a.jsonl:61"),
+    Case("bare-number-record", lambda ws: ws.tokenize(ws.write("a.jsonl", b'42\n')), "not an object"),
+    Case("null-record", lambda ws: ws.tokenize(ws.write("a.jsonl", b"null\n")), "not an object"),
+    Case("list-record", lambda ws: ws.tokenize(ws.write("a.jsonl", b'["a", "b"]\n')), "not an object"),
+    Case("string-record-other-field",
+         lambda ws: ws.tokenize(ws.write("a.jsonl", b'"x"\n'), extra=("--field", "body")), "'body'"),
+    # empty / huge documents
+    Case("empty-file", lambda ws: ws.tokenize(ws.write("a.jsonl", b"")), "no documents"),
+    Case("blank-lines-only", lambda ws: ws.tokenize(ws.write("a.jsonl", b"\n  \n\n")), "no documents"),
+    Case("record-over-max-record-bytes", _max_record, "over --max-record-bytes 1000"),
+    Case("txt-over-max-record-bytes",
+         lambda ws: ws.tokenize(ws.write("a.txt", "y" * 3000), extra=("--max-record-bytes", "1000")), "a.txt:1"),
+    # 6: tokenizer_config.json / mismatched tokenizer
+    Case("tokenizer-config-list", lambda ws: _tokenizer_config(ws, "[1, 2]"), "tokenizer_config.json holds a JSON list"),
+    Case("tokenizer-config-invalid-json", lambda ws: _tokenizer_config(ws, "{'bos': 1"), "not valid JSON"),
+    Case("tokenizer-config-template-number", lambda ws: _tokenizer_config(ws, '{"chat_template": 7}'),
+         "chat_template in tokenizer_config.json is a int"),
+    Case("tokenizer-config-eos-number", lambda ws: _tokenizer_config(ws, '{"eos_token": 3}'), "eos_token"),
+    Case("tokenizer-config-eos-unknown", lambda ws: _tokenizer_config(ws, '{"eos_token": "<nope>"}'),
+         "not in the vocabulary"),
+    Case("tokenizer-json-garbage", lambda ws: ["tokenize", ws.write("a.jsonl", GOOD), "--tokenizer",
+                                               ws.write("tokenizer.json", "{}"), "--output", str(ws.out)],
+         "cannot load tokenizer"),
+    # 9 / 19: chat templates
+    Case("template-syntax-error", lambda ws: _template(ws, b"{% for m in messages %}{{ m.content }"), "line 1"),
+    Case("template-not-utf8", lambda ws: _template(ws, CHATML_TEMPLATE.encode() + b"\xff\xfe"), "not UTF-8"),
+    Case("template-is-a-directory", lambda ws: _template(ws, None), "is a directory"),
+    Case("template-unknown-tag", lambda ws: _template(ws, b"{% frobnicate %}"), "does not compile"),
+    Case("run-config-is-a-directory", lambda ws: ["run", str(ws.root / "prev")], "is a directory"),
+    # 17
+    Case("stats-of-a-jsonl", lambda ws: ["stats", ws.write("a.jsonl", GOOD)], "neither a token store"),
+    # 9: environment
+    Case("input-io-error", lambda ws: ws.tokenize(_symlink(ws, "/proc/self/mem", "mem.jsonl")),
+         "cannot read the input (Input/output error)"),
+    Case("output-under-proc", lambda ws: ws.tokenize(ws.write("a.jsonl", GOOD), out=Path("/proc/packtool-test-out")),
+         "cannot write the output"),
+    Case("input-not-readable", _unreadable_input, "cannot read the input (Permission denied)", subprocess=True,
+         wrap=_setpriv, needs=not IS_ROOT or SETPRIV is not None),
+    Case("output-parent-not-writable", _unwritable_parent, "cannot write the output (Permission denied)",
+         subprocess=True, wrap=_setpriv, needs=not IS_ROOT or SETPRIV is not None),
+    Case("disk-full", _disk_full, "cannot write the output (File too large)", subprocess=True, preexec=_limit_file_size),
+    Case("concurrent-writer", _held_lock, "being written by another packtool run (pid", subprocess=True),
+]
+
+
+def _symlink(ws: Ws, target: str, name: str) -> str:
+    ws.data.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, ws.data / name)
+    return str(ws.data / name)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under `root` (symlinks as their target) -> sha256; packtool's resume dir excluded."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if ".out.partial" in rel or ".data.partial" in rel:
+            continue
+        if path.is_symlink():
+            out[rel] = "-> " + os.readlink(path)
+        elif path.is_file():
+            try:
+                out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+            except PermissionError:
+                out[rel] = "unreadable"
+    return out
+
+
+@pytest.fixture(scope="module")
+def prev_store(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer_dir: Path) -> Path:
+    """A finished store (with rejects.jsonl) that every case keeps next to its output."""
+    root = tmp_path_factory.mktemp("prev")
+    (root / "p.jsonl").write_bytes(GOOD + b"{broken\n")
+    store = root / "prev"
+    code, _, err = cli("tokenize", str(root / "p.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(store),
+                       "-q", "--on-error", "skip")
+    assert code == 0, err
+    return store
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_bad_input_fails_with_one_line_and_touches_nothing(case: Case, tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                          prev_store: Path) -> None:
+    if not case.needs:
+        pytest.skip("needs setpriv to drop root's permission override")
+    ws = Ws(tmp_path, bpe_tokenizer_dir)
+    shutil.copytree(prev_store, tmp_path / "prev")
+    args = case.setup(ws)
+    out_before = ws.out.exists()
+    before = snapshot(tmp_path)
+    try:
+        if case.subprocess:
+            command = [sys.executable, "-m", "packtool", *args]
+            command = case.wrap(command) if case.wrap else command
+            proc = subprocess.run(command, capture_output=True, text=True, env=_env(), preexec_fn=case.preexec,
+                                  timeout=120, cwd=tmp_path)
+            code, err = proc.returncode, proc.stderr
+        else:
+            code, _, err = cli(*args)
+    finally:
+        holder = getattr(ws, "holder", None)
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        for path in tmp_path.rglob("*"):  # let pytest clean up what the case made unreadable
+            if not path.is_symlink():
+                os.chmod(path, 0o755)
+    assert code == 1, (code, err)
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert case.expect in err, err
+    after = snapshot(tmp_path)
+    lost = {k: v for k, v in before.items() if after.get(k) != v}
+    assert not lost, f"changed or deleted: {sorted(lost)[:5]}"
+    if not out_before:
+        assert not ws.out.exists(), "something appeared under the final name"
+    held = {".out.lock"} if case.name == "concurrent-writer" else set()  # the SIGKILLed holder's; the next run's
+    leftovers = [p.name for p in tmp_path.rglob(".*") if not p.name.endswith(".partial") and p.name not in held]
+    assert not leftovers, leftovers
+
+
+def test_generation_tag_template_is_one_line_or_works(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """`{% generation %}` (TRL's assistant masks): supported by the chat work, else one error line, never a traceback."""
+    ws = Ws(tmp_path, bpe_tokenizer_dir)
+    template = CHATML_TEMPLATE.replace(
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}",
+        "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}{% endgeneration %}"
+        "{% else %}{{ message['content'] }}{% endif %}",
+    )
+    code, _, err = cli(*_template(ws, template.encode()))
+    assert code == 0 or (code == 1 and err.startswith("error: ") and err.count("\n") == 1), err
