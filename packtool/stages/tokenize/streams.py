@@ -78,7 +78,7 @@ def split_records(blocks: Iterator[bytes], sep: bytes, limit: int) -> Iterator[b
                 yield buf[start:i]
             start = i + len(sep)
         rest = len(buf) - start
-        if skipped >= 0 or rest > limit:
+        if skipped >= 0 or rest > limit + keep:  # longer than the limit even if its tail starts a separator
             drop = rest - keep
             skipped = max(skipped, 0) + drop
             skipped_nl += buf.count(b"\n", start, start + drop)
