@@ -489,3 +489,13 @@ def test_sigterm_mid_run_is_one_line_and_the_rerun_is_byte_identical(tmp_path: P
     reference = _spawn(ws, tmp_path / "ref", src)
     assert reference.wait(timeout=300) == 0
     assert store_bytes(ws.out) == store_bytes(tmp_path / "ref")
+
+
+def test_cli_default_max_record_bytes_is_the_config_default() -> None:
+    import inspect
+
+    from packtool.cli.commands import tokenize
+    from packtool.stages.tokenize import TokenizeConfig
+
+    default = inspect.signature(tokenize).parameters["max_record_bytes"].default
+    assert default == TokenizeConfig.max_record_bytes == 16 << 20

@@ -85,7 +85,7 @@ class TokenizeConfig:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}, leave it out to use all cores")
         if self.max_record_bytes < 1:
             raise ConfigError(
-                f"--max-record-bytes must be >= 1, got {self.max_record_bytes}, leave it out for the default (64 MiB)"
+                f"--max-record-bytes must be >= 1, got {self.max_record_bytes}, leave it out for the default (16 MiB)"
             )
         if self.chunk_bytes < 1:
             raise ConfigError(f"--chunk-bytes must be >= 1, got {self.chunk_bytes}, leave it out for the default")
