@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import CHATML_TEMPLATE, cli, zipf_texts
+from support import CHATML_TEMPLATE, cli, zipf_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0

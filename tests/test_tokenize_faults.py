@@ -10,6 +10,7 @@ uninterrupted run and leaves nothing beside the output (no lock, staging, old co
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,8 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli, zipf_texts
-from test_bad_inputs import lines, store_bytes
+from support import cli, zipf_texts
 
 from packtool.formats.faults import ENV
 from packtool.formats.token_store import recover_token_store
@@ -36,6 +36,14 @@ EXPECTED = {
     "atomic.swap:rename-new",
     "atomic.swap:remove-old",
 }
+
+
+def lines(rows: list[object]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def store_bytes(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
 def _args(root: Path, out: Path) -> list[str]:
