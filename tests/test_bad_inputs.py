@@ -464,8 +464,14 @@ def test_two_concurrent_runs_the_second_fails_with_one_line_naming_the_first(tmp
     src = _slow_corpus(ws)
     first = _spawn(ws, ws.out, src)
     _wait_for(tmp_path / ".out.partial" / "journal.jsonl", first)
-    second = _spawn(ws, ws.out, src)
-    _, err2 = second.communicate(timeout=120)
+    if first.poll() is not None:
+        pytest.skip("the first run finished before the second could start")
+    first.send_signal(signal.SIGSTOP)  # keep it mid-run (holding the lock) however fast this machine is
+    try:
+        second = _spawn(ws, ws.out, src)
+        _, err2 = second.communicate(timeout=120)
+    finally:
+        first.send_signal(signal.SIGCONT)
     _, err1 = first.communicate(timeout=300)
     assert first.returncode == 0, err1
     assert second.returncode == 1 and err2.count("\n") == 1 and f"pid {first.pid}" in err2, err2
