@@ -209,6 +209,12 @@ def _unreadable_input(ws: Ws) -> list[str]:
     return ws.tokenize(path)
 
 
+def _unlistable_dir(ws: Ws, how: str) -> list[str]:
+    ws.write("sub/a.jsonl", GOOD)
+    os.chmod(ws.data / "sub", 0)
+    return ws.tokenize({"dir": str(ws.data), "file": str(ws.data / "sub" / "a.jsonl"), "glob": str(ws.data / "sub" / "*.jsonl")}[how])
+
+
 def _unwritable_parent(ws: Ws) -> list[str]:
     parent = ws.root / "ro"
     parent.mkdir()
@@ -300,6 +306,9 @@ CASES = [
          "cannot write the output"),
     Case("input-not-readable", _unreadable_input, "cannot read the input (Permission denied)", subprocess=True,
          wrap=_setpriv, needs=not IS_ROOT or SETPRIV is not None),
+    *[Case(f"input-under-unlistable-dir-{how}", lambda ws, how=how: _unlistable_dir(ws, how),
+           "cannot read the input (Permission denied)", subprocess=True, wrap=_setpriv,
+           needs=not IS_ROOT or SETPRIV is not None) for how in ("dir", "file", "glob")],
     Case("output-parent-not-writable", _unwritable_parent, "cannot write the output (Permission denied)",
          subprocess=True, wrap=_setpriv, needs=not IS_ROOT or SETPRIV is not None),
     Case("disk-full", _disk_full, "cannot write the output (File too large)", subprocess=True, preexec=_limit_file_size),

@@ -69,32 +69,51 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
         )
     found: set[Path] = set()
     for item in inputs:
-        text = os.fspath(item)
-        path = Path(text)
-        if path.is_dir():
-            matches = [p for p in path.rglob("*") if p.is_file() and source_kind(p) and not _hidden(p, path)]
-            if not matches:
-                raise InputError(
-                    "directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt files", text, hint="check the path"
-                )
-        elif path.is_file():
-            if source_kind(path) is None:
-                raise InputError(
-                    "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .txt)",
-                    text,
-                    hint="rename or convert the file",
-                )
-            matches = [path]
-        else:
-            matches = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and source_kind(p)]
-            if not matches:
-                raise InputError(
-                    "input does not exist or the glob matches no supported file",
-                    text,
-                    hint="check the path or quote the glob",
-                )
-        found.update(p.resolve() for p in matches)
+        with reading(os.fspath(item)):  # a directory on the way that cannot be listed, etc.
+            found.update(_expand_one(os.fspath(item)))
     return sorted(found, key=lambda p: str(p))
+
+
+def _walk_files(root: Path) -> list[Path]:
+    """Files under `root`, hidden directories pruned, symlinked directories not followed (as rglob);
+    a directory that cannot be listed raises instead of being skipped silently."""
+
+    def fail(exc: OSError) -> None:
+        raise exc
+
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        out.extend(Path(dirpath) / name for name in filenames)
+    return out
+
+
+def _expand_one(text: str) -> list[Path]:
+    """One input argument -> its supported files (resolved)."""
+    path = Path(text)
+    if path.is_dir():
+        matches = [p for p in _walk_files(path) if p.is_file() and source_kind(p) and not _hidden(p, path)]
+        if not matches:
+            raise InputError(
+                "directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt files", text, hint="check the path"
+            )
+    elif path.is_file():
+        if source_kind(path) is None:
+            raise InputError(
+                "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .txt)",
+                text,
+                hint="rename or convert the file",
+            )
+        matches = [path]
+    else:
+        matches = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and source_kind(p)]
+        if not matches:
+            raise InputError(
+                "input does not exist or the glob matches no supported file",
+                text,
+                hint="check the path or quote the glob",
+            )
+    return [p.resolve() for p in matches]
 
 
 def _hidden(path: Path, root: Path) -> bool:
