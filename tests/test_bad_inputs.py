@@ -215,6 +215,21 @@ def _unlistable_dir(ws: Ws, how: str) -> list[str]:
     return ws.tokenize({"dir": str(ws.data), "file": str(ws.data / "sub" / "a.jsonl"), "glob": str(ws.data / "sub" / "*.jsonl")}[how])
 
 
+def _hidden_behind(ws: Ws, what: str) -> list[str]:
+    """The tokenizer / chat template / run config sits in a directory that cannot be searched."""
+    locked = ws.root / "locked"
+    shutil.copytree(ws.tok, locked / "tok")
+    (locked / "t.jinja").write_text(CHATML_TEMPLATE)
+    (locked / "run.yaml").write_text("tokenize: {}\n")
+    src = ws.write("a.jsonl", GOOD)
+    os.chmod(locked, 0)
+    if what == "tokenizer":
+        return ["tokenize", src, "--tokenizer", str(locked / "tok"), "--output", str(ws.out), "-q"]
+    if what == "template":
+        return ws.tokenize(src, extra=("--format", "chat", "--chat-template", str(locked / "t.jinja")))
+    return ["run", str(locked / "run.yaml")]
+
+
 def _unwritable_parent(ws: Ws) -> list[str]:
     parent = ws.root / "ro"
     parent.mkdir()
@@ -309,6 +324,12 @@ CASES = [
     *[Case(f"input-under-unlistable-dir-{how}", lambda ws, how=how: _unlistable_dir(ws, how),
            "cannot read the input (Permission denied)", subprocess=True, wrap=_setpriv,
            needs=not IS_ROOT or SETPRIV is not None) for how in ("dir", "file", "glob")],
+    *[Case(f"{what}-behind-unsearchable-dir", lambda ws, what=what: _hidden_behind(ws, what), "Permission denied",
+           subprocess=True, wrap=_setpriv, needs=not IS_ROOT or SETPRIV is not None)
+      for what in ("tokenizer", "template", "run-config")],
+    Case("input-is-a-device", lambda ws: ws.tokenize(_symlink(ws, "/dev/zero", "zero.jsonl")), "not a regular file"),
+    Case("output-under-a-file", lambda ws: ws.tokenize(ws.write("a.jsonl", GOOD), out=ws.data / "a.jsonl" / "out"),
+         "a.jsonl is a file, not a directory"),
     Case("output-parent-not-writable", _unwritable_parent, "cannot write the output (Permission denied)",
          subprocess=True, wrap=_setpriv, needs=not IS_ROOT or SETPRIV is not None),
     Case("disk-full", _disk_full, "cannot write the output (File too large)", subprocess=True, preexec=_limit_file_size),

@@ -119,11 +119,11 @@ class RunResult:
 def load_run_config(path: str | Path) -> list[Step]:
     """Parse and check a run config into steps; nothing runs and nothing is written."""
     file = Path(path)
-    if file.is_dir():
-        raise ConfigError(f"config file {file} is a directory, pass the path of a YAML file (see configs/)")
-    if not file.is_file():
-        raise ConfigError(f"config file {file} does not exist, pass the path of a YAML file (see configs/)")
     try:
+        if file.is_dir():
+            raise ConfigError(f"config file {file} is a directory, pass the path of a YAML file (see configs/)")
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist, pass the path of a YAML file (see configs/)")
         data = yaml.load(file.read_text("utf-8"), Loader=_LineLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)

@@ -39,7 +39,7 @@ def reading(path: str | os.PathLike[str]) -> Iterator[None]:
     except OSError as exc:
         raise InputError(
             f"cannot read the input ({os_reason(exc)})",
-            os.fspath(exc.filename if isinstance(exc.filename, (str, bytes, os.PathLike)) else path),
+            str(exc.filename) if exc.filename is not None else os.fspath(path),
             hint="check that it is readable (permissions, disk) and complete",
         ) from exc
 

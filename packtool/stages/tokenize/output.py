@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import OutputExistsError
+from packtool.errors import OutputExistsError, StorageError
 from packtool.formats.atomic import dead_siblings
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
@@ -30,6 +30,13 @@ log = logging.getLogger(__name__)
 def guarded_output(output: Path) -> Iterator[None]:
     """Hold `output`'s lock for the block, repair a killed swap first, name output-side OSErrors."""
     with writing(output):
+        for parent in output.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise StorageError(
+                        f"cannot write the output, {parent} is a file, not a directory, choose another --output"
+                    )
+                break
         output.parent.mkdir(parents=True, exist_ok=True)
         with exclusive_output(output):
             done = recover_token_store(output)

@@ -81,7 +81,7 @@ def _walk_files(root: Path) -> list[Path]:
     def fail(exc: OSError) -> None:
         raise exc
 
-    out = []
+    out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         out.extend(Path(dirpath) / name for name in filenames)
@@ -105,6 +105,8 @@ def _expand_one(text: str) -> list[Path]:
                 hint="rename or convert the file",
             )
         matches = [path]
+    elif path.exists():
+        raise InputError("is not a regular file (a device, a pipe or a socket)", text, hint="pass a file")
     else:
         matches = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and source_kind(p)]
         if not matches:

@@ -15,11 +15,11 @@ from packtool.errors import ConfigError
 def read_chat_template(spec: str) -> str:
     """The text of the `--chat-template` file (UTF-8 Jinja)."""
     path = Path(spec).expanduser()
-    if path.is_dir():
-        raise ConfigError(f"--chat-template {spec} is a directory, pass a Jinja template file")
-    if not path.exists():
-        raise ConfigError(f"--chat-template {spec} does not exist, pass a Jinja template file")
     try:
+        if path.is_dir():
+            raise ConfigError(f"--chat-template {spec} is a directory, pass a Jinja template file")
+        if not path.exists():
+            raise ConfigError(f"--chat-template {spec} does not exist, pass a Jinja template file")
         return path.read_text("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(

@@ -168,6 +168,16 @@ def _chat_template(config: dict[str, Any], path: Path) -> str | None:
 
 def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
     """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour."""
+    try:
+        return _load_tokenizer(spec)
+    except OSError as exc:  # a directory on the way that cannot be searched, an unreadable file
+        where = exc.filename if exc.filename is not None else spec
+        raise TokenizerError(
+            f"cannot read the tokenizer ({exc.strerror or exc}), {where}, check its permissions"
+        ) from exc
+
+
+def _load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
     json_path, name = locate(spec)
     try:
         tok = Tokenizer.from_file(str(json_path))
