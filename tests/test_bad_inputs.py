@@ -132,6 +132,20 @@ def _parquet(ws: Ws, corrupt: str) -> list[str]:
     return ws.tokenize(str(path))
 
 
+def _parquet_long_row(ws: Ws, nested: bool) -> list[str]:
+    path = ws.data / "a.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if nested:  # chat: the size of a row counts the strings inside its messages
+        rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a" * n}]}
+                for n in (10, 20, 600, 1600, 30)]
+        extra: tuple[str, ...] = ("--format", "chat", "--max-record-bytes", "1000")
+    else:
+        rows = [{"text": t, "id": i} for i, t in enumerate(["short", "x" * 1500, "also short"])]
+        extra = ("--max-record-bytes", "1000")
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=2)
+    return ws.tokenize(str(path), extra=extra)
+
+
 def _tokenizer_config(ws: Ws, content: str) -> list[str]:
     tok = ws.root / "tok2"
     shutil.copytree(ws.tok, tok)
@@ -293,6 +307,8 @@ CASES = [
     Case("empty-file", lambda ws: ws.tokenize(ws.write("a.jsonl", b"")), "no documents"),
     Case("blank-lines-only", lambda ws: ws.tokenize(ws.write("a.jsonl", b"\n  \n\n")), "no documents"),
     Case("record-over-max-record-bytes", _max_record, "over --max-record-bytes 1000"),
+    Case("parquet-row-over-max-record-bytes", lambda ws: _parquet_long_row(ws, False), "a.parquet:2"),
+    Case("parquet-chat-row-over-max-record-bytes", lambda ws: _parquet_long_row(ws, True), "a.parquet:4"),
     Case("txt-over-max-record-bytes",
          lambda ws: ws.tokenize(ws.write("a.txt", "y" * 3000), extra=("--max-record-bytes", "1000")), "a.txt:1"),
     # 6: tokenizer_config.json / mismatched tokenizer
