@@ -250,19 +250,18 @@ def read_chunk(
 
 
 def _jsonl_lines(path: str, pieces: Iterator[bytes | TooLong], first_line: int, limit: int) -> Iterator[RawRecord]:
-    number = first_line
-    for piece in pieces:
-        line, number = number, number + 1
+    loads, error = _loads, _JSONError
+    for line, piece in enumerate(pieces, first_line):
         if isinstance(piece, TooLong):
             yield RawRecord(path, line, error=too_long_reason(piece.n_bytes, limit))
             continue
         if line == 1 and piece.startswith(BOM):  # a UTF-8 byte order mark starts the file, not the record
             piece = piece[len(BOM) :]
-        if not piece.strip():
-            continue
         try:
-            yield RawRecord(path, line, _loads(piece))
-        except _JSONError as exc:
+            yield RawRecord(path, line, loads(piece))
+        except error as exc:
+            if not piece.strip():
+                continue  # a blank line is not a record
             message = str(exc)
             reason = "invalid UTF-8" if "utf-8" in message.lower() else f"malformed JSON ({message})"
             yield RawRecord(path, line, error=reason)

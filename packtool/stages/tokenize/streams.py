@@ -69,24 +69,26 @@ def split_records(blocks: Iterator[bytes], sep: bytes, limit: int) -> Iterator[b
     keep = len(sep) - 1  # bytes that may start a separator cut by a block boundary
     for block in blocks:
         buf = carry + block if carry else block
-        start = 0
-        while (i := buf.find(sep, start)) >= 0:
-            if skipped >= 0:
-                yield TooLong(skipped + i - start, skipped_nl + buf.count(b"\n", start, i))
-                skipped, skipped_nl = -1, 0
-            elif i - start > limit:
-                yield TooLong(i - start, buf.count(b"\n", start, i))
-            else:
-                yield buf[start:i]
-            start = i + len(sep)
-        rest = len(buf) - start
-        if skipped >= 0 or rest > limit + keep:  # longer than the limit even if its tail starts a separator
-            drop = rest - keep
-            skipped = max(skipped, 0) + drop
-            skipped_nl += buf.count(b"\n", start, start + drop)
-            carry = buf[start + drop :]
+        if skipped >= 0:
+            i = buf.find(sep)
+            if i < 0:
+                drop = len(buf) - keep
+                skipped, skipped_nl = skipped + drop, skipped_nl + buf.count(b"\n", 0, drop)
+                carry = buf[drop:]
+                continue
+            yield TooLong(skipped + i, skipped_nl + buf.count(b"\n", 0, i))
+            skipped, skipped_nl = -1, 0
+            buf = buf[i + len(sep) :]
+        pieces = buf.split(sep)
+        rest = pieces.pop()
+        for piece in pieces:
+            yield piece if len(piece) <= limit else TooLong(len(piece), piece.count(b"\n"))
+        if len(rest) > limit + keep:  # longer than the limit even if its tail starts a separator
+            drop = len(rest) - keep
+            skipped, skipped_nl = drop, rest.count(b"\n", 0, drop)
+            carry = rest[drop:]
         else:
-            carry = buf[start:]
+            carry = rest
     if skipped >= 0:
         yield TooLong(skipped + len(carry), skipped_nl + carry.count(b"\n"))
     else:
