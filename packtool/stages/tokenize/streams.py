@@ -21,7 +21,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
@@ -35,9 +35,10 @@ BOM = b"\xef\xbb\xbf"
 _TRUNCATED_HINT = "check that the file is complete (re-download or re-compress it)"
 
 
-@dataclass(frozen=True)
-class RawRecord:
-    """A parsed record or the reason it is unreadable; `line` is 1-based (row number for parquet)."""
+class RawRecord(NamedTuple):
+    """A parsed record or the reason it is unreadable; `line` is 1-based (row number for parquet).
+
+    A named tuple, not a dataclass: one is made per record, and a tuple is cheaper to build."""
 
     source: str
     line: int | None
