@@ -129,8 +129,11 @@ def write_token_store(final: str | os.PathLike[str], dtype: np.dtype) -> Iterato
     """A `TokenStoreWriter` on a hidden staging directory that replaces `final` only on success.
 
     The body appends documents and calls `finish(manifest)`; on any exception (or a body that never
-    finishes) the staging directory is removed and `final` is left exactly as it was.
+    finishes) the staging directory is removed and `final` is left exactly as it was. A swap that a
+    killed writer left beside `final` is repaired first (every writer: tokenize, merge).
     """
+    if Path(final).parent.is_dir():
+        recover_token_store(final)
     with atomic_directory(final) as staging:
         writer = TokenStoreWriter(staging, dtype)
         try:
