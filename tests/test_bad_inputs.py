@@ -326,6 +326,7 @@ CASES = [
     Case("template-syntax-error", lambda ws: _template(ws, b"{% for m in messages %}{{ m.content }"), "line 1"),
     Case("template-not-utf8", lambda ws: _template(ws, CHATML_TEMPLATE.encode() + b"\xff\xfe"), "not UTF-8"),
     Case("template-is-a-directory", lambda ws: _template(ws, None), "is a directory"),
+    Case("template-empty", lambda ws: _template(ws, b"  \n"), "is empty"),
     Case("template-unknown-tag", lambda ws: _template(ws, b"{% frobnicate %}"), "does not compile"),
     Case("run-config-is-a-directory", lambda ws: ["run", str(ws.root / "prev")], "is a directory"),
     # 17

@@ -20,7 +20,7 @@ def read_chat_template(spec: str) -> str:
             raise ConfigError(f"--chat-template {spec} is a directory, pass a Jinja template file")
         if not path.exists():
             raise ConfigError(f"--chat-template {spec} does not exist, pass a Jinja template file")
-        return path.read_text("utf-8")
+        text = path.read_text("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"--chat-template {spec} is not UTF-8 text (byte {exc.start}), save the template as UTF-8"
@@ -29,6 +29,9 @@ def read_chat_template(spec: str) -> str:
         raise ConfigError(
             f"--chat-template {spec} cannot be read ({exc.strerror or exc}), check its permissions"
         ) from exc
+    if not text.strip():
+        raise ConfigError(f"--chat-template {spec} is empty, pass a Jinja chat template file")
+    return text
 
 
 def check_chat_template(source: str, where: str) -> None:
