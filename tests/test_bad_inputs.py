@@ -327,6 +327,8 @@ CASES = [
     Case("template-not-utf8", lambda ws: _template(ws, CHATML_TEMPLATE.encode() + b"\xff\xfe"), "not UTF-8"),
     Case("template-is-a-directory", lambda ws: _template(ws, None), "is a directory"),
     Case("template-empty", lambda ws: _template(ws, b"  \n"), "is empty"),
+    Case("template-error-new-parents", lambda ws: [*_template(ws, b"{% if %}"), "--output",
+                                                   str(ws.root / "new" / "deeper" / "out")], "does not compile"),
     Case("template-unknown-tag", lambda ws: _template(ws, b"{% frobnicate %}"), "does not compile"),
     Case("run-config-is-a-directory", lambda ws: ["run", str(ws.root / "prev")], "is a directory"),
     # 17
@@ -403,6 +405,7 @@ def test_bad_input_fails_with_one_line_and_touches_nothing(case: Case, tmp_path:
     args = case.setup(ws)
     out_before = ws.out.exists()
     before = snapshot(tmp_path)
+    dirs_before = {p for p in tmp_path.rglob("*") if p.is_dir()}
     try:
         if case.subprocess:
             command = [sys.executable, "-m", "packtool", *args]
@@ -430,6 +433,8 @@ def test_bad_input_fails_with_one_line_and_touches_nothing(case: Case, tmp_path:
         assert not ws.out.exists(), "something appeared under the final name"
     held = {".out.lock"} if case.name == "concurrent-writer" else set()  # the SIGKILLed holder's; the next run's
     leftovers = [p.name for p in tmp_path.rglob(".*") if not p.name.endswith(".partial") and p.name not in held]
+    new_dirs = {p for p in tmp_path.rglob("*") if p.is_dir() and ".partial" not in p.as_posix()} - dirs_before
+    assert not new_dirs, f"directories left behind: {sorted(map(str, new_dirs))[:3]}"
     assert not leftovers, leftovers
 
 

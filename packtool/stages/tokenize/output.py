@@ -28,8 +28,12 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def guarded_output(output: Path) -> Iterator[None]:
-    """Hold `output`'s lock for the block, repair a killed swap first, name output-side OSErrors."""
+    """Hold `output`'s lock for the block, repair a killed swap first, name output-side OSErrors.
+
+    Parent directories it creates are removed again when the run fails and leaves them empty.
+    """
     with writing(output):
+        created = []
         for parent in output.parents:
             if parent.exists():
                 if not parent.is_dir():
@@ -37,14 +41,21 @@ def guarded_output(output: Path) -> Iterator[None]:
                         f"cannot write the output, {parent} is a file, not a directory, choose another --output"
                     )
                 break
+            created.append(parent)
         output.parent.mkdir(parents=True, exist_ok=True)
-        with exclusive_output(output):
-            done = recover_token_store(output)
-            if done:
-                log.warning("%s", done)
-            for path in dead_siblings(output, "tmp"):  # staging dirs of killed runs (SIGKILL skips cleanup)
-                shutil.rmtree(path, ignore_errors=True)
-            yield
+        try:
+            with exclusive_output(output):
+                done = recover_token_store(output)
+                if done:
+                    log.warning("%s", done)
+                for path in dead_siblings(output, "tmp"):  # staging dirs of killed runs (SIGKILL skips cleanup)
+                    shutil.rmtree(path, ignore_errors=True)
+                yield
+        except BaseException:
+            for parent in created:  # deepest first; one holding resume state (.DIR.partial) stays
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+            raise
 
 
 def check_output(output: Path, build: str, overwrite: bool, inputs: Sequence[Path]) -> dict[str, Any] | None:
