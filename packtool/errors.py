@@ -44,5 +44,9 @@ class OutputExistsError(PacktoolError):
     """The output already holds a different store and `--overwrite` was not given."""
 
 
+class StorageError(PacktoolError):
+    """The output cannot be written: permissions, disk full, a read-only or special file system."""
+
+
 class OutputLockedError(PacktoolError):
     """Another packtool run holds the output's lock (`packtool.formats.locks.exclusive_output`)."""

@@ -146,8 +146,13 @@ def test_merge_output_exists_needs_overwrite(three_shards: list[Path], tmp_path:
     (out / "keep.txt").write_text("x")
     code, _, err = cli(*["merge", *map(str, three_shards), "--output", str(out), "-q"])
     assert code == 1 and "--overwrite" in err and (out / "keep.txt").exists()
-    assert cli(*["merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite"])[0] == 0
-    assert not (out / "keep.txt").exists()
+    code, _, err = cli("merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite")
+    assert code == 1 and "not a packtool token store" in err and (out / "keep.txt").read_text() == "x"  # never deleted
+    (out / "keep.txt").unlink()
+    assert cli("merge", *map(str, three_shards), "--output", str(out), "-q")[0] == 0
+    assert cli("merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite")[0] == 0
+    code, _, err = cli("merge", *map(str, three_shards), "--output", str(three_shards[0]), "-q", "--overwrite")
+    assert code == 1 and "holds the input" in err and open_token_store(three_shards[0]).n_documents > 0
 
 
 def dying_executor(after: int) -> object:
@@ -177,3 +182,28 @@ def test_killed_shard_resumes_from_its_journal(corpus: list[str], bpe_tokenizer_
 def test_shard_index_must_be_in_range() -> None:
     with pytest.raises(ConfigError, match="--num-shards must be at least 1"):
         shard_bounds(10, 0, 0)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("left", ["old", "staged-new"])
+def test_merge_repairs_a_swap_that_a_killed_writer_left(three_shards: list[Path], tmp_path: Path, left: str) -> None:
+    """SIGKILL between the two renames of a swap: nothing under the name, the store in a hidden sibling."""
+    import shutil
+
+    out = tmp_path / "m"
+    assert cli("merge", *map(str, three_shards), "--output", str(out), "-q")[0] == 0
+    want = {p.name: p.read_bytes() for p in out.iterdir()}
+    tag = "old" if left == "old" else "tmp"
+    shutil.move(out, tmp_path / f".m.{tag}-{_dead_pid()}")
+    (tmp_path / f".m.old-{_dead_pid()}").mkdir()  # an incomplete leftover of another dead run
+    assert cli("merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite")[0] == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]

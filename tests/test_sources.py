@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -114,3 +115,49 @@ def test_nested_fields() -> None:
     assert "missing field 'a.x'" in str(get_text_field(record, "a.x")[1])
     assert "not a string" in str(get_text_field(record, "n")[1])
     assert "not an object" in str(get_text_field(record, "n.q")[1])
+
+
+@pytest.mark.parametrize("sep", [b"\n", b"<doc>", b"\n\n"])
+@pytest.mark.parametrize("block", [1, 3, 7, 64, 4096])
+def test_split_records_equals_split_with_bounded_pieces(sep: bytes, block: int) -> None:
+    from packtool.stages.tokenize.streams import TooLong, split_records
+
+    rng = np.random.default_rng(block)
+    alphabet = np.frombuffer(b"ab\nc<do>", np.uint8)
+    pieces = [rng.choice(alphabet, size=int(n)).tobytes().replace(sep, b"") for n in rng.zipf(1.5, 200) % 300]
+    data = sep.join(pieces)
+    limit = 40
+    blocks = iter([data[i : i + block] for i in range(0, len(data), block)])
+    got = list(split_records(blocks, sep, limit))
+    want = data.split(sep)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        if len(w) > limit:
+            assert g == TooLong(len(w), w.count(b"\n"))
+        else:
+            assert g == w
+
+
+@pytest.mark.parametrize("settings", [
+    {"write_checksum": True, "write_content_size": True},
+    {"write_checksum": False, "write_content_size": False},
+    {"write_checksum": True, "write_content_size": False, "level": 19},
+])
+def test_zstd_frame_check_passes_whole_files_and_every_cut_inside_a_frame(tmp_path: Path, settings: dict) -> None:
+    from packtool.stages.tokenize.streams import check_zstd_frames
+
+    raw = "".join(json.dumps({"text": t}) + "\n" for t in zipf_texts(400, seed=6)).encode()
+    frames = [zstandard.ZstdCompressor(**settings).compress(raw[i::3]) for i in range(3)]
+    if not settings["write_content_size"]:  # streamed frames: no content size, several blocks
+        cobj = zstandard.ZstdCompressor(**settings).compressobj()
+        frames[1] = cobj.compress(raw * 3) + cobj.flush()
+    data = b"".join(frames)
+    bounds = set(np.cumsum([0] + [len(f) for f in frames]).tolist())
+    path = tmp_path / "a.jsonl.zst"
+    for cut in sorted(set(range(0, len(data) + 1, 97)) | bounds | {len(data) - 1, len(data) - 3}):
+        path.write_bytes(data[:cut])
+        if cut in bounds:
+            check_zstd_frames(str(path))
+        else:
+            with pytest.raises(InputError, match="truncated"):
+                check_zstd_frames(str(path))

@@ -5,6 +5,7 @@ The only layer that prints, exits or draws progress bars.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -13,13 +14,37 @@ from packtool.cli.commands import app
 from packtool.errors import PacktoolError
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that it unwinds like Ctrl-C: staging removed, workers stopped.
+
+    Not a KeyboardInterrupt: typer turns that into a silent exit 130 before `main` sees it.
+    """
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    raise Terminated()
+
+
 def main() -> None:
-    """Console entry point: typer handles usage errors (exit 2); PacktoolError becomes one line, exit 1."""
+    """Console entry point: typer handles usage errors (exit 2); PacktoolError becomes one line, exit 1.
+
+    SIGTERM unwinds every writer like Ctrl-C (nothing half-written stays under a final name, worker
+    processes are stopped) and ends with one line, exit 143; a re-run resumes.
+    """
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except PacktoolError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except Terminated:
+        typer.echo(
+            "error: terminated (SIGTERM), nothing half-written was kept, re-run the same command to resume", err=True
+        )
+        sys.exit(143)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 __all__ = ["app", "main"]

@@ -76,6 +76,9 @@ def tokenize(
         OnError, typer.Option("--on-error", help="fail at file:line, or skip to rejects.jsonl.")
     ] = OnError.FAIL,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a different existing token store.")] = False,
+    max_record_bytes: Annotated[
+        int, typer.Option("--max-record-bytes", min=1, help="Longest record in bytes; longer is a bad record.")
+    ] = 16 << 20,  # TokenizeConfig's default (a test checks they agree)
     chunk_bytes: Annotated[int, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume.")] = 16
     << 20,
     backend: Annotated[

@@ -119,9 +119,11 @@ class RunResult:
 def load_run_config(path: str | Path) -> list[Step]:
     """Parse and check a run config into steps; nothing runs and nothing is written."""
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"config file {file} does not exist, pass the path of a YAML file (see configs/)")
     try:
+        if file.is_dir():
+            raise ConfigError(f"config file {file} is a directory, pass the path of a YAML file (see configs/)")
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist, pass the path of a YAML file (see configs/)")
         data = yaml.load(file.read_text("utf-8"), Loader=_LineLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -132,6 +134,8 @@ def load_run_config(path: str | Path) -> list[Step]:
         ) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config is not UTF-8 text ({exc.reason}), {file}, save it as UTF-8") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config ({exc.strerror or exc}), {file}, check its permissions") from exc
     if not isinstance(data, dict):
         raise ConfigError(
             f"config must be a mapping with sections {', '.join(SECTIONS)} or a `steps` list, got "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
@@ -44,6 +45,8 @@ def _run(task: Any) -> Any:
 
 
 def _init_worker(env: Mapping[str, str]) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops the pool; a worker must not print a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from packtool.formats.faults import fault_point
 
 
 def temp_sibling(path: Path, tag: str = "tmp") -> Path:
@@ -69,20 +72,107 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     staging.mkdir()
     try:
         yield staging
+        replace_directory(staging, final_path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    replace_directory(staging, final_path)
+
+
+_SWAP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back for the block (delivered right after it); a no-op where masks are unsupported."""
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SWAP_SIGNALS)
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - no pthread_sigmask on this platform
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def replace_directory(staging: Path, final: Path) -> None:
-    """Rename `staging` to `final`, moving an existing `final` aside and removing it after."""
+    """Rename `staging` to `final`, moving an existing `final` aside and removing it after.
+
+    The two renames run with SIGINT/SIGTERM deferred, and an exception between them puts the old
+    directory back, so only SIGKILL or a power cut can leave `final` missing; `recover_directory`
+    repairs that on the next run.
+    """
     old = temp_sibling(final, "old")
-    if final.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)
-    os.replace(staging, final)
-    fsync_dir(final.parent)
+    with signals_deferred():
+        moved = False
+        try:
+            if final.exists():
+                if old.exists():
+                    shutil.rmtree(old)
+                fault_point("atomic.swap:rename-old")
+                os.replace(final, old)
+                moved = True
+            fault_point("atomic.swap:rename-new")
+            os.replace(staging, final)
+        except BaseException:
+            if moved and not final.exists():
+                os.replace(old, final)
+            raise
+        fsync_dir(final.parent)
+    fault_point("atomic.swap:remove-old")
     if old.exists():
         shutil.rmtree(old)
+
+
+def _pid_of(path: Path) -> int | None:
+    pid = path.name.rsplit("-", 1)[-1]
+    return int(pid) if pid.isdigit() else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (a pid of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dead_siblings(final: Path, tag: str) -> list[Path]:
+    """`.NAME.TAG-PID` directories next to `final` whose process is gone, oldest first."""
+    found = []
+    for path in final.parent.glob(f".{final.name}.{tag}-*"):
+        pid = _pid_of(path)
+        if pid is not None and pid != os.getpid() and not pid_alive(pid) and path.is_dir():
+            found.append(path)
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def recover_directory(final: str | os.PathLike[str], is_complete: Callable[[Path], bool]) -> str | None:
+    """Repair what a killed `replace_directory` left next to `final`; call it under the output's lock.
+
+    `final` missing: a complete staged new directory (killed between the two renames) is moved
+    into place, else a complete moved-aside old one is put back. Then the leftover old copies of
+    dead runs are removed (the staged ones are the caller's to clean). Returns what it did, or None.
+    """
+    final_path = Path(final)
+    olds = dead_siblings(final_path, "old")
+    done = None
+    if not final_path.exists():
+        staged = [p for p in dead_siblings(final_path, "tmp") if is_complete(p)]
+        kept = [p for p in olds if is_complete(p)]
+        if staged:
+            os.replace(staged[-1], final_path)
+            done = f"finished the swap of {final_path} that a killed run left ({staged[-1].name})"
+        elif kept:
+            os.replace(kept[-1], final_path)
+            olds.remove(kept[-1])
+            done = f"restored {final_path} from {kept[-1].name} that a killed run left"
+        if done:
+            fsync_dir(final_path.parent)
+    if final_path.exists():
+        for path in olds:
+            shutil.rmtree(path, ignore_errors=True)
+    return done

@@ -18,7 +18,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packtool.errors import FormatError
-from packtool.formats.atomic import atomic_directory, write_bytes_atomic
+from packtool.formats.atomic import atomic_directory, recover_directory, write_bytes_atomic
+from packtool.formats.faults import fault_point
 from packtool.formats.files import check_file_records, file_records, sha256_bytes
 
 FORMAT_NAME = "packtool.tokens"
@@ -96,6 +97,7 @@ class TokenStoreWriter:
 
     def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Close the files, drop an all-ones loss file, hash everything, write `manifest.json`."""
+        fault_point("tokens.store:fsync")
         for fh in (self._tokens, self._bounds, self._loss):
             fh.flush()
             os.fsync(fh.fileno())
@@ -115,7 +117,9 @@ class TokenStoreWriter:
             "n_target_tokens": self.n_target_tokens,
             "files": file_records(self.directory, names),
         }
+        fault_point("tokens.store:manifest")
         write_bytes_atomic(self.directory / MANIFEST, (json.dumps(full, indent=2, sort_keys=False) + "\n").encode())
+        fault_point("tokens.store:manifest-written")
         self.finished = full
         return full
 
@@ -125,8 +129,11 @@ def write_token_store(final: str | os.PathLike[str], dtype: np.dtype) -> Iterato
     """A `TokenStoreWriter` on a hidden staging directory that replaces `final` only on success.
 
     The body appends documents and calls `finish(manifest)`; on any exception (or a body that never
-    finishes) the staging directory is removed and `final` is left exactly as it was.
+    finishes) the staging directory is removed and `final` is left exactly as it was. A swap that a
+    killed writer left beside `final` is repaired first (every writer: tokenize, merge).
     """
+    if Path(final).parent.is_dir():
+        recover_token_store(final)
     with atomic_directory(final) as staging:
         writer = TokenStoreWriter(staging, dtype)
         try:
@@ -135,6 +142,30 @@ def write_token_store(final: str | os.PathLike[str], dtype: np.dtype) -> Iterato
             writer.close()
         if writer.finished is None:
             raise FormatError(f"token store writer for {final} was closed without a manifest, this is a bug")
+
+
+#: every file a token store may hold; a directory holding anything else is not (only) a store
+STORE_FILES = frozenset({TOKENS_BIN, BOUNDARIES, LOSS, MANIFEST, REJECTS})
+
+
+def is_token_store(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a directory whose committed manifest says `packtool.tokens` (contents unchecked)."""
+    mpath = Path(path) / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
+
+
+def foreign_files(path: str | os.PathLike[str]) -> list[str]:
+    """Names in the directory `path` that no token store writes (sorted)."""
+    return sorted(p.name for p in Path(path).iterdir() if p.name not in STORE_FILES)
+
+
+def recover_token_store(final: str | os.PathLike[str]) -> str | None:
+    """Finish or undo the swap a killed writer left beside `final` (call under the output's lock)."""
+    return recover_directory(final, is_token_store)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import ConfigError, FormatError, OutputExistsError
+from packtool.formats.overwrite import check_replaceable
 from packtool.formats.token_store import MANIFEST, REJECTS, TokenStore, open_token_store, write_token_store
 from packtool.progress import Progress
 
@@ -55,6 +56,8 @@ def merge_shards(
         raise OutputExistsError(
             f"output {out} already exists and is not empty, pass --overwrite to replace it or choose another --output"
         )
+    if overwrite:
+        check_replaceable(out, list(shard_dirs))
     first = stores[0].manifest
     total = sum(s.n_tokens for s in stores)
     done = 0

@@ -69,7 +69,7 @@ def input_sample(chunks: Sequence[Chunk], settings: ChunkSettings) -> list[str]:
     out: list[str] = []
     size = 0
     for chunk in chunks:
-        for record in read_chunk(chunk, separator=settings.separator):
+        for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
             got = record.error if record.error is not None else extract(record.value, settings)
             if isinstance(got, str):
                 continue

@@ -67,7 +67,7 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
     with ChunkWriter(settings.work_dir, chunk.index, with_loss) as writer:
         for path in chunk.paths:
             result.sources[path] = [0, 0, 0]
-        for record in read_chunk(chunk, separator=settings.separator):
+        for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
             counts = result.sources[record.source]
             counts[0] += 1
             got = record.error if record.error is not None else extract(record.value, settings)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from packtool.choices import BackendName, ExecutorName, InputFormat, OnError
 from packtool.errors import ConfigError
+from packtool.stages.tokenize.streams import DEFAULT_MAX_RECORD_BYTES
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 
@@ -45,6 +46,9 @@ class TokenizeConfig:
     """fail: stop at the first bad record (file:line); skip: log it to rejects.jsonl and go on."""
     overwrite: bool = False
     """Replace an existing, different token store at `output`."""
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    """Longest record (a jsonl line, a parquet row's text, a .txt document) in bytes; a longer one is a bad
+    record (file:line; rejected with --on-error skip) and is never read whole into memory."""
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     """Size of a unit of work (and of resume); bigger chunks mean fewer, larger work files."""
     backend: BackendName = BackendName.AUTO
@@ -79,6 +83,10 @@ class TokenizeConfig:
             raise ConfigError("no inputs given, pass at least one file, directory or glob")
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}, leave it out to use all cores")
+        if self.max_record_bytes < 1:
+            raise ConfigError(
+                f"--max-record-bytes must be >= 1, got {self.max_record_bytes}, leave it out for the default (16 MiB)"
+            )
         if self.chunk_bytes < 1:
             raise ConfigError(f"--chunk-bytes must be >= 1, got {self.chunk_bytes}, leave it out for the default")
         if self.num_shards < 1:

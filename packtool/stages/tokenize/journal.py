@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from packtool.formats.faults import fault_point
 from packtool.formats.files import sha256_file
 
 JOURNAL = "journal.jsonl"
@@ -86,6 +87,7 @@ class ChunkWriter:
 
     def commit(self) -> dict[str, str]:
         """Make the chunk's files visible under their final names; return suffix -> sha256."""
+        fault_point("tokenize.chunk:commit")
         for name, fh in self._files.items():
             fh.flush()
             os.fsync(fh.fileno())
@@ -141,9 +143,11 @@ class Journal:
         return result
 
     def record(self, result: ChunkResult) -> None:
+        fault_point("tokenize.journal:record")
         self._fh.write(result.to_json() + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        fault_point("tokenize.journal:recorded")
         self._done[result.index] = result
 
     def close(self) -> None:

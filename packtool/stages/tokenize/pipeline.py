@@ -15,25 +15,27 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from packtool import __version__
 from packtool.choices import InputFormat, OnError
-from packtool.errors import ConfigError, InputError, OutputExistsError
+from packtool.errors import ConfigError, InputError
 from packtool.exec import Executor, make_executor
-from packtool.formats.token_store import MANIFEST, REJECTS, dtype_for_max_id, dtype_name, write_token_store
+from packtool.formats.token_store import REJECTS, dtype_for_max_id, dtype_name, write_token_store
 from packtool.progress import Progress
 from packtool.stages.tokenize.backend_choice import choose_backend, input_sample
 from packtool.stages.tokenize.chunks import ChunkTask, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig
 from packtool.stages.tokenize.journal import ChunkResult, Journal, read_chunk_arrays, rejects_bytes, work_dir_for
+from packtool.stages.tokenize.output import check_output, guarded_output
 from packtool.stages.tokenize.settings import ChunkSettings, special_policy
 from packtool.stages.tokenize.shards import shard_build, shard_entry, shard_slice
 from packtool.stages.tokenize.sources import Chunk, SourceFile, expand_inputs, plan_chunks
+from packtool.stages.tokenize.template import check_chat_template, read_chat_template
 from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -55,12 +57,26 @@ def tokenize_corpus(
 ) -> TokenizeResult:
     """Tokenize `config.inputs` into the token store `config.output` (see the module docstring).
 
-    `progress(done_bytes, total_bytes)` is called after each chunk.
+    `progress(done_bytes, total_bytes)` is called after each chunk. The whole write phase holds the
+    output's lock; a full disk or an unwritable output is one StorageError (see `output.py`).
     """
     config.validate()
     output = Path(config.output).expanduser().resolve()
-    tok, info = load_tokenizer(config.tokenizer)
+    tokenizer = load_tokenizer(config.tokenizer)
     paths = expand_inputs(config.inputs)
+    with guarded_output(output):
+        return _tokenize(config, output, tokenizer, paths, progress, executor)
+
+
+def _tokenize(
+    config: TokenizeConfig,
+    output: Path,
+    tokenizer: tuple[Tokenizer, TokenizerInfo],
+    paths: list[Path],
+    progress: Progress | None,
+    executor: Executor | None,
+) -> TokenizeResult:
+    tok, info = tokenizer
     sources, all_chunks = plan_chunks(paths, max(1, int(config.chunk_bytes)))
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     settings = _settings(config, info, output)
@@ -80,10 +96,9 @@ def tokenize_corpus(
     if config.num_shards > 1:
         shard = shard_entry(build, len(all_chunks), config.num_shards, config.shard_index)
         build = shard_build(build, config.num_shards, config.shard_index)
-    existing = _check_output(output, build, config.overwrite)
+    existing = check_output(output, build, config.overwrite, paths)
     if existing is not None:
         return TokenizeResult(output, existing, len(chunks), len(chunks), up_to_date=True)
-    _remove_stale_staging(output)
 
     journal = Journal(work_dir_for(output), fingerprint)
     by_path = {s.path: s for s in sources}
@@ -145,10 +160,9 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> Chun
     fmt = InputFormat(config.format)
     template = info.chat_template
     if config.chat_template is not None:
-        path = Path(config.chat_template).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"--chat-template {config.chat_template} does not exist, pass a Jinja template file")
-        template = path.read_text("utf-8")
+        template = read_chat_template(config.chat_template)
+    if fmt == InputFormat.CHAT and template:
+        check_chat_template(template, config.chat_template or f"of tokenizer {info.name!r} (tokenizer_config.json)")
     if fmt == InputFormat.CHAT and not template:
         raise ConfigError(
             f"--format chat needs a chat template but tokenizer {info.name!r} has none in tokenizer_config.json, "
@@ -170,6 +184,7 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> Chun
         policy=special_policy(info, fmt, config.bos, config.eos),
         dtype=dtype_name(dtype_for_max_id(info.max_id)),
         work_dir=str(work_dir_for(output)),
+        max_record_bytes=config.max_record_bytes,
     )
 
 
@@ -183,46 +198,6 @@ def _chunk_key(fingerprint: str, chunk: Chunk, by_path: dict[str, SourceFile]) -
         [(p, by_path[p].sha256) for p in chunk.paths],
     ]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()
-
-
-def _check_output(output: Path, build: str, overwrite: bool) -> dict[str, Any] | None:
-    """The existing manifest if `output` already is this very store; raise if it holds something else."""
-    if not output.exists():
-        return None
-    if not output.is_dir():
-        raise OutputExistsError(f"output {output} exists and is not a directory, choose another --output or remove it")
-    manifest = None
-    if (output / MANIFEST).is_file():
-        try:
-            manifest = json.loads((output / MANIFEST).read_text("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            manifest = None
-    if isinstance(manifest, dict) and manifest.get("build") == build and not overwrite:
-        return manifest
-    if not overwrite and any(output.iterdir()):
-        raise OutputExistsError(
-            f"output {output} already holds a different token store (or other files), "
-            "pass --overwrite to replace it or choose another --output"
-        )
-    return None
-
-
-def _remove_stale_staging(output: Path) -> None:
-    """Remove staging dirs that a killed run (SIGKILL skips cleanup) left next to `output`."""
-    for path in output.parent.glob(f".{output.name}.tmp-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _finish(

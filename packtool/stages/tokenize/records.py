@@ -15,13 +15,14 @@ from packtool.core.encoding.encode import Spans
 from packtool.errors import ConfigError
 from packtool.stages.tokenize.settings import ChunkSettings
 from packtool.stages.tokenize.sources import get_field, get_text_field
+from packtool.stages.tokenize.streams import PlainText
 
 
 def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | str:
     """One record -> (text, target spans or None for all-target), or the reason it is bad."""
     fmt = settings.format
     if fmt == InputFormat.TEXT:
-        if isinstance(value, str):  # a .txt document
+        if isinstance(value, PlainText):  # a .txt document; a JSON string record is not one
             return value, None
         text, reason = get_text_field(value, settings.field)
         return (reason or "bad text field") if text is None else (text, None)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from packtool.choices import InputFormat
 from packtool.core.encoding.encode import SpecialPolicy
 from packtool.errors import ConfigError
+from packtool.stages.tokenize.streams import DEFAULT_MAX_RECORD_BYTES
 from packtool.stages.tokenize.tokenizer import TokenizerInfo
 
 
@@ -31,6 +32,7 @@ class ChunkSettings:
     policy: SpecialPolicy
     dtype: str
     work_dir: str
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     threads: int = 1
     backend: str = "hf"  # "hf" or "fast": the ids are identical (verified), so not in the fingerprint
 

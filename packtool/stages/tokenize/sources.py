@@ -14,9 +14,7 @@ jsonl writers and readers do; all other lines are records, good or bad.
 from __future__ import annotations
 
 import glob
-import gzip
 import hashlib
-import io
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import InputError
+from packtool.formats.oserrors import reading
+from packtool.stages.tokenize.parquet import parquet_rows, plan_parquet
+from packtool.stages.tokenize.streams import (
+    BOM,
+    DEFAULT_MAX_RECORD_BYTES,
+    PlainText,
+    RawRecord,
+    TooLong,
+    file_blocks,
+    gzip_blocks,
+    split_records,
+    too_long_reason,
+    zstd_blocks,
+)
 
 try:  # orjson parses ~3x faster; plain json is the fallback
     import orjson
@@ -57,32 +69,53 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
         )
     found: set[Path] = set()
     for item in inputs:
-        text = os.fspath(item)
-        path = Path(text)
-        if path.is_dir():
-            matches = [p for p in path.rglob("*") if p.is_file() and source_kind(p) and not _hidden(p, path)]
-            if not matches:
-                raise InputError(
-                    "directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt files", text, hint="check the path"
-                )
-        elif path.is_file():
-            if source_kind(path) is None:
-                raise InputError(
-                    "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .txt)",
-                    text,
-                    hint="rename or convert the file",
-                )
-            matches = [path]
-        else:
-            matches = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and source_kind(p)]
-            if not matches:
-                raise InputError(
-                    "input does not exist or the glob matches no supported file",
-                    text,
-                    hint="check the path or quote the glob",
-                )
-        found.update(p.resolve() for p in matches)
+        with reading(os.fspath(item)):  # a directory on the way that cannot be listed, etc.
+            found.update(_expand_one(os.fspath(item)))
     return sorted(found, key=lambda p: str(p))
+
+
+def _walk_files(root: Path) -> list[Path]:
+    """Files under `root`, hidden directories pruned, symlinked directories not followed (as rglob);
+    a directory that cannot be listed raises instead of being skipped silently."""
+
+    def fail(exc: OSError) -> None:
+        raise exc
+
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        out.extend(Path(dirpath) / name for name in filenames)
+    return out
+
+
+def _expand_one(text: str) -> list[Path]:
+    """One input argument -> its supported files (resolved)."""
+    path = Path(text)
+    if path.is_dir():
+        matches = [p for p in _walk_files(path) if p.is_file() and source_kind(p) and not _hidden(p, path)]
+        if not matches:
+            raise InputError(
+                "directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt files", text, hint="check the path"
+            )
+    elif path.is_file():
+        if source_kind(path) is None:
+            raise InputError(
+                "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .txt)",
+                text,
+                hint="rename or convert the file",
+            )
+        matches = [path]
+    elif path.exists():
+        raise InputError("is not a regular file (a device, a pipe or a socket)", text, hint="pass a file")
+    else:
+        matches = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and source_kind(p)]
+        if not matches:
+            raise InputError(
+                "input does not exist or the glob matches no supported file",
+                text,
+                hint="check the path or quote the glob",
+            )
+    return [p.resolve() for p in matches]
 
 
 def _hidden(path: Path, root: Path) -> bool:
@@ -109,16 +142,6 @@ class SourceFile:
     path: str
     sha256: str
     n_bytes: int
-
-
-@dataclass(frozen=True)
-class RawRecord:
-    """A parsed record or the reason it is unreadable; `line` is 1-based (row number for parquet)."""
-
-    source: str
-    line: int | None
-    value: Any = None
-    error: str | None = None
 
 
 def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFile], list[Chunk]]:
@@ -155,7 +178,7 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
         flush_txt()
         if kind == "parquet":
             base = len(chunks)
-            groups = _plan_parquet(path, chunk_bytes)
+            groups = plan_parquet(path, chunk_bytes)
             chunks.extend(Chunk(base + i, kind, (source.path,), s, e, n_bytes=b) for i, (s, e, b) in enumerate(groups))
         else:
             chunks.append(Chunk(len(chunks), kind, (source.path,), n_bytes=source.n_bytes))
@@ -166,7 +189,7 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
 def _hash(path: Path) -> SourceFile:
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
+    with reading(str(path)), open(path, "rb") as fh:
         while block := fh.read(_BLOCK):
             digest.update(block)
             size += len(block)
@@ -180,7 +203,7 @@ def _plan_jsonl(path: Path, chunk_bytes: int) -> tuple[SourceFile, list[tuple[in
     target = chunk_bytes
     offset = 0
     lines_before = 0
-    with open(path, "rb") as fh:
+    with reading(str(path)), open(path, "rb") as fh:
         while block := fh.read(_BLOCK):
             digest.update(block)
             end = offset + len(block)
@@ -200,121 +223,77 @@ def _plan_jsonl(path: Path, chunk_bytes: int) -> tuple[SourceFile, list[tuple[in
     return SourceFile(str(path), digest.hexdigest(), offset), ranges
 
 
-def _plan_parquet(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
-    """Group consecutive row groups until their compressed size reaches `chunk_bytes`."""
-    import pyarrow.parquet as pq
+def read_chunk(
+    chunk: Chunk, *, separator: str | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+) -> Iterator[RawRecord]:
+    """Yield the records of a chunk in order: parsed JSON values / parquet rows / texts, or errors.
 
-    try:
-        meta = pq.ParquetFile(path).metadata
-    except Exception as exc:  # pyarrow raises several types for a broken file
-        raise InputError(
-            f"cannot read parquet metadata ({exc})", str(path), hint="check that the file is a complete parquet file"
-        ) from exc
-    groups: list[tuple[int, int, int]] = []
-    start, size = 0, 0
-    for i in range(meta.num_row_groups):
-        size += meta.row_group(i).total_byte_size
-        if size >= chunk_bytes:
-            groups.append((start, i + 1, size))
-            start, size = i + 1, 0
-    if start < meta.num_row_groups or not groups:
-        groups.append((start, meta.num_row_groups, size))
-    return groups
-
-
-def read_chunk(chunk: Chunk, *, separator: str | None = None) -> Iterator[RawRecord]:
-    """Yield the records of a chunk in order: parsed JSON values / parquet rows / texts, or errors."""
-    if chunk.kind == "jsonl":
-        yield from _jsonl_lines(chunk.paths[0], _range_lines(chunk), chunk.first_line)
-    elif chunk.kind in ("jsonl.gz", "jsonl.zst"):
-        yield from _jsonl_lines(chunk.paths[0], _stream_lines(chunk), 1)
-    elif chunk.kind == "parquet":
-        yield from _parquet_rows(chunk)
-    elif chunk.kind == "txt":
-        for path in chunk.paths:
-            yield from _txt_records(path, separator)
-    else:
-        raise InputError(f"unknown chunk kind {chunk.kind!r}", chunk.paths[0], hint="this is a bug")
-
-
-def _range_lines(chunk: Chunk) -> Iterator[bytes]:
-    with open(chunk.paths[0], "rb") as fh:
-        fh.seek(chunk.start)
-        data = fh.read(chunk.end - chunk.start)
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    yield from lines
-
-
-def _stream_lines(chunk: Chunk) -> Iterator[bytes]:
+    A record over `max_record_bytes` is an error record (never read whole into memory); an
+    unreadable, truncated or corrupted file raises InputError (a file-level error, even with
+    `--on-error skip`).
+    """
     path = chunk.paths[0]
-    try:
-        if chunk.kind == "jsonl.gz":
-            with gzip.open(path, "rb") as gz:
-                for line in gz:
-                    yield line.rstrip(b"\n")
-        else:
-            import zstandard
-
-            with open(path, "rb") as raw:
-                stream = io.BufferedReader(
-                    zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True), _BLOCK
-                )  # type: ignore[arg-type]
-                for line in stream:
-                    yield line.rstrip(b"\n")
-    except (OSError, EOFError) as exc:
-        raise InputError(f"cannot decompress ({exc})", path, hint="check that the file is complete") from exc
-    except Exception as exc:
-        if type(exc).__name__ == "ZstdError":
-            raise InputError(f"cannot decompress ({exc})", path, hint="check that the file is complete") from exc
-        raise
+    limit = max(1, int(max_record_bytes))
+    if chunk.kind == "jsonl":
+        blocks = file_blocks(path, chunk.start, chunk.end)
+        yield from _jsonl_lines(path, split_records(blocks, b"\n", limit), chunk.first_line, limit)
+    elif chunk.kind in ("jsonl.gz", "jsonl.zst"):
+        blocks = gzip_blocks(path) if chunk.kind == "jsonl.gz" else zstd_blocks(path)
+        yield from _jsonl_lines(path, split_records(blocks, b"\n", limit), 1, limit)
+    elif chunk.kind == "parquet":
+        yield from parquet_rows(path, chunk.start, chunk.end, limit)
+    elif chunk.kind == "txt":
+        for txt in chunk.paths:
+            yield from _txt_records(txt, separator, limit)
+    else:
+        raise InputError(f"unknown chunk kind {chunk.kind!r}", path, hint="this is a bug")
 
 
-def _jsonl_lines(path: str, lines: Iterator[bytes], first_line: int) -> Iterator[RawRecord]:
-    for number, line in enumerate(lines, first_line):
-        if not line.strip():
+def _jsonl_lines(path: str, pieces: Iterator[bytes | TooLong], first_line: int, limit: int) -> Iterator[RawRecord]:
+    loads, error = _loads, _JSONError
+    for line, piece in enumerate(pieces, first_line):
+        if isinstance(piece, TooLong):
+            yield RawRecord(path, line, error=too_long_reason(piece.n_bytes, limit))
             continue
+        if line == 1 and piece.startswith(BOM):  # a UTF-8 byte order mark starts the file, not the record
+            piece = piece[len(BOM) :]
         try:
-            yield RawRecord(path, number, _loads(line))
-        except _JSONError as exc:
+            yield RawRecord(path, line, loads(piece))
+        except error as exc:
+            if not piece.strip():
+                continue  # a blank line is not a record
             message = str(exc)
             reason = "invalid UTF-8" if "utf-8" in message.lower() else f"malformed JSON ({message})"
-            yield RawRecord(path, number, error=reason)
+            yield RawRecord(path, line, error=reason)
 
 
-def _parquet_rows(chunk: Chunk) -> Iterator[RawRecord]:
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(chunk.paths[0])
-    row = 1 + sum(pf.metadata.row_group(i).num_rows for i in range(chunk.start))
-    for batch in pf.iter_batches(batch_size=4096, row_groups=list(range(chunk.start, chunk.end))):
-        for value in batch.to_pylist():
-            yield RawRecord(chunk.paths[0], row, value)
-            row += 1
-
-
-def _txt_records(path: str, separator: str | None) -> Iterator[RawRecord]:
-    data = Path(path).read_bytes()
-    if separator is None:
-        try:
-            yield RawRecord(path, 1, data.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            yield RawRecord(path, data.count(b"\n", 0, exc.start) + 1, error="invalid UTF-8")
+def _txt_records(path: str, separator: str | None, limit: int) -> Iterator[RawRecord]:
+    if not separator:
+        size = os.path.getsize(path)
+        if size > limit:
+            yield RawRecord(path, 1, error=too_long_reason(size, limit))
+            return
+        with reading(path):
+            yield _txt_record(path, 1, Path(path).read_bytes(), strip_bom=True)
         return
     sep = separator.encode("utf-8")
-    pos, line = 0, 1
-    while True:
-        nxt = data.find(sep, pos) if sep else -1
-        piece = data[pos:] if nxt < 0 else data[pos:nxt]
-        try:
-            yield RawRecord(path, line, piece.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            yield RawRecord(path, line + piece.count(b"\n", 0, exc.start), error="invalid UTF-8")
-        if nxt < 0:
-            return
-        line += data.count(b"\n", pos, nxt + len(sep))
-        pos = nxt + len(sep)
+    line = 1
+    for i, piece in enumerate(split_records(file_blocks(path), sep, limit)):
+        if isinstance(piece, TooLong):
+            yield RawRecord(path, line, error=too_long_reason(piece.n_bytes, limit))
+            line += piece.newlines + sep.count(b"\n")
+            continue
+        yield _txt_record(path, line, piece, strip_bom=i == 0)
+        line += piece.count(b"\n") + sep.count(b"\n")
+
+
+def _txt_record(path: str, line: int, data: bytes, strip_bom: bool) -> RawRecord:
+    if strip_bom and data.startswith(BOM):
+        data = data[len(BOM) :]
+    try:
+        return RawRecord(path, line, PlainText(data.decode("utf-8")))
+    except UnicodeDecodeError as exc:
+        return RawRecord(path, line + data.count(b"\n", 0, exc.start), error="invalid UTF-8")
 
 
 def get_field(value: Any, dotted: str) -> tuple[Any, str | None]:

@@ -105,20 +105,35 @@ def locate(spec: str) -> tuple[Path, str]:
     )
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: Any, key: str, path: Path) -> str | None:
+    """A special token as transformers writes it: a string, `{"content": ...}`, or absent (None)."""
     if isinstance(value, dict):
         value = value.get("content")
-    return value if isinstance(value, str) else None
+    if value is None or isinstance(value, str):
+        return value
+    raise TokenizerError(
+        f'{key} in {path.name} is a {type(value).__name__}, not a string or {{"content": ...}}, {path}, fix the file'
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    """A tokenizer side file (tokenizer_config.json, special_tokens_map.json): absent -> {}, else a JSON object."""
+    if path.is_dir():
+        raise TokenizerError(f"{path.name} is a directory, {path}, expected a JSON file")
+    if not path.exists():
         return {}
     try:
         data = json.loads(path.read_text("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TokenizerError(f"{path.name} is not valid JSON ({exc}), {path}, fix or remove the file") from exc
-    return data if isinstance(data, dict) else {}
+    except OSError as exc:
+        raise TokenizerError(f"cannot read {path.name} ({exc.strerror or exc}), {path}, check its permissions") from exc
+    if not isinstance(data, dict):
+        raise TokenizerError(
+            f"{path.name} holds a JSON {type(data).__name__}, not an object, {path}, "
+            "fix the file (transformers writes an object of settings) or remove it"
+        )
+    return data
 
 
 def _config_name(config: dict[str, Any]) -> str | None:
@@ -133,16 +148,36 @@ def _config_name(config: dict[str, Any]) -> str | None:
     return value
 
 
-def _chat_template(config: dict[str, Any]) -> str | None:
+def _chat_template(config: dict[str, Any], path: Path) -> str | None:
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        if len(named) != len(template):
+            raise TokenizerError(
+                f"chat_template in {path.name} is a list whose entries are not all {{name, template}} objects, "
+                f"{path}, fix the file"
+            )
         template = named.get("default")
-    return template if isinstance(template, str) else None
+    if template is None or isinstance(template, str):
+        return template
+    raise TokenizerError(
+        f"chat_template in {path.name} is a {type(template).__name__}, not a string, {path}, "
+        "fix the file or pass --chat-template FILE"
+    )
 
 
 def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
     """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour."""
+    try:
+        return _load_tokenizer(spec)
+    except OSError as exc:  # a directory on the way that cannot be searched, an unreadable file
+        where = exc.filename if exc.filename is not None else spec
+        raise TokenizerError(
+            f"cannot read the tokenizer ({exc.strerror or exc}), {where}, check its permissions"
+        ) from exc
+
+
+def _load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
     json_path, name = locate(spec)
     try:
         tok = Tokenizer.from_file(str(json_path))
@@ -150,13 +185,16 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
         raise TokenizerError(
             f"cannot load tokenizer ({exc}), {json_path}, expected a Hugging Face tokenizers tokenizer.json"
         ) from exc
-    config = _read_json(json_path.parent / TOKENIZER_CONFIG)
-    special = _read_json(json_path.parent / SPECIAL_TOKENS_MAP)
+    config_path, special_path = json_path.parent / TOKENIZER_CONFIG, json_path.parent / SPECIAL_TOKENS_MAP
+    config = _read_json(config_path)
+    special = _read_json(special_path)
     name = _config_name(config) or name
     tokens: dict[str, str | None] = {}
     ids: dict[str, int | None] = {}
     for key in ("bos", "eos", "pad"):
-        text = _token_text(config.get(f"{key}_token")) or _token_text(special.get(f"{key}_token"))
+        text = _token_text(config.get(f"{key}_token"), f"{key}_token", config_path) or _token_text(
+            special.get(f"{key}_token"), f"{key}_token", special_path
+        )
         tokens[key] = text
         ids[key] = tok.token_to_id(text) if text is not None else None
         if text is not None and ids[key] is None:
@@ -180,7 +218,7 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
         pad_id=ids["pad"],
         bos_token=tokens["bos"],
         eos_token=tokens["eos"],
-        chat_template=_chat_template(config),
+        chat_template=_chat_template(config, config_path),
         post_bos=post_bos,
         post_eos=post_eos,
     )
