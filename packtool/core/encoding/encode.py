@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -48,23 +47,16 @@ def encode_batch(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Encode documents: (concatenated ids, per-document lengths, per-token loss or None).
 
-    Without spans (all tokens are targets) the ids come from `backend` (hf or the verified fast
-    engine, see backends.py); with spans the offsets come from `tok`, the reference.
+    The ids (and, with spans, the character offsets of the tokens) come from `backend`: hf or
+    the verified fast engine, whose offsets are checked per document (see backends.py).
     """
+    engine = backend or HFBackend(tok)
     if spans is None:
-        flat, lengths = (backend or HFBackend(tok)).encode_flat(texts, policy.add_special_tokens)
+        flat, lengths = engine.encode_flat(texts, policy.add_special_tokens)
         return frame(flat.astype(dtype, copy=False), lengths, None, policy)
-    encodings = tok.encode_batch(list(texts), add_special_tokens=policy.add_special_tokens)
-    lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
-    total = int(lengths.sum())
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype, count=total)
-    loss = None
-    if spans is not None:
-        offsets = np.fromiter(
-            chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), np.int64, count=2 * total
-        )
-        loss = target_mask(offsets.reshape(-1, 2), lengths, [len(t) for t in texts], spans)
-    return frame(ids, lengths, loss, policy)
+    flat, lengths, offsets = engine.encode_offsets(texts, policy.add_special_tokens)
+    loss = target_mask(offsets, lengths, [len(t) for t in texts], spans)
+    return frame(flat.astype(dtype, copy=False), lengths, loss, policy)
 
 
 def target_mask(

@@ -3,8 +3,9 @@
 `auto` (the default) uses `fast` only when it is installed, loads the tokenizer, and gives ids
 identical to `hf` on a verification sample (the first documents of the whole input, so every
 shard of a sharded run decides the same way); otherwise it says why and uses `hf`. The output
-bytes never depend on the backend. Offsets (needed for prompt-completion and chat loss masks)
-come from `hf`: only the all-target `text` format uses `fast`.
+bytes never depend on the backend. Formats with a loss mask (prompt-completion, chat) need token
+offsets: `fast` derives them from the ids for byte-level BPE tokenizers (checked per document,
+see core/encoding/byte_offsets.py), and the verification then compares ids AND offsets with `hf`.
 """
 
 from __future__ import annotations
@@ -81,11 +82,17 @@ def input_sample(chunks: Sequence[Chunk], settings: ChunkSettings) -> list[str]:
 
 
 def first_difference(
-    reference: Tokenizer, candidate: Backend, texts: Sequence[str], add_special_tokens: bool
+    reference: Tokenizer, candidate: Backend, texts: Sequence[str], add_special_tokens: bool, offsets: bool = False
 ) -> str | None:
-    """None when `candidate` gives the ids of `reference` on every text, else where it does not."""
-    ref_ids, ref_lengths = HFBackend(reference).encode_flat(texts, add_special_tokens)
-    got_ids, got_lengths = candidate.encode_flat(texts, add_special_tokens)
+    """None when `candidate` gives the ids (and offsets) of `reference` on every text, else where it does not."""
+    if offsets:
+        ref_ids, ref_lengths, ref_offsets = HFBackend(reference).encode_offsets(texts, add_special_tokens)
+        got_ids, got_lengths, got_offsets = candidate.encode_offsets(texts, add_special_tokens)
+        if got_offsets.shape == ref_offsets.shape and not np.array_equal(ref_offsets, got_offsets):
+            return "the token offsets of the verification sample"
+    else:
+        ref_ids, ref_lengths = HFBackend(reference).encode_flat(texts, add_special_tokens)
+        got_ids, got_lengths = candidate.encode_flat(texts, add_special_tokens)
     if np.array_equal(ref_lengths, got_lengths) and np.array_equal(ref_ids, got_ids):
         return None
     ref_ends, got_ends = np.cumsum(ref_lengths), np.cumsum(got_lengths)
@@ -115,14 +122,14 @@ def choose_backend(
         raise ConfigError(f"--backend {requested!r} is not one of auto, hf, fast, pick one of them") from exc
     if requested == BackendName.HF:
         return BackendChoice("hf", "requested")
-    if needs_offsets:
-        why = "this input format needs token offsets for its loss mask, which the fast backend does not give"
-        if requested == BackendName.FAST:
-            raise ConfigError(f"--backend fast supports only --format text ({why}), use --backend hf or auto")
-        return BackendChoice("hf", why)
     if requested == BackendName.FAST:
-        backend = FastBackend(tokenizer_path)
-        diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
+        backend = FastBackend(tokenizer_path, tokenizer)
+        if needs_offsets and backend.offsets_reason is not None:
+            raise ConfigError(
+                f"--backend fast cannot give the token offsets this format's loss mask needs "
+                f"({backend.offsets_reason}), use --backend hf or auto"
+            )
+        diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens, needs_offsets)
         if diff is not None:
             raise TokenizerError(
                 f"{FAST_PACKAGE} gives different ids than tokenizers at {diff}, {tokenizer_path}, "
@@ -132,10 +139,12 @@ def choose_backend(
     if fast_version() is None:
         return BackendChoice("hf", f"{FAST_PACKAGE} is not installed (pip install 'packtool[fast]')")
     try:
-        backend = FastBackend(tokenizer_path)
+        backend = FastBackend(tokenizer_path, tokenizer)
     except TokenizerError as exc:
         return BackendChoice("hf", str(exc))
-    diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
+    if needs_offsets and backend.offsets_reason is not None:
+        return BackendChoice("hf", f"{FAST_PACKAGE} gives no offsets for this tokenizer ({backend.offsets_reason})")
+    diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens, needs_offsets)
     if diff is not None:
         log.warning("%s gives different ids than tokenizers at %s; using tokenizers", FAST_PACKAGE, diff)
         return BackendChoice("hf", f"{FAST_PACKAGE} differs from tokenizers at {diff}")
@@ -150,7 +159,7 @@ def cached_backend(name: str, tokenizer_path: str, sha256: str, tokenizer: Token
     key = (name, tokenizer_path, sha256)
     if key not in _CACHE:
         if name == BackendName.FAST:
-            _CACHE[key] = FastBackend(tokenizer_path)
+            _CACHE[key] = FastBackend(tokenizer_path, tokenizer)
         else:
             _CACHE[key] = HFBackend(tokenizer if tokenizer is not None else Tokenizer.from_file(tokenizer_path))
     return _CACHE[key]

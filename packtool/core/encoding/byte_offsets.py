@@ -1,0 +1,172 @@
+"""Character offsets of byte-level BPE tokens, derived from the ids alone (fastokens gives none).
+
+A byte-level BPE (GPT-2, Llama 3, Qwen, DeepSeek, Mistral Tekken, gpt-oss ...) maps every vocabulary
+entry to a fixed byte string (its characters through the GPT-2 byte alphabet; an added token is its
+own UTF-8 content). When a document's tokens concatenate to exactly the document's UTF-8 bytes, token
+k covers bytes [b_k, b_k + len_k), and `tokenizers` reports it as the characters holding those bytes:
+[char(b_k), char(b_k + len_k - 1) + 1). Both the check and the mapping are a few numpy passes over
+the batch's bytes (~1 ns per byte), so offsets cost far less than the encode itself. A document
+whose bytes do not check out (a normalizer rewrote its text, an added token stripped spaces) is
+reported as bad and re-encoded by `tokenizers` (backends.FastBackend).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Tokenizer
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the character a byte-level vocabulary uses for each byte."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def _types(node: object) -> list[tuple[str, dict[str, object]]]:
+    """Every component type in a tokenizer.json subtree (Sequence members included)."""
+    if isinstance(node, dict):
+        found = [(str(node["type"]), node)] if "type" in node else []
+        for value in node.values():
+            found += _types(value)
+        return found
+    if isinstance(node, list):
+        return [t for item in node for t in _types(item)]
+    return []
+
+
+@dataclass(frozen=True)
+class ByteTables:
+    """Byte string of every id, and the ids the post-processor puts around a document."""
+
+    reason: str | None  # why offsets cannot come from ids (None: they can)
+    flat: np.ndarray  # all byte strings concatenated (uint8)
+    starts: np.ndarray  # int64 start of id i's bytes in `flat`
+    lens: np.ndarray  # int64 byte length of id i (0: not a token)
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+
+    @classmethod
+    def unsupported(cls, reason: str) -> ByteTables:
+        empty = np.zeros(0, np.int64)
+        return cls(reason, np.zeros(0, np.uint8), empty, empty)
+
+    @classmethod
+    def build(cls, tok: Tokenizer) -> ByteTables:
+        spec = json.loads(tok.to_str())
+        model = spec.get("model") or {}
+        decoders = [t for t, _ in _types(spec.get("decoder"))]
+        if model.get("type") != "BPE" or "ByteLevel" not in decoders:
+            return cls.unsupported("the tokenizer is not a byte-level BPE")
+        trims = any(node.get("trim_offsets") for _, node in _types(spec.get("post_processor")))
+        prefix_space = any(
+            n == "ByteLevel" and node.get("add_prefix_space") for n, node in _types(spec.get("pre_tokenizer"))
+        )
+        if trims or prefix_space:
+            return cls.unsupported("the tokenizer trims offsets or adds a prefix space")
+        alphabet = _byte_alphabet()
+        added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
+        vocab = tok.get_vocab(with_added_tokens=False)
+        size = max([*vocab.values(), *added.keys(), -1]) + 1
+        pieces: list[bytes] = [b""] * size
+        try:
+            for token, i in vocab.items():
+                if i not in added:
+                    pieces[i] = bytes(alphabet[c] for c in token)
+        except KeyError:
+            return cls.unsupported("the vocabulary is not byte-level")
+        for i, content in added.items():
+            pieces[i] = content.encode("utf-8")
+        lens = np.fromiter((len(p) for p in pieces), np.int64, count=size)
+        starts = np.zeros(size, np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
+        flat = np.frombuffer(b"".join(pieces), np.uint8)
+        with_special = tok.encode("a", add_special_tokens=True).ids
+        plain = tok.encode("a", add_special_tokens=False).ids
+        for k in range(len(with_special) - len(plain) + 1):
+            if with_special[k : k + len(plain)] == plain:
+                prefix, suffix = tuple(with_special[:k]), tuple(with_special[k + len(plain) :])
+                return cls(None, flat, starts, lens, prefix, suffix)
+        return cls.unsupported("the post-processor changes the tokens of a document")
+
+    def offsets(self, ids: np.ndarray, lengths: np.ndarray, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 [n_tokens, 2] char offsets within each document, bool per document: bytes did not check out)."""
+        try:
+            encoded = [t.encode("utf-8") for t in texts]
+        except UnicodeEncodeError:  # lone surrogates: let tokenizers decide what they are
+            return np.zeros((ids.size, 2), np.int64), np.ones(len(texts), bool)
+        blens = np.fromiter((len(b) for b in encoded), np.int64, count=len(encoded))
+        safe = np.minimum(ids, self.lens.size - 1) if self.lens.size else ids
+        tok_lens = np.where(ids < self.lens.size, self.lens[safe], 0)
+        cum = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(tok_lens, out=cum[1:])
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        zeros = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(tok_lens == 0, out=zeros[1:])
+        bad = (cum[ends] - cum[starts] != blens) | (zeros[ends] > zeros[starts])
+        if bad.any():
+            return self._subset(ids, lengths, texts, bad)
+        data = np.frombuffer(b"".join(encoded), np.uint8)
+        total = int(cum[-1])
+        table = np.repeat(self.starts[safe] - cum[:-1], tok_lens) + np.arange(total, dtype=np.int64)
+        wrong = np.flatnonzero(self.flat[table] != data)
+        if wrong.size:
+            bad[np.searchsorted(np.cumsum(blens), wrong, side="right")] = True
+        char_of_byte = np.cumsum((data & 0xC0) != 0x80) - 1
+        char_base = np.zeros(len(texts), np.int64)
+        np.cumsum(np.fromiter((len(t) for t in texts), np.int64, count=len(texts))[:-1], out=char_base[1:])
+        base = np.repeat(char_base, lengths)
+        out = np.empty((ids.size, 2), np.int64)
+        if ids.size:
+            out[:, 0] = char_of_byte[cum[:-1]] - base
+            out[:, 1] = char_of_byte[cum[1:] - 1] + 1 - base
+        return out, bad
+
+    def _subset(
+        self, ids: np.ndarray, lengths: np.ndarray, texts: Sequence[str], bad: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Offsets for the documents whose byte counts match; the others stay bad (zeros)."""
+        good = np.flatnonzero(~bad)
+        keep = np.repeat(~bad, lengths)
+        out = np.zeros((ids.size, 2), np.int64)
+        if good.size:
+            sub, sub_bad = self.offsets(ids[keep], lengths[good], [texts[int(i)] for i in good])
+            out[keep] = sub
+            bad = bad.copy()
+            bad[good] = sub_bad
+        return out, bad
+
+    def add_specials(
+        self, ids: np.ndarray, lengths: np.ndarray, offsets: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Put the post-processor's ids around every document, with (0, 0) offsets as `tokenizers` does."""
+        pre, post = len(self.prefix), len(self.suffix)
+        if not (pre or post):
+            return ids, lengths, offsets
+        n = lengths.size
+        new_lengths = lengths + pre + post
+        new_ends = np.cumsum(new_lengths)
+        new_starts = new_ends - new_lengths
+        position = np.arange(ids.size, dtype=np.int64) + np.repeat(
+            np.arange(n, dtype=np.int64) * (pre + post) + pre, lengths
+        )
+        out = np.empty(int(new_ends[-1]) if n else 0, ids.dtype)
+        out_offsets = np.zeros((out.size, 2), np.int64)
+        out[position] = ids
+        out_offsets[position] = offsets
+        for k, token in enumerate(self.prefix):
+            out[new_starts + k] = token
+        for k, token in enumerate(self.suffix):
+            out[new_ends - post + k] = token
+        return out, new_lengths, out_offsets
