@@ -185,3 +185,27 @@ def test_last_assistant_turn_only(tmp_path: Path) -> None:
         last = [m for m in messages if m["role"] == "assistant"][-1]
         content = last["content"] if isinstance(last["content"], str) else last["content"][0]["text"]
         assert len(pieces) == 1 and content.split("</think>")[-1].strip() in pieces[0] and pieces[0].endswith("<|im_end|>")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_render_and_marked_render_agree(family: str) -> None:
+    """The single-render path (headers) is taken only when it gives what the marked rendering gives."""
+    from packtool.core.encoding.chat import load_chat_template, prepare
+    from packtool.core.encoding.turns import by_headers, by_markers
+
+    spec = fixture(family)
+    added = tuple(t["content"] for t in spec["added_tokens"])
+    chat = load_chat_template(spec["chat_template"], spec["bos_token"], spec["eos_token"], added)
+    both = 0
+    for messages in CONVERSATIONS:
+        prepared = prepare(messages)
+        try:
+            text = chat.render(prepared)
+        except ValueError:
+            continue
+        turns = [m for m in prepared if m["role"] == "assistant"]
+        fast, marked = by_headers(chat, text, turns), by_markers(chat, prepared, text)
+        if fast is not None and marked is not None:
+            assert fast == marked, (family, messages)
+            both += 1
+    assert both >= 2 or family in NO_END_OF_TURN, family

@@ -110,17 +110,36 @@ def _first_of(text: str, needles: tuple[str, ...], start: int, end: int) -> tupl
 
 
 def locate_turns(chat: ChatTemplate, messages: list[dict[str, Any]], text: str) -> Spans:
-    """The target span of every assistant message of `messages`, rendered as `text`."""
+    """The target span of every assistant message of `messages`, rendered as `text`.
+
+    First from the text alone (`by_headers`: one render, the common case); when that is not
+    certain, from a second, marked rendering (`by_markers`); else the record is rejected.
+    """
     assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if not assistants:
         return []
+    spans = by_headers(chat, text, [messages[i] for i in assistants])
+    if spans is None:
+        spans = by_markers(chat, messages, text)
+    if spans is None:
+        raise ChatRecordError(
+            "cannot locate the assistant turns in the rendered conversation (the template renders message text "
+            "conditionally and its assistant headers are ambiguous), pass --chat-template with a template that "
+            "marks them with {% generation %} blocks"
+        )
+    return spans
+
+
+def by_markers(chat: ChatTemplate, messages: list[dict[str, Any]], text: str) -> Spans | None:
+    """Spans from a rendering with every message's text marked; None when markers change the rendering."""
+    assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     for parts in (True, False):  # a template may render list content as its repr: then mark strings only
         marked = mark(messages, parts)
         if marked is not None:
             clean, anchors = unmark(chat.render(marked))
             if clean == text:
                 return [s for i in assistants if (s := _turn(chat, text, anchors, i)) is not None]
-    return _count_headers(chat, text, len(assistants))
+    return None
 
 
 def _turn(chat: ChatTemplate, text: str, anchors: dict[int, list[int]], i: int) -> tuple[int, int] | None:
@@ -144,31 +163,43 @@ def _turn(chat: ChatTemplate, text: str, anchors: dict[int, list[int]], i: int) 
     return (start, end) if end > start else None
 
 
-def _count_headers(chat: ChatTemplate, text: str, n: int) -> Spans:
-    """Fallback when markers change the rendering: the k-th header opens the k-th assistant turn."""
-    if chat.header:
-        starts = []
-        at = text.find(chat.header)
-        while at >= 0:
-            starts.append(at + len(chat.header))
-            at = text.find(chat.header, at + len(chat.header))
-        if len(starts) == n + 1 and _first_of(text, chat.end_of_turn, starts[-1], len(text)) is None:
-            starts.pop()  # a trailing generation header with no turn after it
-        if len(starts) == n:
-            bounds = [*starts[1:], len(text)]
-            spans = []
-            for start, bound in zip(starts, bounds, strict=True):
-                found = _first_of(text, chat.end_of_turn, start, bound)
-                if found is None:
-                    break
-                spans.append((start, found[1]))
-            else:
-                return spans
-    raise ChatRecordError(
-        "cannot locate the assistant turns in the rendered conversation (the template renders message text "
-        "conditionally and its assistant headers are ambiguous), pass --chat-template with a template that "
-        "marks them with {% generation %} blocks"
-    )
+def by_headers(chat: ChatTemplate, text: str, turns: list[dict[str, Any]]) -> Spans | None:
+    """The k-th assistant header opens the k-th assistant turn, when that is certain, else None.
+
+    Certain means: exactly one header per assistant message (plus at most a trailing generation
+    header with no end-of-turn after it), each turn's stripped content found after its header, and
+    an end-of-turn marker after that content, all before the next header.
+    """
+    if not chat.header or not chat.end_of_turn:
+        return None
+    heads = []
+    at = text.find(chat.header)
+    while at >= 0:
+        heads.append(at)
+        at = text.find(chat.header, at + len(chat.header))
+    if len(heads) == len(turns) + 1 and _first_of(text, chat.end_of_turn, heads[-1], len(text)) is None:
+        heads.pop()  # a trailing generation header with no turn after it
+    if len(heads) != len(turns):
+        return None
+    spans = []
+    for k, message in enumerate(turns):
+        start = heads[k] + len(chat.header)
+        bound = heads[k + 1] if k + 1 < len(heads) else len(text)
+        content = message.get("content")
+        texts = [content] if isinstance(content, str) else [p.get("text") for p in content or () if isinstance(p, dict)]
+        pos = start
+        for piece in texts:
+            core = piece.strip() if isinstance(piece, str) else ""
+            if core:
+                at = text.find(core, pos, bound)
+                if at < 0:
+                    return None
+                pos = at + len(core)
+        found = _first_of(text, chat.end_of_turn, pos, bound)
+        if found is None:
+            return None
+        spans.append((start, found[1]))
+    return spans
 
 
 def mark(messages: list[dict[str, Any]], parts: bool = True) -> list[dict[str, Any]] | None:

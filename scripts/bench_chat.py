@@ -1,0 +1,188 @@
+"""SFT chat tokenization end to end: `tokenize_corpus(format=chat)` with --backend fast vs --backend hf.
+
+Builds (and caches under bench_out/chat/) a >= 100k-vocabulary byte-level BPE trained on generated
+multilingual text (Latin, Cyrillic, Greek, Arabic, CJK, emoji) with the Qwen3 chat template and its
+control tokens (tests/fixtures/chat_templates/qwen3.json: reasoning rendered in the last turn only),
+and a generated multi-turn corpus (system prompts, 1-6 user/assistant turns, reasoning, tool calls,
+Zipf-like lengths). Each configuration runs in its own process, interleaved, best of --repeats; the
+fast/hf ratio is printed, with peak RSS at two corpus sizes (memory must stay flat as input grows)
+and a byte comparison of the two token stores.
+
+Run: python scripts/bench_chat.py [--tokens 10e6] [--repeats 1] [--workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "bench_out" / "chat"
+TEMPLATE = ROOT / "tests" / "fixtures" / "chat_templates" / "qwen3.json"
+VOCAB = 100_000
+SCRIPTS = [
+    "abcdefghijklmnopqrstuvwxyz",
+    "абвгдежзийклмнопрстуфхцчшщыэюя",
+    "αβγδεζηθικλμνξοπρστυφχψω",
+    "ابتثجحخدذرزسشصضطظعغفقكلمنهوي",
+]
+CJK = [chr(c) for c in range(0x4E00, 0x4E00 + 3000)]
+
+
+def lexicon(rng: np.random.Generator) -> list[str]:
+    """~120k distinct pseudo-words in several scripts, so a 100k-merge BPE has something to learn."""
+    words: set[str] = set()
+    for script in SCRIPTS:
+        letters = np.array(list(script))
+        while len(words) < 30_000 * (SCRIPTS.index(script) + 1):
+            words.add("".join(rng.choice(letters, size=int(rng.integers(2, 10)))))
+    for _ in range(20_000):
+        words.add("".join(rng.choice(CJK, size=int(rng.integers(1, 4)))))
+    return sorted(words)
+
+
+def sentence(rng: np.random.Generator, words: list[str], probs: np.ndarray, n: int) -> str:
+    picked = rng.choice(len(words), size=n, p=probs)
+    text = " ".join(words[i] for i in picked)
+    if rng.random() < 0.1:
+        text += " 🙂"
+    return text.capitalize() + "."
+
+
+def build_tokenizer(words: list[str], probs: np.ndarray, rng: np.random.Generator) -> Path:
+    out = CACHE / "tokenizer"
+    if (out / "tokenizer.json").is_file():
+        return out
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    spec = json.loads(TEMPLATE.read_text("utf-8"))
+    specials = ["<|endoftext|>", *[t["content"] for t in spec["added_tokens"] if t["content"] != "<|endoftext|>"]]
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB + 2000, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    texts = (sentence(rng, words, probs, int(rng.integers(5, 60))) for _ in range(400_000))
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config = {"chat_template": spec["chat_template"], "eos_token": spec["eos_token"], "pad_token": "<|endoftext|>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+def conversation(rng: np.random.Generator, words: list[str], probs: np.ndarray) -> list[dict[str, object]]:
+    def text(scale: float) -> str:
+        return " ".join(sentence(rng, words, probs, int(rng.integers(4, 25))) for _ in range(int(min(rng.zipf(1.7), 40) * scale)))
+
+    messages: list[dict[str, object]] = []
+    if rng.random() < 0.5:
+        messages.append({"role": "system", "content": text(0.5)})
+    for _ in range(int(rng.integers(1, 7))):
+        messages.append({"role": "user", "content": "  " + text(1.0) + "\n"})
+        reply: dict[str, object] = {"role": "assistant", "content": text(2.0)}
+        if rng.random() < 0.3:
+            reply["reasoning_content"] = text(1.0)
+        if rng.random() < 0.1:
+            reply["tool_calls"] = [{"type": "function", "function": {"name": "search", "arguments": {"q": text(0.2)}}}]
+            messages.append(reply)
+            messages.append({"role": "tool", "content": text(0.5)})
+            reply = {"role": "assistant", "content": text(1.0)}
+        messages.append(reply)
+    return messages
+
+
+def build_corpus(path: Path, tokens: float, words: list[str], probs: np.ndarray, rng: np.random.Generator) -> None:
+    if path.is_file():
+        return
+    chars = 0
+    target = tokens * 3.2  # ~3.2 characters per token with this tokenizer (measured)
+    with open(path.with_suffix(".tmp"), "w", encoding="utf-8") as fh:
+        while chars < target:
+            messages = conversation(rng, words, probs)
+            line = json.dumps({"messages": messages}, ensure_ascii=False)
+            chars += len(line)
+            fh.write(line + "\n")
+    path.with_suffix(".tmp").rename(path)
+
+
+RUN = """
+import json, resource, sys, time
+import packtool
+cfg = packtool.TokenizeConfig(inputs=(sys.argv[1],), tokenizer=sys.argv[2], output=sys.argv[3], format="chat",
+                              backend=sys.argv[4], workers=int(sys.argv[5]), overwrite=True)
+t = time.perf_counter()
+result = packtool.tokenize_corpus(cfg)
+dt = time.perf_counter() - t
+rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+print(json.dumps({"seconds": dt, "tokens": result.manifest["n_tokens"], "docs": result.manifest["n_documents"],
+                  "backend": result.manifest["backend"]["name"], "rss_mb": rss / 1024}))
+"""
+
+
+def run(data: Path, tok: Path, out: Path, backend: str, workers: int) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, str(data), str(tok), str(out), backend, str(workers)],
+        capture_output=True, text=True, env=env, check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"bench run failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=float, default=10e6)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    words = lexicon(rng)
+    probs = 1.0 / np.arange(1, len(words) + 1) ** 0.9
+    probs /= probs.sum()
+    t = time.perf_counter()
+    tok = build_tokenizer(words, probs, rng)
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
+    big = CACHE / f"chat_{int(args.tokens)}.jsonl"
+    small = CACHE / f"chat_{int(args.tokens / 4)}.jsonl"
+    build_corpus(big, args.tokens, words, probs, np.random.default_rng(1))
+    build_corpus(small, args.tokens / 4, words, probs, np.random.default_rng(2))
+    print(f"setup {time.perf_counter() - t:.0f} s: tokenizer vocab {vocab}, corpus {big.stat().st_size / 2**20:.0f} MiB, "
+          f"{args.workers} workers, {os.cpu_count()} cores")
+    best: dict[str, dict[str, float]] = {}
+    for rep in range(args.repeats):
+        for backend in ("hf", "fast"):  # interleaved: the machine is shared
+            got = run(big, tok, CACHE / f"store_{backend}", backend, args.workers)
+            print(f"  [{rep}] {backend:4s} ({got['backend']}): {got['tokens'] / 1e6:.1f}M tokens, {got['docs']} conversations "
+                  f"in {got['seconds']:.1f} s = {got['tokens'] / got['seconds'] / 1e6:.2f}M tokens/s, peak RSS {got['rss_mb']:.0f} MB")
+            if backend not in best or got["seconds"] < best[backend]["seconds"]:
+                best[backend] = got
+    ratio = best["hf"]["seconds"] / best["fast"]["seconds"]
+    print(f"chat fast/hf end to end: x{ratio:.1f} (best of {args.repeats})")
+    same = all((CACHE / "store_fast" / n).read_bytes() == (CACHE / "store_hf" / n).read_bytes()
+               for n in ("tokens.bin", "tokens.boundaries", "tokens.loss"))
+    print(f"token stores byte-identical: {same}")
+    quarter = run(small, tok, CACHE / "store_small", "fast", args.workers)
+    print(f"peak RSS fast: {quarter['rss_mb']:.0f} MB at {quarter['tokens'] / 1e6:.1f}M tokens, "
+          f"{best['fast']['rss_mb']:.0f} MB at {best['fast']['tokens'] / 1e6:.1f}M tokens")
+    if not same:
+        raise SystemExit("fast and hf token stores differ")
+
+
+if __name__ == "__main__":
+    main()
