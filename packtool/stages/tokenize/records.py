@@ -7,6 +7,7 @@ the assistant turns as spans.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from packtool.choices import AssistantTurns, InputFormat
@@ -52,12 +53,19 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
 
 def chat_template(settings: ChunkSettings) -> ChatTemplate:
     """The run's template, compiled and calibrated once per process (cached by its inputs)."""
+    return _chat_template(
+        settings.tokenizer_path, settings.tokenizer_sha256, settings.chat_template or "", settings.bos_token, settings.eos_token
+    )
+
+
+@lru_cache(maxsize=8)
+def _chat_template(path: str, sha256: str, source: str, bos: str | None, eos: str | None) -> ChatTemplate:
     from jinja2.exceptions import TemplateSyntaxError
 
-    tok = cached_tokenizer(settings.tokenizer_path, settings.tokenizer_sha256)
+    tok = cached_tokenizer(path, sha256)
     added = tuple(sorted(t.content for t in tok.get_added_tokens_decoder().values()))
     try:
-        return load_chat_template(settings.chat_template or "", settings.bos_token, settings.eos_token, added)
+        return load_chat_template(source, bos, eos, added)
     except TemplateSyntaxError as exc:
         raise ConfigError(
             f"the chat template is not valid Jinja ({exc.message}, line {exc.lineno}), fix it or pass --chat-template FILE"
