@@ -20,7 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 
-def _byte_alphabet() -> dict[str, int]:
+def byte_alphabet() -> dict[str, int]:
     """GPT-2's bytes_to_unicode, inverted: the character a byte-level vocabulary uses for each byte."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     chars = list(printable)
@@ -63,31 +63,34 @@ class ByteTables:
 
     @classmethod
     def build(cls, tok: Tokenizer) -> ByteTables:
-        spec = json.loads(tok.to_str())
-        model = spec.get("model") or {}
-        decoders = [t for t, _ in _types(spec.get("decoder"))]
-        if model.get("type") != "BPE" or "ByteLevel" not in decoders:
+        """~0.2 s for a 150k vocabulary (one C-level translate + encode per entry)."""
+
+        def part(component: object) -> object:
+            state = getattr(component, "__getstate__", None)
+            return json.loads(state()) if component is not None and state is not None else None
+
+        decoders = [t for t, _ in _types(part(tok.decoder))]
+        if type(tok.model).__name__ != "BPE" or "ByteLevel" not in decoders:
             return cls.unsupported("the tokenizer is not a byte-level BPE")
-        trims = any(node.get("trim_offsets") for _, node in _types(spec.get("post_processor")))
+        trims = any(node.get("trim_offsets") for _, node in _types(part(tok.post_processor)))
         prefix_space = any(
-            n == "ByteLevel" and node.get("add_prefix_space") for n, node in _types(spec.get("pre_tokenizer"))
+            n == "ByteLevel" and node.get("add_prefix_space") for n, node in _types(part(tok.pre_tokenizer))
         )
         if trims or prefix_space:
             return cls.unsupported("the tokenizer trims offsets or adds a prefix space")
-        alphabet = _byte_alphabet()
+        alphabet = byte_alphabet()
         added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
-        vocab = tok.get_vocab(with_added_tokens=False)
-        size = max([*vocab.values(), *added.keys(), -1]) + 1
-        pieces: list[bytes] = [b""] * size
-        try:
-            for token, i in vocab.items():
-                if i not in added:
-                    pieces[i] = bytes(alphabet[c] for c in token)
-        except KeyError:
+        vocab = {i: token for token, i in tok.get_vocab(with_added_tokens=False).items() if i not in added}
+        size = max([*vocab.keys(), *added.keys(), -1]) + 1
+        if not set("".join(vocab.values())) <= alphabet.keys():
             return cls.unsupported("the vocabulary is not byte-level")
+        to_latin1 = str.maketrans({c: chr(b) for c, b in alphabet.items()})
+        pieces: list[bytes] = [b""] * size
+        for i, token in vocab.items():
+            pieces[i] = token.translate(to_latin1).encode("latin-1")
         for i, content in added.items():
             pieces[i] = content.encode("utf-8")
-        lens = np.fromiter((len(p) for p in pieces), np.int64, count=size)
+        lens = np.fromiter(map(len, pieces), np.int64, count=size)
         starts = np.zeros(size, np.int64)
         np.cumsum(lens[:-1], out=starts[1:])
         flat = np.frombuffer(b"".join(pieces), np.uint8)

@@ -54,7 +54,11 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
 def chat_template(settings: ChunkSettings) -> ChatTemplate:
     """The run's template, compiled and calibrated once per process (cached by its inputs)."""
     return _chat_template(
-        settings.tokenizer_path, settings.tokenizer_sha256, settings.chat_template or "", settings.bos_token, settings.eos_token
+        settings.tokenizer_path,
+        settings.tokenizer_sha256,
+        settings.chat_template or "",
+        settings.bos_token,
+        settings.eos_token,
     )
 
 
