@@ -104,3 +104,23 @@ def test_fast_refuses_a_tokenizer_without_byte_level_offsets(tmp_path: Path) -> 
     code, _, err = run_cli([*args, "--output", str(tmp_path / "a")])
     assert code == 0, err
     assert json.loads((tmp_path / "a" / "manifest.json").read_text())["backend"]["name"] == "hf"
+
+
+def test_byte_space_targets_equal_char_space_targets(tmp_path: Path) -> None:
+    """Random spans over multilingual text (boundaries inside multi-byte runs, empty spans, NFD
+    documents that go back to tokenizers): the fast loss equals the hf loss."""
+    tok_dir = build_llama_like(tmp_path / "tok")
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    fast, hf = FastBackend(str(tok_dir / "tokenizer.json"), tok), HFBackend(tok)
+    rng = np.random.default_rng(11)
+    texts = [*MULTI, *zipf_texts(150, seed=12), unicodedata.normalize("NFD", "é à ü")] * 2
+    spans = []
+    for text in texts:
+        cuts = sorted(rng.integers(0, len(text) + 1, size=2 * int(rng.integers(0, 4))).tolist())
+        spans.append([(cuts[k], cuts[k + 1]) for k in range(0, len(cuts), 2)] or None)
+    for special in (False, True):
+        got = fast.encode_targets(texts, spans, special)
+        want = hf.encode_targets(texts, spans, special)
+        for a, b in zip(got, want, strict=True):
+            assert np.array_equal(a, b)
+        assert 0 < got[2].mean() < 1

@@ -19,6 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
+Spans = list[tuple[int, int]]
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
 
 def byte_alphabet() -> dict[str, int]:
     """GPT-2's bytes_to_unicode, inverted: the character a byte-level vocabulary uses for each byte."""
@@ -102,13 +112,17 @@ class ByteTables:
                 return cls(None, flat, starts, lens, prefix, suffix)
         return cls.unsupported("the post-processor changes the tokens of a document")
 
-    def offsets(self, ids: np.ndarray, lengths: np.ndarray, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(int64 [n_tokens, 2] char offsets within each document, bool per document: bytes did not check out)."""
+    def check(
+        self, ids: np.ndarray, lengths: np.ndarray, texts: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Token byte ends `cum` (int64, cum[0] = 0), document bytes, byte lengths, and per document
+        whether its tokens do NOT spell its bytes exactly. None when some byte count is off (then
+        `_subset` re-checks the others: the global alignment below needs every count right)."""
         try:
             encoded = [t.encode("utf-8") for t in texts]
-        except UnicodeEncodeError:  # lone surrogates: let tokenizers decide what they are
-            return np.zeros((ids.size, 2), np.int64), np.ones(len(texts), bool)
-        blens = np.fromiter((len(b) for b in encoded), np.int64, count=len(encoded))
+        except UnicodeEncodeError:  # lone surrogates: `_subset` leaves those documents to tokenizers
+            return None
+        blens = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
         safe = np.minimum(ids, self.lens.size - 1) if self.lens.size else ids
         tok_lens = np.where(ids < self.lens.size, self.lens[safe], 0)
         cum = np.zeros(ids.size + 1, np.int64)
@@ -119,16 +133,26 @@ class ByteTables:
         np.cumsum(tok_lens == 0, out=zeros[1:])
         bad = (cum[ends] - cum[starts] != blens) | (zeros[ends] > zeros[starts])
         if bad.any():
-            return self._subset(ids, lengths, texts, bad)
+            return None
         data = np.frombuffer(b"".join(encoded), np.uint8)
         total = int(cum[-1])
-        table = np.repeat(self.starts[safe] - cum[:-1], tok_lens) + np.arange(total, dtype=np.int64)
+        index = np.int32 if total < 2**31 - 1 and self.flat.size < 2**31 - 1 else np.int64
+        table = np.repeat((self.starts[safe] - cum[:-1]).astype(index), tok_lens)
+        table += np.arange(total, dtype=index)
         wrong = np.flatnonzero(self.flat[table] != data)
         if wrong.size:
             bad[np.searchsorted(np.cumsum(blens), wrong, side="right")] = True
+        return cum, data, blens, bad
+
+    def offsets(self, ids: np.ndarray, lengths: np.ndarray, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 [n_tokens, 2] char offsets within each document, bool per document: bytes did not check out)."""
+        checked = self.check(ids, lengths, texts)
+        if checked is None:
+            return self._subset(ids, lengths, texts, None)
+        cum, data, _, bad = checked
         char_of_byte = np.cumsum((data & 0xC0) != 0x80) - 1
         char_base = np.zeros(len(texts), np.int64)
-        np.cumsum(np.fromiter((len(t) for t in texts), np.int64, count=len(texts))[:-1], out=char_base[1:])
+        np.cumsum(np.fromiter(map(len, texts), np.int64, count=len(texts))[:-1], out=char_base[1:])
         base = np.repeat(char_base, lengths)
         out = np.empty((ids.size, 2), np.int64)
         if ids.size:
@@ -136,24 +160,71 @@ class ByteTables:
             out[:, 1] = char_of_byte[cum[1:] - 1] + 1 - base
         return out, bad
 
-    def _subset(
-        self, ids: np.ndarray, lengths: np.ndarray, texts: Sequence[str], bad: np.ndarray
+    def targets(
+        self, ids: np.ndarray, lengths: np.ndarray, texts: Sequence[str], spans: Sequence[Spans | None]
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Offsets for the documents whose byte counts match; the others stay bad (zeros)."""
+        """(uint8 loss per token: its bytes overlap a target span, bool per document: bytes did not check out).
+
+        Same answer as char offsets + `target_mask` (a token's char range overlaps a char span exactly
+        when its byte range overlaps the span's byte range), without building any offsets.
+        """
+        checked = self.check(ids, lengths, texts)
+        if checked is None:
+            return self._subset(ids, lengths, texts, spans)
+        cum, _, blens, bad = checked
+        base = 0
+        flat: list[int] = []
+        for text, doc_spans, size in zip(texts, spans, blens.tolist(), strict=True):
+            if doc_spans:
+                ascii_text = text.isascii()
+                at = done = 0
+                for s, e in doc_spans:
+                    if e <= s:
+                        continue
+                    for p in (s, e):  # char -> byte position, encoding each stretch once
+                        at += (p - done) if ascii_text else len(text[done:p].encode("utf-8"))
+                        done = p
+                        flat.append(base + at)
+            base += size
+        mask = np.zeros(ids.size, np.uint8)
+        if not flat or not ids.size:
+            return mask, bad
+        span = np.asarray(flat, np.int64).reshape(-1, 2)
+        start, end = cum[:-1], cum[1:]
+        j = np.searchsorted(span[:, 1], start, side="right")  # first span ending after the token starts
+        inside = j < span.shape[0]
+        mask[inside] = span[j[inside], 0] < end[inside]
+        return mask, bad
+
+    def _subset(
+        self, ids: np.ndarray, lengths: np.ndarray, texts: Sequence[str], spans: Sequence[Spans | None] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`offsets` (spans None) or `targets` for the documents whose byte counts match; the others are bad."""
+        safe = np.minimum(ids, self.lens.size - 1) if self.lens.size else ids
+        tok_lens = np.where(ids < self.lens.size, self.lens[safe], 0)
+        ends = np.cumsum(lengths)
+        cum = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(tok_lens, out=cum[1:])
+        sums = cum[ends] - cum[ends - lengths]
+        bad = np.fromiter((len(t.encode("utf-8", "surrogatepass")) for t in texts), np.int64, count=len(texts)) != sums
+        bad |= np.fromiter((not t.isascii() and _has_surrogate(t) for t in texts), bool, count=len(texts))
         good = np.flatnonzero(~bad)
         keep = np.repeat(~bad, lengths)
-        out = np.zeros((ids.size, 2), np.int64)
+        out = np.zeros((ids.size, 2), np.int64) if spans is None else np.zeros(ids.size, np.uint8)
         if good.size:
-            sub, sub_bad = self.offsets(ids[keep], lengths[good], [texts[int(i)] for i in good])
+            sub_texts = [texts[int(i)] for i in good]
+            if spans is None:
+                sub, sub_bad = self.offsets(ids[keep], lengths[good], sub_texts)
+            else:
+                sub, sub_bad = self.targets(ids[keep], lengths[good], sub_texts, [spans[int(i)] for i in good])
             out[keep] = sub
-            bad = bad.copy()
             bad[good] = sub_bad
         return out, bad
 
     def add_specials(
         self, ids: np.ndarray, lengths: np.ndarray, offsets: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Put the post-processor's ids around every document, with (0, 0) offsets as `tokenizers` does."""
+        """Put the post-processor's ids around every document, with (0, 0) offsets (or loss 0) as `tokenizers` does."""
         pre, post = len(self.prefix), len(self.suffix)
         if not (pre or post):
             return ids, lengths, offsets
@@ -165,7 +236,7 @@ class ByteTables:
             np.arange(n, dtype=np.int64) * (pre + post) + pre, lengths
         )
         out = np.empty(int(new_ends[-1]) if n else 0, ids.dtype)
-        out_offsets = np.zeros((out.size, 2), np.int64)
+        out_offsets = np.zeros((out.size, *offsets.shape[1:]), offsets.dtype)  # offsets (n, 2) or loss (n,)
         out[position] = ids
         out_offsets[position] = offsets
         for k, token in enumerate(self.prefix):

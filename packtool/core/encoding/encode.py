@@ -54,28 +54,8 @@ def encode_batch(
     if spans is None:
         flat, lengths = engine.encode_flat(texts, policy.add_special_tokens)
         return frame(flat.astype(dtype, copy=False), lengths, None, policy)
-    flat, lengths, offsets = engine.encode_offsets(texts, policy.add_special_tokens)
-    loss = target_mask(offsets, lengths, [len(t) for t in texts], spans)
+    flat, lengths, loss = engine.encode_targets(texts, spans, policy.add_special_tokens)
     return frame(flat.astype(dtype, copy=False), lengths, loss, policy)
-
-
-def target_mask(
-    offsets: np.ndarray, lengths: np.ndarray, text_lengths: Sequence[int], spans: Sequence[Spans | None]
-) -> np.ndarray:
-    """1 where a token's [start, end) character range overlaps a target span of its document."""
-    base = np.zeros(len(text_lengths), np.int64)
-    np.cumsum(np.asarray(text_lengths, np.int64)[:-1] + 1, out=base[1:])
-    flat = [(b + s, b + e) for b, doc in zip(base.tolist(), spans, strict=True) for s, e in (doc or ()) if e > s]
-    mask = np.zeros(offsets.shape[0], np.uint8)
-    if not flat or not offsets.size:
-        return mask
-    span = np.asarray(flat, np.int64)
-    shift = np.repeat(base, lengths)
-    start, end = offsets[:, 0] + shift, offsets[:, 1] + shift
-    j = np.searchsorted(span[:, 1], start, side="right")  # first span ending after the token starts
-    inside = j < span.shape[0]
-    mask[inside] = (span[j[inside], 0] < end[inside]) & (end[inside] > start[inside])
-    return mask
 
 
 def frame(
