@@ -4,8 +4,8 @@
 identical to `hf` on a verification sample (the first documents of the whole input, so every
 shard of a sharded run decides the same way); otherwise it says why and uses `hf`. The output
 bytes never depend on the backend. Formats with a loss mask (prompt-completion, chat) need token
-offsets: `fast` derives them from the ids for byte-level BPE tokenizers (checked per document,
-see core/encoding/byte_offsets.py), and the verification then compares ids AND offsets with `hf`.
+offsets: `fast` derives them from the ids for byte-level BPE tokenizers, checking every document's
+bytes as it goes (core/encoding/byte_offsets.py), so the sample check is the same as for text: ids.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def choose_backend(
                 f"--backend fast cannot give the token offsets this format's loss mask needs "
                 f"({backend.offsets_reason}), use --backend hf or auto"
             )
-        diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens, needs_offsets)
+        diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
         if diff is not None:
             raise TokenizerError(
                 f"{FAST_PACKAGE} gives different ids than tokenizers at {diff}, {tokenizer_path}, "
@@ -145,7 +145,7 @@ def choose_backend(
         return BackendChoice("hf", str(exc))
     if needs_offsets and backend.offsets_reason is not None:
         return BackendChoice("hf", f"{FAST_PACKAGE} gives no offsets for this tokenizer ({backend.offsets_reason})")
-    diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens, needs_offsets)
+    diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
     if diff is not None:
         log.warning("%s gives different ids than tokenizers at %s; using tokenizers", FAST_PACKAGE, diff)
         return BackendChoice("hf", f"{FAST_PACKAGE} differs from tokenizers at {diff}")
