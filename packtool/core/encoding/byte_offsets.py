@@ -61,6 +61,26 @@ def _spell(
         pos = limit
 
 
+@njit(cache=True, nogil=True)
+def _char_to_byte(
+    data: np.ndarray, byte_starts: np.ndarray, docs: np.ndarray, chars: np.ndarray, out: np.ndarray
+) -> None:
+    """Byte position of each (document, character) query; queries ascend within a document."""
+    q = 0
+    while q < docs.shape[0]:
+        d = docs[q]
+        b = byte_starts[d]
+        c = 0
+        while q < docs.shape[0] and docs[q] == d:
+            while c < chars[q]:
+                b += 1
+                while b < data.shape[0] and (data[b] & 0xC0) == 0x80:
+                    b += 1
+                c += 1
+            out[q] = b
+            q += 1
+
+
 def byte_alphabet() -> dict[str, int]:
     """GPT-2's bytes_to_unicode, inverted: the character a byte-level vocabulary uses for each byte."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
@@ -180,24 +200,21 @@ class ByteTables:
         Same answer as char offsets + `target_mask` (a token's char range overlaps a char span exactly
         when its byte range overlaps the span's byte range), without building any offsets.
         """
-        start, end, _, bad, byte_ends = self.spell(ids, lengths, texts)
-        flat: list[int] = []
-        for d, (text, doc_spans) in enumerate(zip(texts, spans, strict=True)):
-            if doc_spans:
-                ascii_text = text.isascii()
-                at = int(byte_ends[d - 1]) if d else 0
-                done = 0
-                for s, e in doc_spans:
-                    if e <= s:
-                        continue
-                    for p in (s, e):  # char -> byte position, encoding each stretch once
-                        at += (p - done) if ascii_text else len(text[done:p].encode("utf-8", "surrogatepass"))
-                        done = p
-                        flat.append(at)
+        start, end, data, bad, byte_ends = self.spell(ids, lengths, texts)
+        docs: list[int] = []
+        chars: list[int] = []
+        for d, doc_spans in enumerate(spans):
+            for s, e in doc_spans or ():
+                if e > s:
+                    docs += (d, d)
+                    chars += (s, e)
         mask = np.zeros(ids.size, np.uint8)
-        if not flat or not ids.size:
+        if not chars or not ids.size:
             return mask, bad
-        span = np.asarray(flat, np.int64).reshape(-1, 2)
+        byte_starts = np.concatenate(([0], byte_ends[:-1]))
+        span = np.empty(len(chars), np.int64)
+        _char_to_byte(data, byte_starts, np.asarray(docs, np.int64), np.asarray(chars, np.int64), span)
+        span = span.reshape(-1, 2)
         j = np.searchsorted(span[:, 1], start, side="right")  # first span ending after the token starts
         inside = j < span.shape[0]
         mask[inside] = span[j[inside], 0] < end[inside]
