@@ -204,9 +204,14 @@ def main() -> None:
     same = all((CACHE / "store_fast" / n).read_bytes() == (CACHE / "store_hf" / n).read_bytes()
                for n in ("tokens.bin", "tokens.boundaries", "tokens.loss"))
     print(f"token stores byte-identical: {same}")
-    quarter = run(small, tok, CACHE / "store_small", "fast", args.workers)
-    print(f"peak RSS fast: {quarter['rss_mb']:.0f} MB at {quarter['tokens'] / 1e6:.1f}M tokens, "
+    quarter = {b: run(small, tok, CACHE / f"store_small_{b}", b, args.workers) for b in ("hf", "fast")}
+    print(f"peak RSS fast: {quarter['fast']['rss_mb']:.0f} MB at {quarter['fast']['tokens'] / 1e6:.1f}M tokens, "
           f"{best['fast']['rss_mb']:.0f} MB at {best['fast']['tokens'] / 1e6:.1f}M tokens")
+    # per-token cost once start-up (imports, loading both tokenizers, the verification sample) is paid:
+    # the slope between the quarter-size and the full-size run
+    slope = {b: (best[b]["cpu"] - quarter[b]["cpu"]) / (best[b]["tokens"] - quarter[b]["tokens"]) for b in best}
+    print(f"marginal CPU per M tokens: hf {slope['hf'] * 1e6:.2f} s, fast {slope['fast'] * 1e6:.2f} s: "
+          f"x{slope['hf'] / slope['fast']:.1f} (what a corpus much larger than 10M tokens approaches)")
     if not same:
         raise SystemExit("fast and hf token stores differ")
 

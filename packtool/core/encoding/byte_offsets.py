@@ -212,12 +212,12 @@ class ByteTables:
         if not chars or not ids.size:
             return mask, bad
         byte_starts = np.concatenate(([0], byte_ends[:-1]))
-        span = np.empty(len(chars), np.int64)
-        _char_to_byte(data, byte_starts, np.asarray(docs, np.int64), np.asarray(chars, np.int64), span)
-        span = span.reshape(-1, 2)
-        j = np.searchsorted(span[:, 1], start, side="right")  # first span ending after the token starts
-        inside = j < span.shape[0]
-        mask[inside] = span[j[inside], 0] < end[inside]
+        at = np.empty(len(chars), np.int64)
+        _char_to_byte(data, byte_starts, np.asarray(docs, np.int64), np.asarray(chars, np.int64), at)
+        span_start, span_end = at[0::2], at[1::2]
+        j = np.searchsorted(span_end, start, side="right")  # first span ending after the token starts
+        inside = j < span_end.size
+        mask[inside] = span_start[j[inside]] < end[inside]
         return mask, bad
 
     def add_specials(
