@@ -4,8 +4,8 @@ Builds (and caches under bench_out/chat/) a >= 100k-vocabulary byte-level BPE ov
 multilingual lexicon (Latin, Cyrillic, Greek, Arabic, CJK; emoji fall back to bytes) with the Qwen3 chat template and its
 control tokens (tests/fixtures/chat_templates/qwen3.json: reasoning rendered in the last turn only),
 and a generated multi-turn corpus (system prompts, 1-6 user/assistant turns, reasoning, tool calls,
-Zipf-like lengths). Both backends use 4 MiB chunks (several per worker, so the workers stay busy on
-a 20 MiB corpus). Each configuration runs in its own process, interleaved, best of --repeats; the
+Zipf-like lengths). Both backends use 1 MiB chunks (many per worker, so the workers stay busy and both corpus sizes run
+the same way: a process pool with 2+ workers, inline with 1). Each configuration runs in its own process, interleaved, best of --repeats; the
 fast/hf ratio is printed, with peak RSS at two corpus sizes (memory must stay flat as input grows)
 and a byte comparison of the two token stores.
 
@@ -143,7 +143,7 @@ RUN = """
 import json, resource, sys, time
 import packtool
 cfg = packtool.TokenizeConfig(inputs=(sys.argv[1],), tokenizer=sys.argv[2], output=sys.argv[3], format="chat",
-                              backend=sys.argv[4], workers=int(sys.argv[5]), overwrite=True, chunk_bytes=4 << 20)
+                              backend=sys.argv[4], workers=int(sys.argv[5]), overwrite=True, chunk_bytes=1 << 20)
 t = time.perf_counter()
 result = packtool.tokenize_corpus(cfg)
 dt = time.perf_counter() - t
