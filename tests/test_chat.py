@@ -168,14 +168,14 @@ def test_tools_and_strftime_now_render_as_in_transformers() -> None:
 
 
 def test_cli_assistant_turns_last_and_bad_template(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
-    from conftest import run_cli
+    from support import cli
 
     data = tmp_path / "c.jsonl"
     data.write_text(json.dumps({"messages": conversation(["q1", "a1", "q2", "a2"], 2)}) + "\n")
     base = ["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--format", "chat", "-q"]
-    code, _, err = run_cli([*base, "--output", str(tmp_path / "all")])
+    code, _, err = cli(*base, "--output", str(tmp_path / "all"))
     assert code == 0, err
-    code, _, err = run_cli([*base, "--output", str(tmp_path / "last"), "--assistant-turns", "last"])
+    code, _, err = cli(*base, "--output", str(tmp_path / "last"), "--assistant-turns", "last")
     assert code == 0, err
     tok = Tokenizer.from_file(str(bpe_tokenizer_dir / "tokenizer.json"))
     decoded = {}
@@ -186,7 +186,7 @@ def test_cli_assistant_turns_last_and_bad_template(tmp_path: Path, bpe_tokenizer
     assert decoded == {"all": ["a1<|im_end|>", "a2<|im_end|>"], "last": ["a2<|im_end|>"]}
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m['content'] }")
-    code, _, err = run_cli([*base, "--output", str(tmp_path / "bad"), "--chat-template", str(bad)])
+    code, _, err = cli(*base, "--output", str(tmp_path / "bad"), "--chat-template", str(bad))
     assert code == 1 and err.startswith("error: the chat template is not valid Jinja") and err.count("\n") == 1
-    code, _, err = run_cli([*base, "--output", str(tmp_path / "x"), "--assistant-turns", "first"])
+    code, _, err = cli(*base, "--output", str(tmp_path / "x"), "--assistant-turns", "first")
     assert code == 2 and "first" in err

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli, zipf_texts
+from support import cli, zipf_texts
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from packtool.core.encoding.backends import FastBackend, HFBackend
@@ -62,8 +62,8 @@ def test_prompt_completion_fast_equals_hf(tmp_path: Path) -> None:
     data = tmp_path / "pc.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows(400)), "utf-8")
     for backend in ("hf", "fast", "auto"):
-        code, _, err = run_cli(["tokenize", str(data), "--tokenizer", str(tok_dir), "--format", "prompt-completion",
-                                "--output", str(tmp_path / backend), "--backend", backend, "--workers", "1", "-q"])
+        code, _, err = cli("tokenize", str(data), "--tokenizer", str(tok_dir), "--format", "prompt-completion",
+                                "--output", str(tmp_path / backend), "--backend", backend, "--workers", "1", "-q")
         assert code == 0, err
     assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["backend"]["name"] == "fast"
     for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
@@ -99,9 +99,9 @@ def test_fast_refuses_a_tokenizer_without_byte_level_offsets(tmp_path: Path) -> 
     data = tmp_path / "pc.jsonl"
     data.write_text(json.dumps({"prompt": "why", "completion": " because"}) + "\n")
     args = ["tokenize", str(data), "--tokenizer", str(tok_dir), "--format", "prompt-completion", "-q"]
-    code, _, err = run_cli([*args, "--output", str(tmp_path / "f"), "--backend", "fast"])
+    code, _, err = cli(*args, "--output", str(tmp_path / "f"), "--backend", "fast")
     assert code == 1 and err.startswith("error: --backend fast cannot give the token offsets") and err.count("\n") == 1
-    code, _, err = run_cli([*args, "--output", str(tmp_path / "a")])
+    code, _, err = cli(*args, "--output", str(tmp_path / "a"))
     assert code == 0, err
     assert json.loads((tmp_path / "a" / "manifest.json").read_text())["backend"]["name"] == "hf"
 
