@@ -187,6 +187,6 @@ def test_cli_assistant_turns_last_and_bad_template(tmp_path: Path, bpe_tokenizer
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m['content'] }")
     code, _, err = cli(*base, "--output", str(tmp_path / "bad"), "--chat-template", str(bad))
-    assert code == 1 and err.startswith("error: the chat template is not valid Jinja") and err.count("\n") == 1
+    assert code == 1 and err.startswith("error: ") and "chat template" in err and err.count("\n") == 1
     code, _, err = cli(*base, "--output", str(tmp_path / "x"), "--assistant-turns", "first")
     assert code == 2 and "first" in err
