@@ -21,6 +21,13 @@ class InputFormat(StrEnum):
     CHAT = "chat"
 
 
+class AssistantTurns(StrEnum):
+    """Which assistant turns of a chat are loss targets."""
+
+    ALL = "all"
+    LAST = "last"
+
+
 class OnError(StrEnum):
     FAIL = "fail"
     SKIP = "skip"

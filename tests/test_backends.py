@@ -90,16 +90,17 @@ def test_auto_falls_back_to_hf_when_fast_cannot_load(big_vocab_tokenizer_dir: Pa
     assert not (tmp_path / "fast").exists()
 
 
-def test_fast_refuses_formats_that_need_offsets(bpe_tokenizer_dir: Path, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_fast_gives_loss_masks_identical_to_hf(bpe_tokenizer_dir: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "pc.jsonl"
     data.write_text(json.dumps({"prompt": "Q: why?", "completion": " A: because."}) + "\n")
     args = ["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--format", "prompt-completion", "-q"]
-    code, _, err = cli(*[*args, "--output", str(tmp_path / "f"), "--backend", "fast"])
-    assert code == 1 and "--backend fast supports only --format text" in err
-    code, _, err = cli(*[*args, "--output", str(tmp_path / "a")])
-    assert code == 0, err
-    assert manifest(tmp_path / "a")["backend"]["name"] == "hf"
+    for backend in ("fast", "hf", "auto"):
+        code, _, err = cli(*args, "--output", str(tmp_path / backend), "--backend", backend)
+        assert code == 0, err
+    assert manifest(tmp_path / "auto")["backend"]["name"] == "fast"
+    for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
+        assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes()
 
 
 def test_unknown_backend_is_a_usage_error_before_any_work(bpe_tokenizer_dir: Path, tmp_path: Path,
@@ -122,7 +123,7 @@ class _OffByOne:
 
     name = "fast"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, reference: Tokenizer | None = None) -> None:
         self.inner = HFBackend(Tokenizer.from_file(path))
 
     def encode_flat(self, texts: list[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:

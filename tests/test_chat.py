@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 import packtool
 from packtool.choices import InputFormat
-from packtool.core.encoding.chat import ChatRecordError, compile_template, render_with_spans
+from packtool.core.encoding.chat import ChatRecordError, load_chat_template, render_with_spans
 from packtool.formats.token_store import open_token_store
 
 LLAMA2_LIKE = (
@@ -54,13 +54,13 @@ def test_chatml_targets_decode_to_assistant_turns_plus_end_of_turn(tmp_path: Pat
     result = tokenize_chat(tmp_path, bpe_tokenizer_dir, rows)
     store = open_token_store(tmp_path / "s")
     assert store.loss is not None and result.manifest["eos"]["enabled"] is False
-    template = compile_template(json.loads((bpe_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"])
+    template = chat(json.loads((bpe_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"])
     for i, row in enumerate(rows):
         ids = store.document(i)
-        rendered = template(messages=row["messages"], add_generation_prompt=False)
+        rendered = template.render(row["messages"])
         assert ids.tolist() == tok.encode(rendered, add_special_tokens=False).ids  # what apply_chat_template(tokenize=True) gives
         runs = target_runs(ids, store.loss[store.starts[i] : store.boundaries[i]])
-        want = [m["content"] + "<|im_end|>\n" for m in row["messages"] if m["role"] == "assistant"]
+        want = [m["content"] + "<|im_end|>" for m in row["messages"] if m["role"] == "assistant"]
         assert [tok.decode(r, skip_special_tokens=False) for r in runs] == want
 
 
@@ -83,23 +83,54 @@ def test_custom_template_file_with_bos_trim_and_eos(tmp_path: Path, bpe_tokenize
         assert [tok.decode(r, skip_special_tokens=False).lstrip() for r in runs] == want
 
 
+def chat(source: str, bos: str | None = None, eos: str | None = None):  # type: ignore[no-untyped-def]
+    return load_chat_template(source, bos, eos, ("<|im_start|>", "<|im_end|>", "<eot>", "</turn>", "<a>", "<u>"))
+
+
 def test_render_spans_are_exact_character_ranges() -> None:
-    render = compile_template("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</turn>\n{% endfor %}")
+    template = chat("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</turn>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<assistant>{% endif %}")
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x"},
                 {"role": "assistant", "content": "bye"}]
-    text, spans = render_with_spans(render, messages, None, None)
-    assert [text[a:b] for a, b in spans] == ["yo</turn>\n", "bye</turn>\n"]
+    text, spans = render_with_spans(template, messages)
+    assert [text[a:b] for a, b in spans] == ["yo</turn>", "bye</turn>"]
+    text, spans = render_with_spans(template, messages, last_only=True)
+    assert [text[a:b] for a, b in spans] == ["bye</turn>"]
 
 
-def test_template_that_rewrites_history_is_refused() -> None:
-    render = compile_template("{% for m in messages %}{% if loop.last %}LAST:{% endif %}{{ m['content'] }}\n{% endfor %}")
-    with pytest.raises(ChatRecordError, match="prefix-stable"):
-        render_with_spans(render, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], None, None)
+def test_template_that_rewrites_history_is_located_exactly() -> None:
+    """Reasoning only in the last turn (Qwen3-style), and a header appended after every conversation."""
+    template = chat(
+        "{% for m in messages %}<{{ m['role'] }}>\n{% if m['role'] == 'assistant' and loop.last %}<think>\n"
+        "{{ m.get('reasoning_content', '') }}\n</think>\n{% endif %}{{ m['content'] | trim }}<eot>\n{% endfor %}<assistant>\n"
+    )
+    messages = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": " a1 ", "reasoning_content": "r1"},
+                {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2", "reasoning_content": "r2"}]
+    text, spans = render_with_spans(template, messages)
+    assert text.endswith("<eot>\n<assistant>")  # appended even without add_generation_prompt
+    assert [text[a:b] for a, b in spans] == ["a1<eot>", "<think>\nr2\n</think>\na2<eot>"]
+
+
+def test_generation_blocks_give_the_targets() -> None:
+    template = chat("{% for m in messages %}<{{ m['role'] }}>{% if m['role'] == 'assistant' %}{% generation %}"
+                    "{{ m['content'] }}<eot>{% endgeneration %}{% else %}{{ m['content'] }}<eot>{% endif %}\n{% endfor %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "bye"}]
+    text, spans = render_with_spans(template, messages)
+    assert [text[a:b] for a, b in spans] == ["yo<eot>", "bye<eot>"]
+
+
+def test_template_failure_is_a_record_error() -> None:
+    template = chat("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}")
+    with pytest.raises(ChatRecordError, match="cannot render"):
+        render_with_spans(template, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
 
 
 @pytest.mark.parametrize(("messages", "reason"), [
     ([{"role": "wizard", "content": "x"}], "unknown role 'wizard'"),
     ([{"role": "user", "content": 3}], "content is not a string"),
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "'text' is not a string"),
+    ([{"role": "user", "content": [{"type": "image"}]}], "cannot render"),
     ([], "non-empty list"),
     ("hello", "non-empty list"),
 ])
@@ -123,14 +154,39 @@ def test_tools_and_strftime_now_render_as_in_transformers() -> None:
     """Real templates (Llama 3.x, Qwen2.5) test `tools is not none` and date the system prompt."""
     from datetime import datetime
 
-    render = compile_template(
+    template = chat(
         "{% if tools is not none %}TOOLS{{ tools | tojson }}\n{% endif %}"
         "{% if documents is not none %}DOCS\n{% endif %}"
         "Today: {{ strftime_now('%d %b %Y') }}\n"
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}<eot>\n{% endfor %}"
     )
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    text, spans = render_with_spans(render, messages, None, None)
+    text, spans = render_with_spans(template, messages)
     assert "TOOLS" not in text and "DOCS" not in text
     assert text.startswith(f"Today: {datetime.now().strftime('%d %b %Y')}\n")
-    assert [text[a:b] for a, b in spans] == ["yo<eot>\n"]
+    assert [text[a:b] for a, b in spans] == ["yo<eot>"]
+
+
+def test_cli_assistant_turns_last_and_bad_template(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    from support import cli
+
+    data = tmp_path / "c.jsonl"
+    data.write_text(json.dumps({"messages": conversation(["q1", "a1", "q2", "a2"], 2)}) + "\n")
+    base = ["tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--format", "chat", "-q"]
+    code, _, err = cli(*base, "--output", str(tmp_path / "all"))
+    assert code == 0, err
+    code, _, err = cli(*base, "--output", str(tmp_path / "last"), "--assistant-turns", "last")
+    assert code == 0, err
+    tok = Tokenizer.from_file(str(bpe_tokenizer_dir / "tokenizer.json"))
+    decoded = {}
+    for name in ("all", "last"):
+        store = open_token_store(tmp_path / name)
+        assert store.loss is not None
+        decoded[name] = [tok.decode(r, skip_special_tokens=False) for r in target_runs(store.document(0), store.loss)]
+    assert decoded == {"all": ["a1<|im_end|>", "a2<|im_end|>"], "last": ["a2<|im_end|>"]}
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m['content'] }")
+    code, _, err = cli(*base, "--output", str(tmp_path / "bad"), "--chat-template", str(bad))
+    assert code == 1 and err.startswith("error: ") and "chat template" in err and err.count("\n") == 1
+    code, _, err = cli(*base, "--output", str(tmp_path / "x"), "--assistant-turns", "first")
+    assert code == 2 and "first" in err

@@ -13,6 +13,7 @@ import typer
 from packtool import __version__
 from packtool.choices import (
     Algorithm,
+    AssistantTurns,
     BackendName,
     ExecutorName,
     ExportTarget,
@@ -66,6 +67,9 @@ def tokenize(
     completion_field: Annotated[str, typer.Option("--completion-field")] = "completion",
     messages_field: Annotated[str, typer.Option("--messages-field")] = "messages",
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
+    assistant_turns: Annotated[
+        AssistantTurns, typer.Option("--assistant-turns", help="chat: train on all or only the last assistant turn.")
+    ] = AssistantTurns.ALL,
     separator: Annotated[
         str | None, typer.Option("--separator", help="Split .txt files into documents at STR.")
     ] = None,

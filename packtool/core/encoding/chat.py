@@ -1,64 +1,163 @@
-"""Chat templates rendered as transformers renders them, and where each assistant turn sits.
+"""Chat templates rendered exactly as transformers renders them, and where each assistant turn sits.
 
-Rendering follows `transformers` (`ImmutableSandboxedEnvironment`, `trim_blocks`,
-`lstrip_blocks`, `raise_exception`, `tojson`, `strftime_now`, `bos_token`/`eos_token`,
-`tools=None`, `documents=None`, `add_generation_prompt=False`). A template that calls
-`strftime_now` (Llama 3.2) writes today's date, as transformers does, so its output changes by day. Assistant turns are located by rendering growing prefixes
-of the conversation: the text added by assistant message i, from its content to the end of
-the turn (the end-of-turn marker and whatever the template writes before the next message,
-but not the next turn's header), is its target span. This is exact for any template whose
-rendering of a prefix is a prefix of the full rendering (ChatML, Llama, Mistral, Gemma ...);
-a template that rewrites earlier turns (e.g. one that drops past reasoning) is reported as a
-bad record rather than guessed at.
+The text is `apply_chat_template(messages, tokenize=False)` of the WHOLE conversation: transformers'
+Jinja environment (`ImmutableSandboxedEnvironment`, `trim_blocks`, `lstrip_blocks`, loop controls,
+its `tojson`, `raise_exception`, `strftime_now`, guarded `dict`/`namespace`, the `{% generation %}`
+tag), its message preparation (keys whose value is None dropped, `reasoning_content` /
+`thinking` / `reasoning` aliased) and its arguments (`tools=None`, `documents=None`,
+`add_generation_prompt=False`, the tokenizer's bos/eos tokens when it has them).
+
+Turns are located without any prefix-stability assumption, so templates that render reasoning only
+in the last turn, drop past reasoning, or always append a generation header all work:
+  1. a template with `{% generation %}` blocks gives the targets itself (transformers' tracker);
+  2. otherwise the conversation is rendered a second time with an invisible marker (noncharacters
+     U+FDD0/U+FDD1 and the message index) around the non-blank core of every content and reasoning
+     string. Markers survive `trim`, `strip`, `split('</think>')` and `in` tests, so removing them
+     must give the first rendering back exactly (checked); they then pin every message's text;
+  3. an assistant turn's target runs from the end of its role header (the template's own generation
+     prompt, found just before that turn's first marker) through the first end-of-turn marker after
+     its last marker. The header and the end-of-turn strings are measured once per template on a
+     probe conversation (`calibrate`). A reasoning block the template inserts after the header is
+     in the target; the text after the end-of-turn marker (newline, next header, a trailing
+     generation prompt) is not.
+If markers change what a template renders (it tests a content's length, say), turns are located by
+counting role headers instead; if that is ambiguous too, the record is rejected with the reason.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from packtool.core.encoding.turns import REASONING_FIELDS, ChatRecordError, Spans, calibrate, locate_turns
+
 ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-
-class ChatRecordError(ValueError):
-    """A conversation that cannot be rendered or whose assistant turns cannot be located."""
+__all__ = ["ROLES", "ChatRecordError", "ChatTemplate", "Spans", "load_chat_template", "render_with_spans"]
 
 
 @lru_cache(maxsize=8)
-def compile_template(source: str) -> Callable[..., str]:
-    """Compile a chat template once per process, with transformers' environment and helpers."""
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+def compile_template(source: str) -> Any:
+    """A jinja2 Template with transformers' environment (including its `{% generation %}` tracker)."""
+    import jinja2
+    from jinja2.exceptions import SecurityError, TemplateError
+    from jinja2.ext import Extension
+
+    _Sandbox = _sandbox_class()  # noqa: N806
+
+    class GenerationTracker(Extension):  # transformers' AssistantTracker: records {% generation %} char spans
+        tags = {"generation"}  # noqa: RUF012 (jinja's own class attribute)
+
+        def __init__(self, environment: Any) -> None:
+            super().__init__(environment)
+            self.state = threading.local()
+            environment.extend(activate_tracker=self.activate)
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_generation", []), [], [], body).set_lineno(lineno)
+
+        def _generation(self, caller: Any) -> str:
+            text = caller()
+            blocks = getattr(self.state, "blocks", None)
+            if blocks is not None:
+                start = sum(len(b) for b in blocks)
+                self.state.spans.append((start, start + len(text)))
+            return str(text)
+
+        @contextmanager
+        def activate(self, blocks: list[str], spans: Spans) -> Iterator[None]:
+            self.state.blocks, self.state.spans = blocks, spans
+            try:
+                yield
+            finally:
+                self.state.blocks = self.state.spans = None
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
     def tojson(
-        value: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: Any = None,
-        sort_keys: bool = False,
+        value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
     ) -> str:
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    def strftime_now(fmt: str) -> str:  # Llama 3.x templates date their system prompt, as transformers does
-        from datetime import datetime
-
+    def strftime_now(fmt: str) -> str:  # Llama 3.x date their system prompt: output changes by day, as in transformers
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    class TemplateDict:
+        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 (jinja's own signature trick)
+            self, rest = args[0], args[1:]
+            for name in dict(*rest, **kwargs):
+                TemplateNamespace.check(name)
+            jinja2.utils.Namespace.__init__(self, dict(*rest, **kwargs))
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            TemplateNamespace.check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def check(name: Any) -> None:
+            if isinstance(name, str) and name.startswith("_"):
+                raise SecurityError(f"chat templates cannot store underscore attributes on a namespace ({name!r})")
+
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTracker, "jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    template = env.from_string(source)
-    return template.render
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+    env.globals.update(dict=TemplateDict(), namespace=TemplateNamespace)
+    return env.from_string(source)
+
+
+def _sandbox_class() -> type:
+    """transformers' ImmutableSandboxedEnvironment, with its attribute check memoised.
+
+    The check (`is_safe_attribute`: underscore names, function/frame/code internals, methods that
+    mutate lists, dicts and sets) depends only on the object's type and the attribute name, so its
+    answer is cached per (type, name): same decisions, a third of the render time saved. `m.role` on
+    a message dict (not a dict attribute) goes straight to the item, as jinja ends up doing anyway.
+    """
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    dict_attributes = frozenset(dir(dict))
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            if type(obj) is dict and attribute in obj and attribute not in dict_attributes:
+                return obj[attribute]
+            return super().getattr(obj, attribute)
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.safe: dict[tuple[type, str], bool] = {}
+
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            key = (type(obj), attr)
+            known = self.safe.get(key)
+            if known is None:
+                known = self.safe[key] = bool(super().is_safe_attribute(obj, attr, value))
+            return known
+
+    return Sandbox
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
-    """Messages must be a non-empty list of {role in ROLES, content: str} objects."""
+    """A non-empty list of {role, content} objects; content a string or a list of typed parts.
+
+    An assistant message may leave content out (or null) when it has `tool_calls` or reasoning.
+    """
     if not isinstance(messages, list) or not messages:
         raise ChatRecordError(f"messages must be a non-empty list (got {type(messages).__name__})")
     for i, message in enumerate(messages):
@@ -67,64 +166,100 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         role = message.get("role")
         if role not in ROLES:
             raise ChatRecordError(f"message {i} has unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})")
-        if not isinstance(message.get("content"), str):
-            raise ChatRecordError(f"message {i} content is not a string (got {type(message.get('content')).__name__})")
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise ChatRecordError(f"message {i} content part {j} is not an object with a 'type'")
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise ChatRecordError(f"message {i} content part {j} is a text part whose 'text' is not a string")
+        elif content is None and role == "assistant" and (message.get("tool_calls") or _reasoning(message)):
+            pass
+        elif not isinstance(content, str):
+            raise ChatRecordError(
+                f"message {i} content is not a string or a list of parts (got {type(content).__name__})"
+            )
     return messages
 
 
-def render_with_spans(
-    render: Callable[..., str], messages: list[dict[str, Any]], bos_token: str | None, eos_token: str | None
-) -> tuple[str, list[tuple[int, int]]]:
-    """Render a conversation; return the text and the [start, end) char span of each assistant turn."""
-    from jinja2.exceptions import TemplateError
+def _reasoning(message: dict[str, Any]) -> Any:
+    return next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
 
-    def run(msgs: list[dict[str, Any]]) -> str:
+
+def prepare(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What transformers hands the template: None-valued keys dropped, reasoning aliased."""
+    out = []
+    for message in messages:
+        message = {k: v for k, v in message.items() if v is not None}
+        reasoning = _reasoning(message)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        out.append(message)
+    return out
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A compiled template with what `calibrate` measured: the assistant header and end-of-turn strings."""
+
+    source: str
+    tokens: tuple[tuple[str, str], ...]  # (bos_token, ...), (eos_token, ...) passed to the template when defined
+    header: str
+    end_of_turn: tuple[str, ...]
+    tagged: bool  # the template has {% generation %} blocks
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         try:
-            return render(
-                messages=msgs,
-                tools=None,  # transformers passes these explicitly: `tools is not none` must be false
-                documents=None,
-                bos_token=bos_token or "",
-                eos_token=eos_token or "",
-                add_generation_prompt=False,
+            return str(
+                compile_template(self.source).render(
+                    messages=messages,
+                    tools=None,  # transformers passes these explicitly: `tools is not none` must be false
+                    documents=None,
+                    add_generation_prompt=add_generation_prompt,
+                    **dict(self.tokens),
+                )
             )
-        except TemplateError as exc:
-            raise ChatRecordError(f"chat template failed: {exc}") from exc
-        except Exception as exc:  # templates index and call freely; any failure is this record's
-            raise ChatRecordError(f"chat template failed ({type(exc).__name__}: {exc})") from exc
-
-    full = run(messages)
-    spans: list[tuple[int, int]] = []
-    before = ""
-    for i, message in enumerate(messages):
-        upto = run(messages[: i + 1])
-        if not (upto.startswith(before) and full.startswith(upto)):
+        except Exception as exc:  # templates index, call and raise freely; any failure is this record's
             raise ChatRecordError(
-                "chat template is not prefix-stable (rendering a conversation prefix is not a prefix of the full "
-                "rendering), cannot locate assistant turns exactly; use --chat-template with a plain template"
-            )
-        if message["role"] == "assistant":
-            start = _content_start(run, messages, i, before, upto)
-            if not spans or start >= spans[-1][1]:
-                spans.append((start, len(upto)))
-        before = upto
-    return full, spans
+                f"chat template cannot render this conversation ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def render_tracked(self, messages: list[dict[str, Any]]) -> tuple[str, Spans]:
+        template = compile_template(self.source)
+        blocks: list[str] = []
+        spans: Spans = []
+        try:
+            with template.environment.activate_tracker(blocks, spans):
+                for block in template.generate(
+                    messages=messages, tools=None, documents=None, add_generation_prompt=False, **dict(self.tokens)
+                ):
+                    blocks.append(block)
+        except Exception as exc:
+            raise ChatRecordError(
+                f"chat template cannot render this conversation ({type(exc).__name__}: {exc})"
+            ) from exc
+        return "".join(blocks), spans
 
 
-_SENTINEL = "\ue000packtool-content\ue001"  # private-use characters: no template writes these
+@lru_cache(maxsize=8)
+def load_chat_template(
+    source: str, bos_token: str | None, eos_token: str | None, added_tokens: tuple[str, ...]
+) -> ChatTemplate:
+    """Compile and calibrate once per process (`added_tokens`: the tokenizer's added token strings)."""
+    compile_template(source)  # a syntax error surfaces here, once
+    tokens = tuple((k, v) for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v is not None)
+    tagged = re.search(r"\{%-?\s*generation\s*-?%\}", source) is not None
+    plain = ChatTemplate(source, tokens, "", (), tagged)
+    header, end_of_turn = calibrate(plain, tuple(t for t in added_tokens if t.strip()))
+    return ChatTemplate(source, tokens, header, end_of_turn, tagged)
 
 
-def _content_start(
-    run: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], i: int, before: str, upto: str
-) -> int:
-    """Where assistant message i's content begins in `upto`: render a sentinel in its place to find the header's end."""
-    content = messages[i]["content"]
-    probe = run([*messages[:i], {**messages[i], "content": _SENTINEL}])
-    start = probe.find(_SENTINEL, len(before))
-    if start >= 0 and probe[:start] == upto[:start]:
-        for text in (content, content.strip()):
-            if upto.startswith(text, start):
-                return start
-    raise ChatRecordError(
-        f"chat template changes the content of assistant message {i}, cannot locate it in the rendered text"
-    )
+def render_with_spans(chat: ChatTemplate, messages: Any, last_only: bool = False) -> tuple[str, Spans]:
+    """Render a conversation; return the text and the [start, end) char span of each assistant turn's target."""
+    prepared = prepare(validate_messages(messages))
+    if chat.tagged:
+        text, spans = chat.render_tracked(prepared)
+    else:
+        text = chat.render(prepared)
+        spans = locate_turns(chat, prepared, text)
+    return text, spans[-1:] if last_only else spans

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -48,42 +47,15 @@ def encode_batch(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Encode documents: (concatenated ids, per-document lengths, per-token loss or None).
 
-    Without spans (all tokens are targets) the ids come from `backend` (hf or the verified fast
-    engine, see backends.py); with spans the offsets come from `tok`, the reference.
+    The ids (and, with spans, the character offsets of the tokens) come from `backend`: hf or
+    the verified fast engine, whose offsets are checked per document (see backends.py).
     """
+    engine = backend or HFBackend(tok)
     if spans is None:
-        flat, lengths = (backend or HFBackend(tok)).encode_flat(texts, policy.add_special_tokens)
+        flat, lengths = engine.encode_flat(texts, policy.add_special_tokens)
         return frame(flat.astype(dtype, copy=False), lengths, None, policy)
-    encodings = tok.encode_batch(list(texts), add_special_tokens=policy.add_special_tokens)
-    lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
-    total = int(lengths.sum())
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype, count=total)
-    loss = None
-    if spans is not None:
-        offsets = np.fromiter(
-            chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), np.int64, count=2 * total
-        )
-        loss = target_mask(offsets.reshape(-1, 2), lengths, [len(t) for t in texts], spans)
-    return frame(ids, lengths, loss, policy)
-
-
-def target_mask(
-    offsets: np.ndarray, lengths: np.ndarray, text_lengths: Sequence[int], spans: Sequence[Spans | None]
-) -> np.ndarray:
-    """1 where a token's [start, end) character range overlaps a target span of its document."""
-    base = np.zeros(len(text_lengths), np.int64)
-    np.cumsum(np.asarray(text_lengths, np.int64)[:-1] + 1, out=base[1:])
-    flat = [(b + s, b + e) for b, doc in zip(base.tolist(), spans, strict=True) for s, e in (doc or ()) if e > s]
-    mask = np.zeros(offsets.shape[0], np.uint8)
-    if not flat or not offsets.size:
-        return mask
-    span = np.asarray(flat, np.int64)
-    shift = np.repeat(base, lengths)
-    start, end = offsets[:, 0] + shift, offsets[:, 1] + shift
-    j = np.searchsorted(span[:, 1], start, side="right")  # first span ending after the token starts
-    inside = j < span.shape[0]
-    mask[inside] = (span[j[inside], 0] < end[inside]) & (end[inside] > start[inside])
-    return mask
+    flat, lengths, loss = engine.encode_targets(texts, spans, policy.add_special_tokens)
+    return frame(flat.astype(dtype, copy=False), lengths, loss, policy)
 
 
 def frame(

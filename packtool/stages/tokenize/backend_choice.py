@@ -3,13 +3,15 @@
 `auto` (the default) uses `fast` only when it is installed, loads the tokenizer, and gives ids
 identical to `hf` on a verification sample (the first documents of the whole input, so every
 shard of a sharded run decides the same way); otherwise it says why and uses `hf`. The output
-bytes never depend on the backend. Offsets (needed for prompt-completion and chat loss masks)
-come from `hf`: only the all-target `text` format uses `fast`.
+bytes never depend on the backend. Formats with a loss mask (prompt-completion, chat) need token
+offsets: `fast` derives them from the ids for byte-level BPE tokenizers, checking every document's
+bytes as it goes (core/encoding/byte_offsets.py), so the sample check is the same as for text: ids.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -115,13 +117,13 @@ def choose_backend(
         raise ConfigError(f"--backend {requested!r} is not one of auto, hf, fast, pick one of them") from exc
     if requested == BackendName.HF:
         return BackendChoice("hf", "requested")
-    if needs_offsets:
-        why = "this input format needs token offsets for its loss mask, which the fast backend does not give"
-        if requested == BackendName.FAST:
-            raise ConfigError(f"--backend fast supports only --format text ({why}), use --backend hf or auto")
-        return BackendChoice("hf", why)
     if requested == BackendName.FAST:
-        backend = FastBackend(tokenizer_path)
+        backend = fast_backend(tokenizer_path, tokenizer)
+        if needs_offsets and backend.offsets_reason is not None:
+            raise ConfigError(
+                f"--backend fast cannot give the token offsets this format's loss mask needs "
+                f"({backend.offsets_reason}), use --backend hf or auto"
+            )
         diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
         if diff is not None:
             raise TokenizerError(
@@ -132,9 +134,11 @@ def choose_backend(
     if fast_version() is None:
         return BackendChoice("hf", f"{FAST_PACKAGE} is not installed (pip install 'packtool[fast]')")
     try:
-        backend = FastBackend(tokenizer_path)
+        backend = fast_backend(tokenizer_path, tokenizer)
     except TokenizerError as exc:
         return BackendChoice("hf", str(exc))
+    if needs_offsets and backend.offsets_reason is not None:
+        return BackendChoice("hf", f"{FAST_PACKAGE} gives no offsets for this tokenizer ({backend.offsets_reason})")
     diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
     if diff is not None:
         log.warning("%s gives different ids than tokenizers at %s; using tokenizers", FAST_PACKAGE, diff)
@@ -143,6 +147,16 @@ def choose_backend(
 
 
 _CACHE: dict[tuple[str, str, str], Backend] = {}
+_FAST: dict[tuple[type, str, int, int], FastBackend] = {}
+
+
+def fast_backend(tokenizer_path: str, tokenizer: Tokenizer | None = None) -> FastBackend:
+    """One FastBackend per process and tokenizer file (the verification and the chunks share it: ~1 s saved)."""
+    stat = os.stat(tokenizer_path)
+    key = (FastBackend, str(tokenizer_path), stat.st_mtime_ns, stat.st_size)
+    if key not in _FAST:
+        _FAST[key] = FastBackend(tokenizer_path, tokenizer)
+    return _FAST[key]
 
 
 def cached_backend(name: str, tokenizer_path: str, sha256: str, tokenizer: Tokenizer | None = None) -> Backend:
@@ -150,7 +164,7 @@ def cached_backend(name: str, tokenizer_path: str, sha256: str, tokenizer: Token
     key = (name, tokenizer_path, sha256)
     if key not in _CACHE:
         if name == BackendName.FAST:
-            _CACHE[key] = FastBackend(tokenizer_path)
+            _CACHE[key] = fast_backend(tokenizer_path, tokenizer)
         else:
             _CACHE[key] = HFBackend(tokenizer if tokenizer is not None else Tokenizer.from_file(tokenizer_path))
     return _CACHE[key]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from packtool.choices import BackendName, ExecutorName, InputFormat, OnError
+from packtool.choices import AssistantTurns, BackendName, ExecutorName, InputFormat, OnError
 from packtool.errors import ConfigError
 from packtool.stages.tokenize.streams import DEFAULT_MAX_RECORD_BYTES
 
@@ -34,6 +34,8 @@ class TokenizeConfig:
     messages_field: str = "messages"
     chat_template: str | None = None
     """A Jinja file overriding the tokenizer's chat template."""
+    assistant_turns: AssistantTurns = AssistantTurns.ALL
+    """chat: train on all assistant turns, or only the last one."""
     separator: str | None = None
     """Split .txt files into documents at this string (default: one document per file)."""
     bos: bool | None = None
@@ -72,6 +74,7 @@ class TokenizeConfig:
             ("on_error", OnError),
             ("backend", BackendName),
             ("executor", ExecutorName),
+            ("assistant_turns", AssistantTurns),
         ):
             value = getattr(self, name)
             try:

@@ -177,6 +177,7 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> Chun
         completion_field=config.completion_field,
         messages_field=config.messages_field,
         chat_template=template if fmt == InputFormat.CHAT else None,
+        assistant_turns=str(config.assistant_turns),
         bos_token=info.bos_token,
         eos_token=info.eos_token,
         separator=config.separator,

@@ -7,15 +7,17 @@ the assistant turns as spans.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
-from packtool.choices import InputFormat
-from packtool.core.encoding.chat import ChatRecordError, compile_template, render_with_spans, validate_messages
+from packtool.choices import AssistantTurns, InputFormat
+from packtool.core.encoding.chat import ChatRecordError, ChatTemplate, load_chat_template, render_with_spans
 from packtool.core.encoding.encode import Spans
 from packtool.errors import ConfigError
 from packtool.stages.tokenize.settings import ChunkSettings
 from packtool.stages.tokenize.sources import get_field, get_text_field
 from packtool.stages.tokenize.streams import PlainText
+from packtool.stages.tokenize.tokenizer import cached_tokenizer
 
 
 def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | str:
@@ -43,10 +45,32 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
         )
     try:
         return render_with_spans(
-            compile_template(settings.chat_template),
-            validate_messages(messages),
-            settings.bos_token,
-            settings.eos_token,
+            chat_template(settings), messages, last_only=settings.assistant_turns == AssistantTurns.LAST
         )
     except ChatRecordError as exc:
         return str(exc)
+
+
+def chat_template(settings: ChunkSettings) -> ChatTemplate:
+    """The run's template, compiled and calibrated once per process (cached by its inputs)."""
+    return _chat_template(
+        settings.tokenizer_path,
+        settings.tokenizer_sha256,
+        settings.chat_template or "",
+        settings.bos_token,
+        settings.eos_token,
+    )
+
+
+@lru_cache(maxsize=8)
+def _chat_template(path: str, sha256: str, source: str, bos: str | None, eos: str | None) -> ChatTemplate:
+    from jinja2.exceptions import TemplateSyntaxError
+
+    tok = cached_tokenizer(path, sha256)
+    added = tuple(sorted(t.content for t in tok.get_added_tokens_decoder().values()))
+    try:
+        return load_chat_template(source, bos, eos, added)
+    except TemplateSyntaxError as exc:
+        raise ConfigError(
+            f"the chat template is not valid Jinja ({exc.message}, line {exc.lineno}), fix it or pass --chat-template FILE"
+        ) from exc

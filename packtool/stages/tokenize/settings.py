@@ -35,6 +35,7 @@ class ChunkSettings:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     threads: int = 1
     backend: str = "hf"  # "hf" or "fast": the ids are identical (verified), so not in the fingerprint
+    assistant_turns: str = "all"  # chat: "all" or "last" assistant turns are targets
 
     def fingerprint(self) -> str:
         """sha256 of everything that changes the output bytes (not work_dir, not threads, not backend)."""
