@@ -27,6 +27,9 @@ transformers = pytest.importorskip("transformers")
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
 FAMILIES = sorted(p.stem for p in FIXTURES.glob("*.json"))
 NO_END_OF_TURN = {"chatglm3"}  # ends an assistant turn with the next role's tag, not an end-of-turn token
+#: (family, conversation line): a known gap, documented in docs/CHAT.md. Command R7B renders a tool-call-only
+#: turn without the <|START_RESPONSE|> header every other reply has, so that turn gets no target.
+KNOWN_GAPS = {("command_r7b", 4)}
 
 CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}}
 CONVERSATIONS: list[list[dict[str, Any]]] = [
@@ -133,7 +136,7 @@ def test_real_template_ids_targets_and_backends(tmp_path: Path, family: str) -> 
     assert store.loss is not None
     rejects = hf_out / "rejects.jsonl"
     rejected = {json.loads(line)["line"] for line in rejects.read_text().splitlines()} if rejects.exists() else set()
-    eot = {spec["eos_token"], "<|im_end|>", "<|eot_id|>", "<end_of_turn>", "</s>", "<｜end▁of▁sentence｜>"}
+    eot = {spec["eos_token"], "<|im_end|>", "<|eot_id|>", "<end_of_turn>", "</s>", "<｜end▁of▁sentence｜>", "<|end|>"}
     eot_ids = {tok.token_to_id(t) for t in eot if t and tok.token_to_id(t) is not None}
     hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=spec["chat_template"])
     doc = 0
@@ -154,6 +157,9 @@ def test_real_template_ids_targets_and_backends(tmp_path: Path, family: str) -> 
         pieces = [tok.decode(r, skip_special_tokens=False) for r in runs(ids, loss)]
         if family in NO_END_OF_TURN and not isinstance(messages[0]["content"], str):
             continue  # chatglm3 renders list content as its Python repr
+        if (family, line) in KNOWN_GAPS:
+            assert len(pieces) < len(turns), (family, line, "a known gap closed: remove it from KNOWN_GAPS")
+            continue
         assert len(pieces) == len(turns), (family, line, pieces)
         for piece, message in zip(pieces, turns, strict=True):
             content = message["content"] if isinstance(message["content"], str) else message["content"][0]["text"]

@@ -250,7 +250,7 @@ def load_chat_template(
     tokens = tuple((k, v) for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v is not None)
     tagged = re.search(r"\{%-?\s*generation\s*-?%\}", source) is not None
     plain = ChatTemplate(source, tokens, "", (), tagged)
-    header, end_of_turn = calibrate(plain, tuple(t for t in added_tokens if t.strip()))
+    header, end_of_turn = calibrate(plain, tuple(t for t in added_tokens if t.strip()), eos_token)
     return ChatTemplate(source, tokens, header, end_of_turn, tagged)
 
 

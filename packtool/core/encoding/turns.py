@@ -50,8 +50,17 @@ _PROBES: tuple[list[dict[str, str]], ...] = (
 )
 
 
-def calibrate(chat: ChatTemplate, added_tokens: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-    """(assistant header, end-of-turn strings) of a template; ("", ()) when no probe renders."""
+def calibrate(
+    chat: ChatTemplate, added_tokens: tuple[str, ...], eos_token: str | None = None
+) -> tuple[str, tuple[str, ...]]:
+    """(assistant header, end-of-turn strings) of a template; ("", ()) when no probe renders.
+
+    The end-of-turn is the first added token after an assistant's content, extended over the added
+    tokens right behind it when that run reaches the tokenizer's EOS: Command R ends a reply with
+    `<|END_RESPONSE|><|END_OF_TURN_TOKEN|>`, and the model must learn to generate both. A run that
+    does not reach EOS stops at its first token (Llama 3's `<|eot_id|>` is followed by the NEXT
+    turn's `<|start_header_id|>`, which is not the reply's).
+    """
     for probe in _PROBES:
         try:
             text, anchors = unmark(chat.render(mark(probe) or probe))
@@ -62,10 +71,22 @@ def calibrate(chat: ChatTemplate, added_tokens: tuple[str, ...]) -> tuple[str, t
             if message["role"] == "assistant" and i in anchors:
                 found = _first_of(text, added_tokens, anchors[i][-1], len(text))
                 if found is not None:
-                    ends.add(text[found[0] : found[1]])
+                    ends.add(text[found[0] : _through_eos(text, found, added_tokens, eos_token)])
         end_of_turn = tuple(sorted(ends, key=len, reverse=True))
         return _header(chat, probe, text, anchors, end_of_turn), end_of_turn
     return "", ()
+
+
+def _through_eos(text: str, first: tuple[int, int], added_tokens: tuple[str, ...], eos: str | None) -> int:
+    """End of the end-of-turn marker starting at `first`: through EOS if adjacent added tokens reach it."""
+    if not eos or text[first[0] : first[1]] == eos:
+        return first[1]
+    end = first[1]
+    while (nxt := _first_of(text, added_tokens, end, end + max(map(len, added_tokens)))) is not None and nxt[0] == end:
+        end = nxt[1]
+        if text[nxt[0] : end] == eos:
+            return end
+    return first[1]
 
 
 def _header(
