@@ -231,7 +231,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{mpath} is not a packtool token store manifest (format={manifest.get('format') if isinstance(manifest, dict) else None!r}), expected format {FORMAT_NAME!r}"
         )
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise FormatError(
+            f"token store format_version must be an integer, got {version!r} ({type(version).__name__}), {mpath}, re-run `packtool tokenize`"
+        )
+    if version > FORMAT_VERSION or version < 1:
         raise FormatError(
             f"token store format_version {version!r} is not supported (this packtool reads {FORMAT_VERSION}), {mpath}, upgrade packtool or re-tokenize"
         )

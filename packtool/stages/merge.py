@@ -52,6 +52,8 @@ def merge_shards(
     stores = [open_token_store(d, check_hashes=True) for d in shard_dirs]
     stores = _check_shards(stores)
     out = Path(output).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"output {out} exists and is not a directory, choose another --output or remove it")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise OutputExistsError(
             f"output {out} already exists and is not empty, pass --overwrite to replace it or choose another --output"

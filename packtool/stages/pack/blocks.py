@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from packtool.formats.pack_store import PackSplitWriter
+from packtool.formats.pack_writer import PackSplitWriter
 from packtool.formats.token_store import MANIFEST, TokenStore, open_token_store
 from packtool.stages.pack.layout import Layout
 
@@ -112,7 +112,7 @@ def block_tasks(
 ) -> list[PackBlockTask]:
     """Cut the packs into fixed blocks of rows (independent of workers): one task each."""
     rows = max(1, (block_tokens or BLOCK_TOKENS) // size)
-    out_tokens = str(writer.tokens.filename)  # type: ignore[attr-defined]  # a np.memmap when n_packs > 0
+    out_tokens = str(writer.tokens.filename)  # type: ignore[union-attr]  # a np.memmap when n_packs > 0
     out_loss = str(writer.loss.filename) if writer.loss is not None else None  # type: ignore[attr-defined]
     tasks = []
     for p0 in range(0, layout.n_packs, rows):
