@@ -299,3 +299,18 @@ def test_version_1_store_is_read_and_replaced_cleanly(world: Path, tmp_path: Pat
     assert code == 0, err
     assert sorted(p.name for p in d.iterdir()) == sorted(snapshot(world / "out" / PACKED))
     assert np.array_equal(np.load(d / data_name("training", N)), np.load(world / "out" / PACKED / data_name("training", N)))
+
+
+def test_second_merge_into_a_busy_output_fails_at_once(world: Path, tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "merged")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        code, _, err = cli("merge", str(world / "shard0"), str(world / "shard1"), "--output", str(tmp_path / "merged"), "-q")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 1 and err.count("\n") == 1 and f"pid {holder.pid}" in err
+    assert not (tmp_path / "merged").exists()
+    code, _, err = cli("merge", str(world / "shard0"), str(world / "shard1"), "--output", str(tmp_path / "merged"), "-q")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]  # no lock file, no staging left
