@@ -32,7 +32,7 @@ from packtool.errors import FormatError, StorageError
 from packtool.formats.atomic import fsync_dir, temp_sibling
 from packtool.formats.faults import fault_point
 from packtool.formats.files import sha256_file
-from packtool.formats.locks import exclusive_output
+from packtool.formats.locks import exclusive_output, pid_alive
 from packtool.formats.oserrors import os_reason, write_error_message
 from packtool.formats.pack_store import (
     BUILD_FILE,
@@ -75,16 +75,6 @@ def prepare_pack_dir(directory: str | os.PathLike[str]) -> Path:
     return d
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _ours(name: str) -> bool:
     return bool(parse_data_name(name) or BUILD_FILE.match(name) or LEGACY_FILE.match(name) or _METADATA.match(name))
 
@@ -100,7 +90,7 @@ def clean_pack_dir(directory: Path) -> list[str]:
     names = sorted(os.listdir(directory))
     for name in names:
         m = _TEMP.match(name)
-        if m and _ours(m["name"]) and not _pid_alive(int(m["pid"])) and (directory / name).is_file():
+        if m and _ours(m["name"]) and not pid_alive(int(m["pid"])) and (directory / name).is_file():
             _remove(directory, name, removed)
     lines: dict[int, dict[str, dict[str, Any]] | None] = {}
 
