@@ -20,6 +20,7 @@ from packtool import __version__
 from packtool.core.packing import lower_bound
 from packtool.core.packing.segments import Segments, build_segments
 from packtool.exec import make_executor
+from packtool.exec.signals import native_section
 from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
@@ -115,8 +116,9 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     directory = pack_dir(config.output, open_token_store(config.tokens_dir).tokenizer_name)
     with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
         store = open_token_store(config.tokens_dir, check_hashes=True)
-        segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
-        layout = plan_layout(segments, config)
+        with native_section():  # compiled planning: signals land after it, never in numba's return path
+            segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
+            layout = plan_layout(segments, config)
         pad_id = pad_id_for(store)
         log.info(
             "packing %d segments of %s into %d packs of %d", len(segments), store.path, layout.n_packs, config.size
