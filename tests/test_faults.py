@@ -245,17 +245,6 @@ def merge_scene(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer_dir: Pat
     return make_scene(base, before, args, store_view), base
 
 
-_SWAP_REPAIR = hasattr(__import__("packtool.formats.atomic").formats.atomic, "recover_directory")
-
-
-@pytest.mark.skipif(not _SWAP_REPAIR, reason="needs the killed-swap repair of the token store writer (branch hostile-inputs)")
-@pytest.mark.xfail(
-    _SWAP_REPAIR and not hasattr(__import__("packtool.formats.atomic").formats.atomic, "exchange"),
-    reason="replace_directory: Ctrl-C/SIGTERM right after the swap leaves .NAME.old-PID; a SIGKILL between the two "
-    "renames leaves the final name missing and the staging dir is never removed (fix: renameat2 RENAME_EXCHANGE + "
-    "remove the retired copy in a finally + dead staging dirs removed by write_token_store; see the issue note)",
-    strict=False,
-)
 @pytest.mark.parametrize("mode", ["raise", "term", "kill"])
 def test_merge_every_fault_point(merge_scene: tuple[Scene, Path], mode: str) -> None:
     scene, base = merge_scene

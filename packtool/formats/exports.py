@@ -27,9 +27,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packtool.errors import FormatError, OutputExistsError
-from packtool.formats.atomic import fsync_dir, temp_sibling
+from packtool.formats.atomic import fsync_dir, pid_alive, temp_sibling
 from packtool.formats.faults import fault_point
-from packtool.formats.locks import pid_alive
 
 #: Megatron-Bridge's metadata keys (`create_packing_strategy`), copied from the pack store's line
 MEGATRON_METADATA_KEYS = (

@@ -28,17 +28,6 @@ _HELD: dict[Path, int] = {}
 _HELD_LOCK = threading.Lock()
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists on this host (another user's process counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def lock_path(path: str | os.PathLike[str]) -> Path:
     """The lock file guarding `path` (a file or a directory): `.NAME.lock` beside it."""
     p = Path(path).absolute()

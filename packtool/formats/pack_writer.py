@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import FormatError, StorageError
-from packtool.formats.atomic import fsync_dir, temp_sibling
+from packtool.formats.atomic import fsync_dir, pid_alive, temp_sibling
 from packtool.formats.faults import fault_point
 from packtool.formats.files import sha256_file
-from packtool.formats.locks import exclusive_output, pid_alive
+from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import os_reason, write_error_message
 from packtool.formats.pack_store import (
     BUILD_FILE,

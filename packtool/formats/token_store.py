@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packtool.errors import FormatError
-from packtool.formats.atomic import atomic_directory, recover_directory, write_bytes_atomic
+from packtool.formats.atomic import atomic_directory, dead_siblings, recover_directory, write_bytes_atomic
 from packtool.formats.faults import fault_point
 from packtool.formats.files import check_file_records, file_records, sha256_bytes
 
@@ -134,6 +135,8 @@ def write_token_store(final: str | os.PathLike[str], dtype: np.dtype) -> Iterato
     """
     if Path(final).parent.is_dir():
         recover_token_store(final)
+        for path in dead_siblings(Path(final), "tmp"):  # staging dirs of killed writers (SIGKILL skips cleanup)
+            shutil.rmtree(path, ignore_errors=True)
     with atomic_directory(final) as staging:
         writer = TokenStoreWriter(staging, dtype)
         try:
