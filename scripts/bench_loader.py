@@ -29,7 +29,8 @@ import numba
 import numpy as np
 import torch
 
-from packtool.formats.pack_store import FORMAT_VERSION, PackSplitWriter
+from packtool.formats.pack_store import FORMAT_VERSION
+from packtool.formats.pack_writer import PackSplitWriter
 from packtool.loader import PackedCollator, PackedDataset, PackedSampler
 
 

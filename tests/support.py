@@ -18,13 +18,15 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from packtool.core.packing.segments import build_segments
+from packtool.formats.files import sha256_bytes
 from packtool.formats.pack_store import (
     FORMAT_VERSION,
+    build_id,
     companion_name,
     data_name,
     file_names,
     file_records,
-    loss_name,
+    metadata_for,
     open_pack_split,
     write_metadata_line,
 )
@@ -274,7 +276,6 @@ def write_pack_store(directory: Path, docs: list[np.ndarray], size: int, *, spli
         loss_arr[s.pack, s.offset:s.offset + s.tokens.size] = s.loss
     counts = np.bincount([s.pack for s in segs], minlength=n_packs)
     directory.mkdir(parents=True, exist_ok=True)
-    np.save(directory / data_name(split, size), tokens)
     companions = {
         "pack_offsets": np.concatenate(([0], np.cumsum(counts))).astype("<i8"),
         "seg_lens": np.array([s.tokens.size + s.pad for s in segs], "<i4"),
@@ -282,13 +283,25 @@ def write_pack_store(directory: Path, docs: list[np.ndarray], size: int, *, spli
         "seg_doc": np.array([s.doc for s in segs], "<i8"),
         "seg_src": np.zeros(len(segs), "<i8"),
     }
-    for what, arr in companions.items():
-        np.save(directory / companion_name(split, size, what), arr)
     with_loss = losses is not None
-    if with_loss:
-        np.save(directory / loss_name(split, size), loss_arr)
-    names = file_names(split, size, with_loss)
+    arrays = [tokens, *companions.values()] + ([loss_arr] if with_loss else [])
+    blobs = {}
+    for name, arr in zip(file_names(split, size, with_loss), arrays, strict=True):
+        buf = io.BytesIO()
+        np.save(buf, arr)
+        blobs[name] = buf.getvalue()
+    build = build_id({name: sha256_bytes(blob) for name, blob in blobs.items()})  # format 2: the build's names
+    names = file_names(split, size, with_loss, build)
+    for name, blob in zip(names, blobs.values(), strict=True):
+        (directory / name).write_bytes(blob)
+    (directory / data_name(split, size)).write_bytes(blobs[data_name(split, size)])  # the plain alias
     write_metadata_line(directory, {"split": split, "pack_size": size, "dtype": dtype, "pad_id": pad_id,
-                                    "format_version": FORMAT_VERSION, "n_packs": n_packs,
-                                    "files": file_records(directory, names)})
+                                    "format_version": FORMAT_VERSION, "build": build, "n_packs": n_packs,
+                                    "n_segments": len(segs), "files": file_records(directory, names)})
     return segs
+
+
+def build_file(directory: Path, size: int, role: str = "data", split: str = "training") -> Path:
+    """The committed build's file of `role` (`data`, `loss` or a companion), as the metadata names it."""
+    build = metadata_for(directory, split, size)["build"]
+    return directory / (data_name(split, size, build) if role == "data" else companion_name(split, size, role, build))

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from support import big_vocab_texts, build_big_vocab_tokenizer, cli, cli_error
+from support import big_vocab_texts, build_big_vocab_tokenizer, build_file, cli, cli_error
 
 from packtool.errors import ConfigError
 from packtool.stages.export import ExportConfig, export_store
@@ -58,7 +58,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _loader(pack_dir: Path) -> tuple[PackedDataset, np.ndarray]:
     ds = PackedDataset(pack_dir, size=SIZE)
-    counts = np.diff(np.load(pack_dir / f"training_{SIZE}.pack_offsets.npy"))
+    counts = np.diff(np.load(build_file(pack_dir, SIZE, "pack_offsets")))
     return ds, counts
 
 

@@ -289,7 +289,7 @@ def _write_pack_split(d: Path, arrays: dict[str, np.ndarray], tokens: np.ndarray
     if loss is not None:
         np.save(d / ps.loss_name("training", 8), loss)
     names = ps.file_names("training", 8, loss is not None)
-    ps.write_metadata_line(d, _metadata("training", files=ps.file_records(d, names)))
+    ps.write_metadata_line(d, _metadata("training", n_packs=2, pad_id=1, files=ps.file_records(d, names)))
 
 
 def _good_split() -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support import Segment, write_pack_store, zipf_docs
+from support import Segment, build_file, write_pack_store, zipf_docs
 
 from packtool.errors import ConfigError, FormatError, PacktoolError
-from packtool.formats.pack_store import companion_name, open_pack_split
+from packtool.formats.pack_store import open_pack_split
 from packtool.loader import HF_KEYS, PackedCollator, PackedDataset, PackedSampler, ResumableLoader, validate_cu_seqlens
 from packtool.loader.dataset import parallel_ok, plain_views
 from packtool.loader.kernels import fill_batch, segments_of
@@ -146,7 +146,7 @@ def test_parallel_kernel_is_byte_identical_to_the_serial_one(store, tmp_path, wi
 
 def test_parallel_kernel_refuses_corrupt_packs_like_the_serial_one(tmp_path):
     write_pack_store(tmp_path / "p", zipf_docs(60, seed=2, max_len=300), N)
-    lens = tmp_path / "p" / companion_name("training", N, "seg_lens")
+    lens = build_file(tmp_path / "p", N, "seg_lens")
     arr = np.load(lens)
     arr[len(arr) // 2] = N + 1
     np.save(lens, arr)
@@ -203,7 +203,7 @@ def test_path_forms_and_size_choice(store, tmp_path):
 def test_inconsistent_segments_raise_format_error(tmp_path):
     d = tmp_path / "p"
     write_pack_store(d, zipf_docs(50), 64)
-    seg_path = d / companion_name("training", 64, "seg_lens")
+    seg_path = build_file(d, 64, "seg_lens")
     seg = np.load(seg_path)
     seg[0] = 65  # longer than the pack
     np.save(seg_path, seg)
@@ -215,7 +215,7 @@ def test_inconsistent_segments_raise_format_error(tmp_path):
 def test_truncated_pack_file_is_refused(tmp_path):
     d = tmp_path / "p"
     write_pack_store(d, zipf_docs(50), 64)
-    f = d / "training_64.npy"
+    f = build_file(d, 64)
     f.write_bytes(f.read_bytes()[:-10])
     with pytest.raises(PacktoolError, match="truncated"):
         PackedDataset(d)

@@ -64,7 +64,7 @@ def test_bytes_identical_for_any_workers(tmp_path: Path, store: Path, small_bloc
         assert code == 0, msg
         outs[workers] = files_of(root)
     assert outs[1] == outs[2] == outs[5]
-    assert "training_256.loss.npy" in outs[1]
+    assert any(name.endswith(".loss.npy") for name in outs[1])
     meta = check_packs(store, pack_dir(tmp_path / "w2", "org/tiny-tok"), "training", SIZE)
     assert meta["n_packs"] > 30  # many blocks of 3 rows
 

@@ -96,9 +96,12 @@ def test_deterministic_bytes_and_seeds_differ(tmp_path: Path) -> None:
     a, b, c = files(tmp_path / "a"), files(tmp_path / "b"), files(tmp_path / "c")
     assert a == b
     assert a["training_128.npy"] != c["training_128.npy"]
-    assert set(a) == {"128_metadata.jsonl", "training_128.npy", "training_128.loss.npy", "training_128.pack_offsets.npy",
-                      "training_128.seg_lens.npy", "training_128.seg_pad.npy", "training_128.seg_doc.npy",
-                      "training_128.seg_src.npy"}
+    build = json.loads((tmp_path / "a/packed/org--tiny-tok/128_metadata.jsonl").read_text())["build"]
+    assert set(a) == {"128_metadata.jsonl", "training_128.npy"} | {
+        f"training_128.{build}{role}.npy"
+        for role in ("", ".loss", ".pack_offsets", ".seg_lens", ".seg_pad", ".seg_doc", ".seg_src")
+    }
+    assert a["training_128.npy"] == a[f"training_128.{build}.npy"]  # the plain alias: np.load works on it
     assert not [p for p in (tmp_path / "a").rglob(".*")], "temp files left behind"
 
 

@@ -32,10 +32,11 @@ EXPECTED = {
     "tokens.store:fsync",
     "tokens.store:manifest",
     "tokens.store:manifest-written",
-    "atomic.swap:rename-old",
-    "atomic.swap:rename-new",
+    "atomic.swap:exchanged",  # one atomic exchange of the old and new store (renameat2)
     "atomic.swap:remove-old",
 }
+#: the two-rename swap, used where the file system cannot exchange (tested in-process below)
+FALLBACK = ("atomic.swap:rename-old", "atomic.swap:rename-new")
 
 
 def lines(rows: list[object]) -> bytes:
@@ -82,6 +83,32 @@ def test_the_write_path_declares_every_expected_point(world: dict[str, object]) 
 
 def _points() -> list[str]:
     return sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("mode", ["raise", "oserror"])
+@pytest.mark.parametrize("point", FALLBACK)
+def test_two_rename_fallback_keeps_old_or_new(
+    world: dict[str, object], tmp_path: Path, point: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where `exchange` is unsupported: an exception at either rename puts the old store back (no old or
+    staging copy left; the resume state stays for the rerun), and the rerun ends clean."""
+    import packtool.formats.atomic as atomic
+
+    root = Path(str(world["root"]))
+    out = tmp_path / "case" / "out"
+    shutil.copytree(root / "old", out)
+    monkeypatch.setattr(atomic, "exchange", lambda a, b: False)
+    monkeypatch.setenv(ENV, f"{mode}:{point}")
+    from packtool.formats import faults
+
+    faults.reset()
+    code, _, _ = cli(*_args(root, out))
+    monkeypatch.delenv(ENV)
+    assert code != 0
+    assert store_bytes(out) == world["old"]
+    assert not [p.name for p in out.parent.iterdir() if ".old-" in p.name or ".tmp-" in p.name]
+    assert cli(*_args(root, out))[0] == 0 and store_bytes(out) == world["new"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # the resume state went with the rerun
 
 
 @pytest.mark.parametrize("mode", ["raise", "oserror", pytest.param("term", marks=pytest.mark.slow), "kill"])

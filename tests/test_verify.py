@@ -11,14 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import cli, cli_error, zipf_texts
+from support import build_file, cli, cli_error, zipf_texts
 
 from packtool import VerifyConfig, verify_path
 from packtool.errors import FormatError
 from packtool.formats.pack_store import (
     data_name,
     file_records,
-    loss_name,
     metadata_for,
     metadata_name,
     write_metadata_line,
@@ -117,7 +116,7 @@ def test_chat_store_with_loss_and_every_split_verify(tmp_path: Path, chat_store:
     pack(chat_store, out, "--pad-multiple", "4")
     pack(chat_store, out, "--split", "validation", "--overlong", "truncate")
     directory = pack(chat_store, out, "--split", "test", "--overlong", "drop", "--algorithm", "bfd")
-    assert (directory / loss_name("training", N)).exists()
+    assert build_file(directory, N, "loss").exists()
     report = verify_path(VerifyConfig(directory, chat_store))
     assert [line.split(":")[0] for line in report.checked] == ["training_128", "validation_128", "test_128"]
     assert "token store" in passes(str(chat_store))
@@ -140,34 +139,34 @@ def test_token_store_checks_id_bound_and_target_count(tmp_path: Path, text_store
 
 
 def test_flipped_byte_in_packs_is_a_sha_mismatch(packed: Path) -> None:
-    path = packed / data_name("training", N)
+    path = build_file(packed, N)
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x5A
     path.write_bytes(bytes(data))
     line = cli_error("verify", str(packed))
-    assert "training_128.npy sha256 differs" in line and "re-run `packtool pack`" in line
+    assert f"{build_file(packed, N).name} sha256 differs" in line and "re-run `packtool pack`" in line
 
 
 def test_truncated_companion_is_named(packed: Path) -> None:
-    path = packed / "training_128.seg_lens.npy"
+    path = build_file(packed, N, "seg_lens")
     path.write_bytes(path.read_bytes()[:-4])
-    assert "training_128.seg_lens.npy does not match its recorded size" in cli_error("verify", str(packed))
+    assert f"{build_file(packed, N, 'seg_lens').name} does not match its recorded size" in cli_error("verify", str(packed))
 
 
 @pytest.mark.parametrize("dtype", [">u2", "<u4"])
 def test_wrong_dtype_with_updated_hashes_is_caught_by_the_dtype_check(packed: Path, dtype: str) -> None:
     """Big-endian uint16 has the same size and values, uint32 has updated sizes: hashes agree, dtype does not."""
-    path = packed / data_name("training", N)
+    path = build_file(packed, N)
     np.save(path, np.load(path).astype(dtype))
     refresh_hashes(packed)
     line = cli_error("verify", str(packed))
-    assert "training_128.npy has dtype" in line and "uint16" in line
+    assert f"{build_file(packed, N).name} has dtype" in line and "uint16" in line
 
 
 def test_swapped_tokens_are_caught_only_with_source(packed: Path, chat_store: Path) -> None:
-    path = packed / data_name("training", N)
-    offsets = np.load(packed / "training_128.pack_offsets.npy")
-    lens = np.load(packed / "training_128.seg_lens.npy") - np.load(packed / "training_128.seg_pad.npy")
+    path = build_file(packed, N)
+    offsets = np.load(build_file(packed, N, "pack_offsets"))
+    lens = np.load(build_file(packed, N, "seg_lens")) - np.load(build_file(packed, N, "seg_pad"))
     row = np.load(path)[0]
     a, b = 0, int(lens[offsets[0]]) - 1  # first and last real token of the first segment of pack 0
     assert row[a] != row[b]
@@ -179,7 +178,7 @@ def test_swapped_tokens_are_caught_only_with_source(packed: Path, chat_store: Pa
     refresh_hashes(packed)
     passes(str(packed))  # every invariant of the packs alone still holds
     line = cli_error("verify", str(packed), "--source", str(chat_store))
-    assert f"pack 0 segment {int(offsets[0])}" in line and "holds token" in line and "training_128.npy" in line
+    assert f"pack 0 segment {int(offsets[0])}" in line and "holds token" in line and build_file(packed, N).name in line
 
 
 def test_source_must_be_the_store_the_packs_came_from(packed: Path, text_store: Path) -> None:
@@ -204,21 +203,21 @@ def test_pack_metadata_counts_must_match_the_arrays(packed: Path) -> None:
 
 def test_non_pad_id_in_the_tail_is_caught(packed: Path) -> None:
     meta = metadata_for(packed, "training", N)
-    used = np.add.reduceat(np.load(packed / "training_128.seg_lens.npy"), np.load(packed / "training_128.pack_offsets.npy")[:-1])
+    used = np.add.reduceat(np.load(build_file(packed, N, "seg_lens")), np.load(build_file(packed, N, "pack_offsets"))[:-1])
     p = int(np.argmin(used))
     assert used[p] < N
 
     def poke(arr: np.ndarray) -> None:
         arr[p, N - 1] = meta["pad_id"] + 1
 
-    edit_npy(packed / data_name("training", N), poke)
+    edit_npy(build_file(packed, N), poke)
     refresh_hashes(packed)
     assert f"pack {p} column {N - 1} (tail padding)" in cli_error("verify", str(packed))
 
 
 def test_loss_on_pad_multiple_padding_is_caught(packed: Path) -> None:
-    offsets = np.load(packed / "training_128.pack_offsets.npy")
-    lens, pad = np.load(packed / "training_128.seg_lens.npy"), np.load(packed / "training_128.seg_pad.npy")
+    offsets = np.load(build_file(packed, N, "pack_offsets"))
+    lens, pad = np.load(build_file(packed, N, "seg_lens")), np.load(build_file(packed, N, "seg_pad"))
     j = int(np.flatnonzero(pad)[0])
     p = int(np.searchsorted(offsets, j, side="right")) - 1
     col = int(lens[offsets[p]:j + 1].sum()) - 1  # last padding position of segment j
@@ -226,17 +225,17 @@ def test_loss_on_pad_multiple_padding_is_caught(packed: Path) -> None:
     def poke(arr: np.ndarray) -> None:
         arr[p, col] = 1
 
-    edit_npy(packed / loss_name("training", N), poke)
+    edit_npy(build_file(packed, N, "loss"), poke)
     refresh_hashes(packed)
     line = cli_error("verify", str(packed))
-    assert f"pack {p} column {col} holds loss 1, expected 0 (padding)" in line and "training_128.loss.npy" in line
+    assert f"pack {p} column {col} holds loss 1, expected 0 (padding)" in line and build_file(packed, N, "loss").name in line
 
 
 def test_moved_segment_source_breaks_coverage(packed: Path, chat_store: Path) -> None:
     def shift(arr: np.ndarray) -> None:
         arr[0] += 1
 
-    edit_npy(packed / "training_128.seg_src.npy", shift)
+    edit_npy(build_file(packed, N, "seg_src"), shift)
     refresh_hashes(packed)
     passes(str(packed))
     assert "duplicated, overlapping or missing fragment" in cli_error("verify", str(packed), "--source", str(chat_store))
@@ -246,7 +245,7 @@ def test_overfull_pack_is_caught(packed: Path) -> None:
     def grow(arr: np.ndarray) -> None:
         arr[0] += N
 
-    edit_npy(packed / "training_128.seg_lens.npy", grow)
+    edit_npy(build_file(packed, N, "seg_lens"), grow)
     refresh_hashes(packed)
     assert f"of at most {N} tokens" in cli_error("verify", str(packed))
 

@@ -140,9 +140,12 @@ def stats(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG: lengths, waste per strategy.")] = None,
 ) -> None:
     """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
-    from packtool.stages.stats import StatsConfig, compute_stats, plot_stats
+    from packtool.stages.stats import StatsConfig, check_plot_path, compute_stats, plot_stats
 
-    result = compute_stats(StatsConfig(path, size, batch_size, seed, split).validate())
+    config = StatsConfig(path, size, batch_size, seed, split).validate()
+    if plot is not None:
+        check_plot_path(plot)  # before any work or output
+    result = compute_stats(config)
     typer.echo(summaries.stats_text(result, as_json))
     if plot is not None:
         plot_stats(result, plot)

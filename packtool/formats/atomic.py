@@ -95,33 +95,59 @@ def signals_deferred() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def replace_directory(staging: Path, final: Path) -> None:
-    """Rename `staging` to `final`, moving an existing `final` aside and removing it after.
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`, glibc >= 2.28).
 
-    The two renames run with SIGINT/SIGTERM deferred, and an exception between them puts the old
-    directory back, so only SIGKILL or a power cut can leave `final` missing; `recover_directory`
-    repairs that on the next run.
+    False where the call or the file system does not support it (the caller falls back to two renames).
+    """
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return bool(renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0)
+
+
+def replace_directory(staging: Path, final: Path) -> None:
+    """Put `staging` in place of `final`; the previous `final` is removed once the new one is in place.
+
+    Where the file system can, the two directories are exchanged in ONE atomic rename (`exchange`):
+    `final` always names a complete store, even under SIGKILL. Elsewhere `final` is moved aside
+    and `staging` renamed in, with SIGINT/SIGTERM deferred and an exception between the renames
+    putting the old directory back; a SIGKILL there leaves `final` missing until
+    `recover_directory` repairs it on the next run. The retired copy is removed in a `finally`, so
+    a Ctrl-C or SIGTERM delivered right after the swap leaves nothing behind.
     """
     old = temp_sibling(final, "old")
-    with signals_deferred():
-        moved = False
-        try:
-            if final.exists():
-                if old.exists():
-                    shutil.rmtree(old)
-                fault_point("atomic.swap:rename-old")
-                os.replace(final, old)
-                moved = True
-            fault_point("atomic.swap:rename-new")
-            os.replace(staging, final)
-        except BaseException:
-            if moved and not final.exists():
-                os.replace(old, final)
-            raise
-        fsync_dir(final.parent)
-    fault_point("atomic.swap:remove-old")
-    if old.exists():
-        shutil.rmtree(old)
+    retired: Path | None = None
+    try:
+        with signals_deferred():  # a deferred signal is raised when this block exits: after the swap
+            if final.exists() and exchange(staging, final):
+                retired = staging  # the staging name now holds the old store
+                fault_point("atomic.swap:exchanged")
+            else:
+                moved = False
+                try:
+                    if final.exists():
+                        if old.exists():
+                            shutil.rmtree(old)
+                        fault_point("atomic.swap:rename-old")
+                        os.replace(final, old)
+                        moved = True
+                    fault_point("atomic.swap:rename-new")
+                    os.replace(staging, final)
+                except BaseException:
+                    if moved and not final.exists():
+                        os.replace(old, final)
+                    raise
+                retired = old if moved else None
+            fsync_dir(final.parent)
+        fault_point("atomic.swap:remove-old")
+    finally:
+        if retired is not None and retired.exists():
+            shutil.rmtree(retired)
 
 
 def _pid_of(path: Path) -> int | None:

@@ -27,7 +27,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packtool.errors import FormatError, OutputExistsError
-from packtool.formats.atomic import fsync_dir, temp_sibling
+from packtool.formats.atomic import fsync_dir, pid_alive, temp_sibling
+from packtool.formats.faults import fault_point
 
 #: Megatron-Bridge's metadata keys (`create_packing_strategy`), copied from the pack store's line
 MEGATRON_METADATA_KEYS = (
@@ -217,6 +218,7 @@ class StagedExport:
 
     def __enter__(self) -> StagedExport:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._recover()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -224,6 +226,21 @@ class StagedExport:
             self._commit()
         else:
             self._abort()
+
+    def _recover(self) -> None:
+        """Undo what a killed export of these names left (call under the output's lock): temps of dead
+        pids go, and the files a commit had moved aside (`.NAME.old-PID`) are put back, so the output
+        is the previous export again, whole."""
+        for name in self.names:
+            for tag in ("tmp", "old"):
+                for path in self.directory.glob(f".{name}.{tag}-*"):
+                    pid = path.name.rsplit("-", 1)[-1]
+                    if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+                        continue
+                    if tag == "old":
+                        os.replace(path, self.directory / name)
+                    else:
+                        path.unlink(missing_ok=True)
 
     def path(self, name: str) -> Path:
         """The temp path to write `name` to."""
@@ -233,16 +250,44 @@ class StagedExport:
         return self.directory / name
 
     def _commit(self) -> None:
+        """Fsync the temps, move every existing final aside, rename every temp in (data first, shared
+        metadata last), then drop the old copies. Any exception before the end puts the old files back;
+        a SIGKILL in between leaves some names missing (a reader fails, never mixes two exports) until
+        the next export into the directory puts the old ones back (`_recover`)."""
         missing = [n for n, t in self.temps.items() if not t.exists()]
         if missing:
             self._abort()
             raise FormatError(f"export did not write {', '.join(missing)}, {self.directory}, this is a bug")
-        for tmp in self.temps.values():
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-        for name in self.names:  # data first, shared metadata last
-            os.replace(self.temps[name], self.directory / name)
-        fsync_dir(self.directory)
+        olds: dict[str, Path] = {}
+        placed: list[str] = []
+        try:
+            for tmp in self.temps.values():
+                with open(tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
+            for name in self.names:  # every old file aside first: a kill now leaves files missing, never mixed
+                final = self.directory / name
+                if final.exists():
+                    fault_point(f"export.aside.before:{name}")
+                    olds[name] = temp_sibling(final, "old")
+                    os.replace(final, olds[name])
+            for name in self.names:
+                fault_point(f"export.rename.before:{name}")
+                os.replace(self.temps[name], self.directory / name)
+                placed.append(name)
+            fsync_dir(self.directory)
+        except BaseException:
+            for name in placed:
+                if name not in olds:
+                    (self.directory / name).unlink(missing_ok=True)
+            for name, old in olds.items():
+                os.replace(old, self.directory / name)
+            self._abort()
+            raise
+        try:
+            fault_point("export.committed")
+        finally:
+            for old in olds.values():
+                old.unlink(missing_ok=True)
 
     def _abort(self) -> None:
         for tmp in self.temps.values():

@@ -10,7 +10,8 @@ and the metadata/manifest line. Nothing happens unless the environment variable
     PACKTOOL_FAULT=kill:NAME      SIGKILL this process at NAME (no cleanup at all)
     PACKTOOL_FAULT=record:FILE    append every point name reached to FILE (one per line)
 
-NAME matches a point exactly. Tests enumerate the points of a command by running it once
+NAME matches a point exactly; a point fires once per process (so clean-up code that passes the
+same point again, e.g. after an interrupt, runs unhindered; `reset()` re-arms). Tests enumerate the points of a command by running it once
 with `record:`, so a new writer step cannot escape the fault tests.
 """
 
@@ -22,6 +23,12 @@ import signal
 
 ENV = "PACKTOOL_FAULT"
 MODES = ("raise", "oserror", "term", "kill", "record")
+_FIRED: set[str] = set()
+
+
+def reset() -> None:
+    """Re-arm every point (for tests that inject faults in-process more than once)."""
+    _FIRED.clear()
 
 
 def fault_point(name: str) -> None:
@@ -34,8 +41,9 @@ def fault_point(name: str) -> None:
         with open(target, "a", encoding="utf-8") as fh:
             fh.write(name + "\n")
         return
-    if target != name:
+    if target != name or spec in _FIRED:
         return
+    _FIRED.add(spec)
     if mode == "raise":
         raise KeyboardInterrupt(f"fault injected at {name}")
     if mode == "oserror":

@@ -50,9 +50,12 @@ def check_file_records(
         raise FormatError(f"the files map lacks {', '.join(absent)}, {where}, {fix}")
     for name, info in files.items():
         path = Path(directory) / name
-        if not path.is_file() or path.stat().st_size != int(info["bytes"]):
-            raise FormatError(
-                f"{name} does not match its recorded size (missing, truncated or replaced), {path}, {fix}"
-            )
-        if check_hashes and sha256_file(path) != info["sha256"]:
-            raise FormatError(f"{name} sha256 differs from its record (corrupted), {path}, {fix}")
+        try:
+            if not path.is_file() or path.stat().st_size != int(info["bytes"]):
+                raise FormatError(
+                    f"{name} does not match its recorded size (missing, truncated or replaced), {path}, {fix}"
+                )
+            if check_hashes and sha256_file(path) != info["sha256"]:
+                raise FormatError(f"{name} sha256 differs from its record (corrupted), {path}, {fix}")
+        except OSError as exc:  # unreadable, or replaced by a concurrent writer while we read it
+            raise FormatError(f"{name} cannot be read ({exc.strerror or exc}), {path}, {fix}") from exc

@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import FormatError
-from packtool.formats.atomic import atomic_file, fsync_dir, temp_sibling
-from packtool.formats.files import check_file_records, file_records
+from packtool.formats.atomic import atomic_file
+from packtool.formats.files import check_file_records, sha256_bytes, sha256_file
+from packtool.formats.files import file_records as file_records  # re-exported for writers and tests
 from packtool.formats.token_store import parse_dtype
 
 FORMAT_NAME = "packtool.packs"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files of a build carry its id, the metadata line is the commit point
 SPLITS = ("training", "validation", "test")
 
 #: companion arrays: suffix -> dtype (the comment says what each holds)
@@ -46,35 +47,60 @@ def pack_dir(root: str | os.PathLike[str], tokenizer_name: str) -> Path:
     return Path(root) / "packed" / safe_name(tokenizer_name)
 
 
-def data_name(split: str, size: int) -> str:
-    return f"{split}_{size}.npy"
+def data_name(split: str, size: int, build: str | None = None) -> str:
+    """`{S}_{N}.npy` (the plain alias, or a version-1 store's data file); `{S}_{N}.{build}.npy` for a build."""
+    return f"{split}_{size}.npy" if build is None else f"{split}_{size}.{build}.npy"
 
 
-_DATA_NAME = re.compile(r"^(?P<split>[^.]+)_(?P<size>\d+)\.npy$")
+_DATA_NAME = re.compile(r"^(?P<split>[^.]+)_(?P<size>\d+)(?:\.(?P<build>[0-9a-f]{16}))?\.npy$")
+_ROLES = "|".join([*COMPANIONS, "loss"])
+#: a file of one build (version 2): `{S}_{N}.{build}.npy` or `{S}_{N}.{build}.{role}.npy`
+BUILD_FILE = re.compile(rf"^(?P<split>[^.]+)_(?P<size>\d+)\.(?P<build>[0-9a-f]{{16}})\.(?:(?:{_ROLES})\.)?npy$")
+#: a version-1 companion or loss file (`{S}_{N}.{role}.npy`), replaced by a version-2 build
+LEGACY_FILE = re.compile(rf"^(?P<split>[^.]+)_(?P<size>\d+)\.(?:{_ROLES})\.npy$")
+_BUILD_ID = re.compile(r"^[0-9a-f]{16}$")
 
 
 def parse_data_name(name: str) -> tuple[str, int] | None:
-    """(split, N) of a `{split}_{N}.npy` file name; None for any other name (companions included)."""
+    """(split, N) of a `{split}_{N}.npy` or `{split}_{N}.{build}.npy` name; None for any other (companions)."""
     m = _DATA_NAME.match(name)
     return (m["split"], int(m["size"])) if m else None
 
 
-def companion_name(split: str, size: int, what: str) -> str:
-    return f"{split}_{size}.{what}.npy"
+def companion_name(split: str, size: int, what: str, build: str | None = None) -> str:
+    return f"{split}_{size}.{what}.npy" if build is None else f"{split}_{size}.{build}.{what}.npy"
 
 
-def loss_name(split: str, size: int) -> str:
-    return f"{split}_{size}.loss.npy"
+def loss_name(split: str, size: int, build: str | None = None) -> str:
+    return companion_name(split, size, "loss", build)
 
 
 def metadata_name(size: int) -> str:
     return f"{size}_metadata.jsonl"
 
 
-def file_names(split: str, size: int, with_loss: bool) -> list[str]:
-    """Every file of one (split, size) in a fixed order."""
-    names = [data_name(split, size)] + [companion_name(split, size, c) for c in COMPANIONS]
-    return names + ([loss_name(split, size)] if with_loss else [])
+def file_names(split: str, size: int, with_loss: bool, build: str | None = None) -> list[str]:
+    """Every file of one (split, size) in a fixed order: of build `build`, or version-1 names when None."""
+    names = [data_name(split, size, build)] + [companion_name(split, size, c, build) for c in COMPANIONS]
+    return names + ([loss_name(split, size, build)] if with_loss else [])
+
+
+def build_id(sha256_by_name: dict[str, str]) -> str:
+    """A build's id: 16 hex digits of the sha256 over its files' hashes (same bytes, same id, same names)."""
+    text = "".join(f"{name} {digest}\n" for name, digest in sorted(sha256_by_name.items()))
+    return sha256_bytes(text.encode())[:16]
+
+
+def metadata_build(meta: dict[str, Any], where: str) -> str | None:
+    """The build id of a metadata line (version 2); None for a version-1 line (plain file names)."""
+    if int(meta.get("format_version", 1)) < 2:
+        return None
+    build = meta.get("build")
+    if not isinstance(build, str) or not _BUILD_ID.match(build):
+        raise FormatError(
+            f"metadata build {build!r} of split {meta.get('split')!r} is not 16 hex digits, {where}, re-run `packtool pack`"
+        )
+    return build
 
 
 def read_metadata(directory: Path, size: int) -> list[dict[str, Any]]:
@@ -101,21 +127,30 @@ def read_metadata(directory: Path, size: int) -> list[dict[str, Any]]:
 
 
 def metadata_for(directory: Path, split: str, size: int) -> dict[str, Any]:
+    where = Path(directory) / metadata_name(size)
     for rec in read_metadata(directory, size):
         if rec["split"] == split:
             version = rec.get("format_version")
-            if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+            if isinstance(version, bool) or not isinstance(version, int):
                 raise FormatError(
-                    f"pack store format_version {version!r} is not supported (this packtool reads {FORMAT_VERSION}), {Path(directory) / metadata_name(size)}, upgrade packtool or re-pack"
+                    f"pack store format_version must be an integer, got {version!r} ({type(version).__name__}), {where}, re-run `packtool pack`"
+                )
+            if not 1 <= version <= FORMAT_VERSION:
+                raise FormatError(
+                    f"pack store format_version {version!r} is not supported (this packtool reads 1 to {FORMAT_VERSION}), {where}, upgrade packtool or re-pack"
                 )
             return rec
     raise FormatError(
-        f"no metadata line for split {split!r} at size {size}, {Path(directory) / metadata_name(size)}, run `packtool pack --split {split} --size {size}`"
+        f"no metadata line for split {split!r} at size {size}, {where}, run `packtool pack --split {split} --size {size}`"
     )
 
 
 def write_metadata_line(directory: Path, record: dict[str, Any]) -> None:
-    """Insert or replace the line of `record['split']` in `{N}_metadata.jsonl`, atomically."""
+    """Insert or replace the line of `record['split']` in `{N}_metadata.jsonl`, atomically.
+
+    Read-modify-write: writers hold the pack directory's lock (`formats.locks.exclusive_output`).
+    The rename of this file is the commit point of a version-2 build.
+    """
     size = int(record["pack_size"])
     kept = [r for r in read_metadata(directory, size) if r["split"] != record["split"]]
     kept.append(record)
@@ -140,6 +175,13 @@ class PackSplit:
     seg_doc: np.ndarray
     seg_src: np.ndarray
     loss: np.ndarray | None
+    build: str | None = None  # version 2: the build whose files these are (None: version-1 names)
+
+    def file_name(self, role: str = "data") -> str:
+        """The name of this split's `data`, `loss` or companion file (of its build)."""
+        if role == "data":
+            return data_name(self.split, self.size, self.build)
+        return companion_name(self.split, self.size, role, self.build)
 
     @property
     def n_packs(self) -> int:
@@ -165,26 +207,37 @@ def _load(path: Path, dtype: np.dtype, ndim: int) -> np.ndarray:
 def open_pack_split(
     directory: str | os.PathLike[str], split: str, size: int, *, check_hashes: bool = False
 ) -> PackSplit:
-    """Open one split at one size after checking metadata, shapes and CSR consistency."""
+    """Open one split at one size after checking metadata, shapes and CSR consistency.
+
+    Only the files the metadata line names are opened (version 2: those of its build), so files of
+    an interrupted or concurrent run are never mixed in. With `check_hashes`, the plain alias
+    `{S}_{N}.npy` must also hold the build's data.
+    """
     d = Path(directory)
+    where = f"{d / metadata_name(size)} (split {split})"
     meta = metadata_for(d, split, size)
-    lpath = d / loss_name(split, size)
-    check_file_records(
-        d,
-        meta.get("files"),
-        file_names(split, size, lpath.exists()),
-        check_hashes=check_hashes,
-        where=f"{d / metadata_name(size)} (split {split})",
-        fix="re-run `packtool pack`",
-    )
+    build = metadata_build(meta, where)
+    files = meta.get("files")
+    if build is None:
+        with_loss = (d / loss_name(split, size)).exists()
+    else:
+        with_loss = isinstance(files, dict) and loss_name(split, size, build) in files
+    names = file_names(split, size, with_loss, build)
+    check_file_records(d, files, names, check_hashes=check_hashes, where=where, fix="re-run `packtool pack`")
+    if build is not None and set(files) != set(names):  # type: ignore[arg-type]
+        extra = sorted(set(files) - set(names))  # type: ignore[arg-type]
+        raise FormatError(
+            f"the files map names files of another build ({', '.join(extra)}), {where}, re-run `packtool pack`"
+        )
     token_dtype = parse_dtype(meta.get("dtype"), str(d / metadata_name(size)))
-    tokens = _load(d / data_name(split, size), token_dtype, 2)
-    arrays = {c: _load(d / companion_name(split, size, c), dt, 1) for c, dt in COMPANIONS.items()}
-    loss = _load(lpath, LOSS_DTYPE, 2) if lpath.exists() else None
+    tokens = _load(d / data_name(split, size, build), token_dtype, 2)
+    arrays = {c: _load(d / companion_name(split, size, c, build), dt, 1) for c, dt in COMPANIONS.items()}
+    lname = loss_name(split, size, build)
+    loss = _load(d / lname, LOSS_DTYPE, 2) if with_loss else None
     n_packs = int(tokens.shape[0])
     if tokens.shape[1] != size:
         raise FormatError(
-            f"{data_name(split, size)} has rows of {tokens.shape[1]} tokens, expected {size}, {d}, re-run `packtool pack`"
+            f"{data_name(split, size, build)} has rows of {tokens.shape[1]} tokens, expected {size}, {d}, re-run `packtool pack`"
         )
     po = arrays["pack_offsets"]
     n_seg = int(arrays["seg_lens"].size)
@@ -195,12 +248,13 @@ def open_pack_split(
     for c in ("seg_pad", "seg_doc", "seg_src"):
         if arrays[c].size != n_seg:
             raise FormatError(
-                f"{companion_name(split, size, c)} has {arrays[c].size} entries, expected {n_seg}, {d}, re-run `packtool pack`"
+                f"{companion_name(split, size, c, build)} has {arrays[c].size} entries, expected {n_seg}, {d}, re-run `packtool pack`"
             )
     if loss is not None and loss.shape != tokens.shape:
-        raise FormatError(
-            f"{loss_name(split, size)} has shape {loss.shape}, expected {tokens.shape}, {d}, re-run `packtool pack`"
-        )
+        raise FormatError(f"{lname} has shape {loss.shape}, expected {tokens.shape}, {d}, re-run `packtool pack`")
+    check_metadata_numbers(meta, size, n_packs, n_seg, tokens.dtype, where)
+    if check_hashes and build is not None:
+        _check_alias(d, split, size, build, meta)
     return PackSplit(
         d,
         split,
@@ -213,7 +267,45 @@ def open_pack_split(
         arrays["seg_doc"],
         arrays["seg_src"],
         loss,
+        build,
     )
+
+
+def check_metadata_numbers(
+    meta: dict[str, Any], size: int, n_packs: int, n_segments: int, dtype: np.dtype, where: str
+) -> None:
+    """The cheap lies a metadata line can tell (no hashes): size, row and segment counts, pad id range.
+
+    `pad_id` must be a token id: below the tokenizer's `vocab_size` when the line records it, and
+    representable in the token dtype always.
+    """
+    fix = "re-run `packtool pack`"
+    for key, want in (("pack_size", size), ("n_packs", n_packs), ("n_segments", n_segments)):
+        got = meta.get(key)
+        if key == "n_segments" and got is None:
+            continue  # optional in hand-written version-1 lines
+        if isinstance(got, bool) or not isinstance(got, int) or got != want:
+            raise FormatError(f"metadata {key} is {got!r} but the files give {want}, {where}, {fix}")
+    bound = int(np.iinfo(dtype).max) + 1
+    vocab = meta.get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+        bound = min(bound, vocab)
+    pad_id = meta.get("pad_id")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < bound:
+        raise FormatError(f"metadata pad_id {pad_id!r} is not a token id (expected 0..{bound - 1}), {where}, {fix}")
+
+
+def _check_alias(d: Path, split: str, size: int, build: str, meta: dict[str, Any]) -> None:
+    """The plain `{S}_{N}.npy`, when present, must hold the build's data (a hard link, or equal bytes)."""
+    alias, target = d / data_name(split, size), d / data_name(split, size, build)
+    if not alias.exists() or os.path.samefile(alias, target):
+        return
+    record = meta["files"][target.name]
+    if alias.stat().st_size != record["bytes"] or sha256_file(alias) != record["sha256"]:
+        raise FormatError(
+            f"{alias.name} is not the data of the committed build {build} (left by an interrupted run), {alias}, "
+            "re-run `packtool pack` or delete it (packtool reads the build's files)"
+        )
 
 
 def find_pack_dir(path: str | os.PathLike[str]) -> Path:
@@ -247,91 +339,3 @@ def sizes_in(directory: Path) -> list[int]:
         if head.isdigit():
             out.append(int(head))
     return sorted(out)
-
-
-class PackSplitWriter:
-    """Writes one (split, size) under hidden temp names; `commit` renames them and writes metadata LAST.
-
-    The token (and loss) matrices are `np.lib.format.open_memmap` files filled block by block, so
-    memory stays bounded whatever the corpus size. Until `commit` renames them, no reader sees
-    anything; `abort` removes the temps. A stale `.loss.npy` from an earlier run is removed when
-    the new split has none, so the directory never mixes two runs once the metadata line is written.
-    """
-
-    def __init__(
-        self, directory: str | os.PathLike[str], split: str, size: int, dtype: np.dtype, n_packs: int, with_loss: bool
-    ) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.split, self.size, self.with_loss = split, int(size), with_loss
-        self._temps: dict[str, Path] = {}
-        self.tokens = self._matrix(data_name(split, size), np.dtype(dtype).newbyteorder("<"), n_packs)
-        self.loss = self._matrix(loss_name(split, size), LOSS_DTYPE, n_packs) if with_loss else None
-
-    def _temp(self, name: str) -> Path:
-        tmp = temp_sibling(self.directory / name)
-        self._temps[name] = tmp
-        return tmp
-
-    def _matrix(self, name: str, dtype: np.dtype, n_rows: int) -> np.ndarray:
-        """A `[n_rows, size]` .npy memmap under a temp name; the caller fills EVERY row (pad included)."""
-        tmp = self._temp(name)
-        if n_rows == 0:  # a zero-size memmap cannot be opened; write the empty .npy directly
-            empty = np.zeros((0, self.size), dtype)
-            with open(tmp, "wb") as fh:
-                np.lib.format.write_array(fh, empty, allow_pickle=False)
-            return empty
-        return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n_rows, self.size))
-
-    def write_companion(self, what: str, values: np.ndarray) -> None:
-        """Write one CSR companion (`pack_offsets`, `seg_lens`, ...) with its fixed dtype."""
-        dtype = COMPANIONS[what]
-        arr = np.ascontiguousarray(values, dtype=dtype)
-        tmp = self._temp(companion_name(self.split, self.size, what))
-        with open(tmp, "wb") as fh:
-            np.lib.format.write_array(fh, arr, allow_pickle=False)
-
-    def _flush(self) -> None:
-        for arr in (self.tokens, self.loss):
-            if isinstance(arr, np.memmap):
-                arr.flush()
-        self.tokens = self.loss = None  # type: ignore[assignment]  # drop the maps before renaming
-
-    def commit(self, metadata: dict[str, Any]) -> dict[str, Any]:
-        """Fsync and rename every temp, hash the files, then write this split's metadata line."""
-        self._flush()
-        names = file_names(self.split, self.size, self.with_loss)
-        missing = [n for n in names if n not in self._temps]
-        if missing:
-            self.abort()
-            raise FormatError(f"pack writer did not write {', '.join(missing)}, {self.directory}, this is a bug")
-        for name in names:
-            with open(self._temps[name], "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(self._temps[name], self.directory / name)
-        self._temps.clear()
-        if not self.with_loss:
-            (self.directory / loss_name(self.split, self.size)).unlink(missing_ok=True)
-        fsync_dir(self.directory)
-        record = {
-            **metadata,
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "files": file_records(self.directory, names),
-        }
-        write_metadata_line(self.directory, record)
-        return record
-
-    def __enter__(self) -> PackSplitWriter:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None or self._temps:
-            self.abort()  # failed, or left without commit: the final names were never touched
-
-    def abort(self) -> None:
-        """Remove every temp file (the final names were never touched)."""
-        self.tokens = self.loss = None  # type: ignore[assignment]
-        for tmp in self._temps.values():
-            tmp.unlink(missing_ok=True)
-        self._temps.clear()

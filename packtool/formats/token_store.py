@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packtool.errors import FormatError
-from packtool.formats.atomic import atomic_directory, recover_directory, write_bytes_atomic
+from packtool.formats.atomic import atomic_directory, dead_siblings, recover_directory, write_bytes_atomic
 from packtool.formats.faults import fault_point
 from packtool.formats.files import check_file_records, file_records, sha256_bytes
 
@@ -134,6 +135,8 @@ def write_token_store(final: str | os.PathLike[str], dtype: np.dtype) -> Iterato
     """
     if Path(final).parent.is_dir():
         recover_token_store(final)
+        for path in dead_siblings(Path(final), "tmp"):  # staging dirs of killed writers (SIGKILL skips cleanup)
+            shutil.rmtree(path, ignore_errors=True)
     with atomic_directory(final) as staging:
         writer = TokenStoreWriter(staging, dtype)
         try:
@@ -231,7 +234,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{mpath} is not a packtool token store manifest (format={manifest.get('format') if isinstance(manifest, dict) else None!r}), expected format {FORMAT_NAME!r}"
         )
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise FormatError(
+            f"token store format_version must be an integer, got {version!r} ({type(version).__name__}), {mpath}, re-run `packtool tokenize`"
+        )
+    if version > FORMAT_VERSION or version < 1:
         raise FormatError(
             f"token store format_version {version!r} is not supported (this packtool reads {FORMAT_VERSION}), {mpath}, upgrade packtool or re-tokenize"
         )

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import ConfigError, FormatError, OutputExistsError
+from packtool.formats.locks import exclusive_output
+from packtool.formats.oserrors import writing
 from packtool.formats.overwrite import check_replaceable
 from packtool.formats.token_store import MANIFEST, REJECTS, TokenStore, open_token_store, write_token_store
 from packtool.progress import Progress
@@ -52,6 +54,8 @@ def merge_shards(
     stores = [open_token_store(d, check_hashes=True) for d in shard_dirs]
     stores = _check_shards(stores)
     out = Path(output).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"output {out} exists and is not a directory, choose another --output or remove it")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise OutputExistsError(
             f"output {out} already exists and is not empty, pass --overwrite to replace it or choose another --output"
@@ -61,7 +65,8 @@ def merge_shards(
     first = stores[0].manifest
     total = sum(s.n_tokens for s in stores)
     done = 0
-    with write_token_store(out, stores[0].dtype) as writer:
+    # one writer per output (a second merge or tokenize fails at once, naming this one); OS errors are one line
+    with writing(out), exclusive_output(out), write_token_store(out, stores[0].dtype) as writer:
         if REJECTS in first["files"]:
             with open(writer.directory / REJECTS, "wb") as rejects:
                 for store in stores:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from packtool.formats.pack_store import PackSplitWriter
+from packtool.exec.signals import native_section
+from packtool.formats.pack_writer import PackSplitWriter
 from packtool.formats.token_store import MANIFEST, TokenStore, open_token_store
 from packtool.stages.pack.layout import Layout
 
@@ -74,7 +75,8 @@ def _write_rows(path: str, p0: int, p1: int, source: np.ndarray, task: PackBlock
     matrix = np.lib.format.open_memmap(path, mode="r+")
     try:
         rows = matrix[p0:p1].reshape(-1)  # a view: the kernel writes straight into the mapped file
-        gather_segments(source, task.src, task.real, task.dst, rows, fill)
+        with native_section():  # a block is milliseconds: Ctrl-C/SIGTERM land right after it
+            gather_segments(source, task.src, task.real, task.dst, rows, fill)
         if task.sync:
             matrix.flush()
     finally:
@@ -112,7 +114,7 @@ def block_tasks(
 ) -> list[PackBlockTask]:
     """Cut the packs into fixed blocks of rows (independent of workers): one task each."""
     rows = max(1, (block_tokens or BLOCK_TOKENS) // size)
-    out_tokens = str(writer.tokens.filename)  # type: ignore[attr-defined]  # a np.memmap when n_packs > 0
+    out_tokens = str(writer.tokens.filename)  # type: ignore[union-attr]  # a np.memmap when n_packs > 0
     out_loss = str(writer.loss.filename) if writer.loss is not None else None  # type: ignore[attr-defined]
     tasks = []
     for p0 in range(0, layout.n_packs, rows):

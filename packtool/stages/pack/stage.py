@@ -20,7 +20,12 @@ from packtool import __version__
 from packtool.core.packing import lower_bound
 from packtool.core.packing.segments import Segments, build_segments
 from packtool.exec import make_executor
-from packtool.formats.pack_store import PackSplitWriter, pack_dir
+from packtool.exec.signals import native_section
+from packtool.formats.faults import fault_point
+from packtool.formats.locks import exclusive_output
+from packtool.formats.oserrors import writing
+from packtool.formats.pack_store import pack_dir
+from packtool.formats.pack_writer import PackSplitWriter, prepare_pack_dir
 from packtool.formats.token_store import TokenStore, dtype_name, open_token_store
 from packtool.progress import Progress
 from packtool.stages.pack.blocks import block_tasks
@@ -83,6 +88,7 @@ def _metadata(config: PackConfig, store: TokenStore, segments: Segments, layout:
         "seed": config.seed,
         "shuffle": config.shuffle,
         "tokenizer": {"name": tok.get("name"), "sha256": tok.get("sha256")},
+        "vocab_size": tok.get("vocab_size"),
         "source": {"path": str(store.path.resolve()), "manifest_sha256": store.manifest_sha256},
         "dtype": dtype_name(store.dtype),
         "pad_id": pad_id,
@@ -107,24 +113,35 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     Refuses a token store whose manifest, sizes or sha256 do not check out (FormatError).
     """
     config.validate()
-    store = open_token_store(config.tokens_dir, check_hashes=True)
-    segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
-    layout = plan_layout(segments, config)
-    pad_id = pad_id_for(store)
-    directory = pack_dir(config.output, store.tokenizer_name)
-    log.info("packing %d segments of %s into %d packs of %d", len(segments), store.path, layout.n_packs, config.size)
-    with PackSplitWriter(
-        directory, str(config.split), config.size, store.dtype, layout.n_packs, store.loss is not None
-    ) as writer:
-        _write_matrices(layout, store, writer, config, pad_id, progress)
-        companions = {
-            "pack_offsets": layout.pack_offsets,
-            "seg_lens": layout.lengths,
-            "seg_pad": layout.pad,
-            "seg_doc": layout.doc,
-            "seg_src": layout.src,
-        }
-        for what, values in companions.items():
-            writer.write_companion(what, values)
-        record = writer.commit(_metadata(config, store, segments, layout, pad_id))
+    directory = pack_dir(config.output, open_token_store(config.tokens_dir).tokenizer_name)
+    with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
+        store = open_token_store(config.tokens_dir, check_hashes=True)
+        with native_section():  # compiled planning: signals land after it, never in numba's return path
+            segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
+            layout = plan_layout(segments, config)
+        pad_id = pad_id_for(store)
+        log.info(
+            "packing %d segments of %s into %d packs of %d", len(segments), store.path, layout.n_packs, config.size
+        )
+        with PackSplitWriter(
+            directory,
+            str(config.split),
+            config.size,
+            store.dtype,
+            layout.n_packs,
+            store.loss is not None,
+            n_segments=len(segments),
+        ) as writer:
+            _write_matrices(layout, store, writer, config, pad_id, progress)
+            fault_point("pack.fill.after")
+            companions = {
+                "pack_offsets": layout.pack_offsets,
+                "seg_lens": layout.lengths,
+                "seg_pad": layout.pad,
+                "seg_doc": layout.doc,
+                "seg_src": layout.src,
+            }
+            for what, values in companions.items():
+                writer.write_companion(what, values)
+            record = writer.commit(_metadata(config, store, segments, layout, pad_id))
     return PackResult(directory, record)

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from packtool.stages.stats.compute import PackStoreStats, StatsConfig, TokenStoreStats, compute_stats
-from packtool.stages.stats.plot import plot_stats
+from packtool.stages.stats.plot import check_plot_path, plot_stats
 
-__all__ = ["PackStoreStats", "StatsConfig", "TokenStoreStats", "compute_stats", "plot_stats"]
+__all__ = ["PackStoreStats", "check_plot_path", "StatsConfig", "TokenStoreStats", "compute_stats", "plot_stats"]

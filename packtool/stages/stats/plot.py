@@ -15,11 +15,19 @@ from packtool.stages.stats.compute import PackStoreStats, TokenStoreStats
 LOWER_BOUND = "lower bound"
 
 
-def plot_stats(stats: TokenStoreStats | PackStoreStats, out: Path) -> Path:
-    """Write the PNG to `out` (parent directories created) and return its path."""
+def check_plot_path(out: Path) -> Path:
+    """Refuse a `--plot` path that cannot take a PNG before any work is done (the CLI calls this first)."""
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise ConfigError(f"--plot writes a PNG, got {out.name}, pass a file name ending in .png")
+    if out.is_dir():
+        raise ConfigError(f"--plot {out} is a directory, pass a file name ending in .png")
+    return out
+
+
+def plot_stats(stats: TokenStoreStats | PackStoreStats, out: Path) -> Path:
+    """Write the PNG to `out` (parent directories created) and return its path."""
+    out = check_plot_path(out)
     import matplotlib
 
     matplotlib.use("Agg")

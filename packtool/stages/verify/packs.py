@@ -14,7 +14,7 @@ import numpy as np
 from packtool.choices import Overlong
 from packtool.core.packing.segments import expand_runs, usable_capacity
 from packtool.errors import ConfigError, FormatError
-from packtool.formats.pack_store import PackSplit, companion_name, data_name, loss_name, metadata_name
+from packtool.formats.pack_store import PackSplit, metadata_name
 from packtool.formats.token_store import TOKEN_DTYPES, TokenStore
 from packtool.progress import Progress
 from packtool.stages.verify.tokens import BLOCK_TOKENS
@@ -49,7 +49,7 @@ def _geometry(ps: PackSplit) -> _Geometry:
     lens = np.asarray(ps.seg_lens, np.int64)
     pad = np.asarray(ps.seg_pad, np.int64)
     real = lens - pad
-    name = lambda c: companion_name(ps.split, size, c)  # noqa: E731
+    name = ps.file_name
     multiple = int(meta.get("pad_multiple") or 1)
     bad = (pad < 0) | (real < 1) | (lens % multiple != 0)
     if bad.any():
@@ -116,9 +116,8 @@ def _check_dtype(ps: PackSplit) -> np.dtype:
     if ps.tokens.dtype != expected:
         raise _fail(
             ps,
-            data_name(ps.split, ps.size),
-            f"{data_name(ps.split, ps.size)} has dtype {ps.tokens.dtype.str}, "
-            f"expected {expected.str} ({name}, as the metadata says)",
+            ps.file_name(),
+            f"{ps.file_name()} has dtype {ps.tokens.dtype.str}, expected {expected.str} ({name}, as the metadata says)",
         )
     return expected
 
@@ -131,7 +130,7 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
     meta, size = ps.metadata, ps.size
     doc, src = np.asarray(ps.seg_doc, np.int64), np.asarray(ps.seg_src, np.int64)
     n_docs, lengths, starts = store.n_documents, store.lengths, store.starts
-    fname = companion_name(ps.split, size, "seg_doc")
+    fname = ps.file_name("seg_doc")
     if int(meta.get("n_documents", -1)) != n_docs:
         raise _fail(
             ps, metadata_name(size), f"metadata n_documents is {meta.get('n_documents')!r}, the source has {n_docs}"
@@ -172,7 +171,7 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
         j, dd = int(order[i]), int(d[i])
         raise _fail(
             ps,
-            companion_name(ps.split, size, "seg_src"),
+            ps.file_name("seg_src"),
             f"document {dd}: segment {j} (pack {_pack_of(g.po, j)}) starts at "
             f"token {int(s[i])}, expected {int(expected_start[i])} (duplicated, overlapping or missing fragment)",
         )
@@ -209,7 +208,7 @@ def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, sto
         where = "tail padding" if c >= g.used[p] else "--pad-multiple padding"
         raise _fail(
             ps,
-            data_name(ps.split, size),
+            ps.file_name(),
             f"pack {p} column {c} ({where}) holds id {int(blk[k])}, expected the pad id {pad_id}",
         )
     loss = None if ps.loss is None else np.asarray(ps.loss[p0:p1]).reshape(-1)
@@ -220,7 +219,7 @@ def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, sto
             p, c = p0 + k // size, k % size
             raise _fail(
                 ps,
-                loss_name(ps.split, size),
+                ps.file_name("loss"),
                 f"pack {p} column {c} holds loss {int(loss[k])}, expected " + ("0 (padding)" if mask[k] else "0 or 1"),
             )
     if store is None:
@@ -228,8 +227,8 @@ def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, sto
     run_begin = np.cumsum(g.real[s0:s1]) - g.real[s0:s1]
     src_idx, dst_idx = expand_runs(g.real[s0:s1], np.asarray(ps.seg_src[s0:s1], np.int64), g.dst[s0:s1] - base)
     for what, packed, source, fname in (
-        ("token", blk, store.tokens, data_name(ps.split, size)),
-        ("loss bit", loss, store.loss, loss_name(ps.split, size)),
+        ("token", blk, store.tokens, ps.file_name()),
+        ("loss bit", loss, store.loss, ps.file_name("loss")),
     ):
         if packed is None:
             continue  # no loss matrix (the source has none either: checked before)
@@ -263,14 +262,12 @@ def verify_pack_split(ps: PackSplit, store: TokenStore | None, progress: Progres
         if (store.loss is None) != (ps.loss is None):
             raise _fail(
                 ps,
-                loss_name(ps.split, ps.size),
+                ps.file_name("loss"),
                 f"the source {'has' if store.loss is not None else 'has no'} tokens.loss "
                 f"but the packs {'have' if ps.loss is not None else 'have no'} a loss matrix",
             )
         if store.dtype != ps.tokens.dtype:
-            raise _fail(
-                ps, data_name(ps.split, ps.size), f"packs are {ps.tokens.dtype.name}, the source is {store.dtype.name}"
-            )
+            raise _fail(ps, ps.file_name(), f"packs are {ps.tokens.dtype.name}, the source is {store.dtype.name}")
         _check_coverage(ps, g, store)
     rows = max(1, BLOCK_TOKENS // ps.size)
     for p0 in range(0, ps.n_packs, rows):
