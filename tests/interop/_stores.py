@@ -84,8 +84,9 @@ def export(store: Store, target: str, out: Path) -> Path:
 
 
 def segments_per_pack(store: Store) -> np.ndarray:
-    po = np.load(store.pack_dir / f"training_{store.size}.pack_offsets.npy")
-    return np.diff(po)
+    from packtool.formats.pack_store import open_pack_split
+
+    return np.diff(np.asarray(open_pack_split(store.pack_dir, "training", store.size).pack_offsets))
 
 
 def batches(n: int, b: int) -> list[list[int]]:
