@@ -1,6 +1,6 @@
 """The dependency rule, enforced: every import in packtool/ (function-level ones too) is walked.
 
-    base (errors, choices, progress, the lazy `packtool` API)
+    base (errors, choices, progress, signals, the lazy `packtool` API)
       ^
     formats            the only owner of on-disk names, dtypes, manifests, atomic writers
       ^
@@ -49,7 +49,7 @@ def layer(mod: str) -> str:
     if mod.startswith(TORCH_SIDE):
         return "torch"
     parts = mod.split(".")
-    if len(parts) == 1 or parts[1] in ("errors", "choices", "progress", "__main__") and len(parts) == 2:
+    if len(parts) == 1 or parts[1] in ("errors", "choices", "progress", "signals", "__main__") and len(parts) == 2:
         return "cli" if mod == "packtool.__main__" else "base"
     return parts[1]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from packtool.formats.faults import fault_point
+from packtool.signals import signals_deferred
 
 
 def temp_sibling(path: Path, tag: str = "tmp") -> Path:
@@ -76,23 +76,6 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-_SWAP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM back for the block (delivered right after it); a no-op where masks are unsupported."""
-    try:
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SWAP_SIGNALS)
-    except (AttributeError, OSError, ValueError):  # pragma: no cover - no pthread_sigmask on this platform
-        previous = None
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def exchange(a: Path, b: Path) -> bool:

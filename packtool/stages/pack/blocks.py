@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from packtool.exec.signals import native_section
 from packtool.formats.pack_writer import PackSplitWriter
 from packtool.formats.token_store import MANIFEST, TokenStore, open_token_store
+from packtool.signals import signals_deferred
 from packtool.stages.pack.layout import Layout
 
 #: positions per block of rows (a unit of parallel work; fixed, so blocks never depend on workers)
@@ -75,7 +75,7 @@ def _write_rows(path: str, p0: int, p1: int, source: np.ndarray, task: PackBlock
     matrix = np.lib.format.open_memmap(path, mode="r+")
     try:
         rows = matrix[p0:p1].reshape(-1)  # a view: the kernel writes straight into the mapped file
-        with native_section():  # a block is milliseconds: Ctrl-C/SIGTERM land right after it
+        with signals_deferred():  # a block is milliseconds: Ctrl-C/SIGTERM land right after it
             gather_segments(source, task.src, task.real, task.dst, rows, fill)
         if task.sync:
             matrix.flush()

@@ -20,7 +20,6 @@ from packtool import __version__
 from packtool.core.packing import lower_bound
 from packtool.core.packing.segments import Segments, build_segments
 from packtool.exec import make_executor
-from packtool.exec.signals import native_section
 from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
@@ -28,6 +27,7 @@ from packtool.formats.pack_store import pack_dir
 from packtool.formats.pack_writer import PackSplitWriter, prepare_pack_dir
 from packtool.formats.token_store import TokenStore, dtype_name, open_token_store
 from packtool.progress import Progress
+from packtool.signals import signals_deferred
 from packtool.stages.pack.blocks import block_tasks
 from packtool.stages.pack.config import PackConfig
 from packtool.stages.pack.layout import Layout, pad_id_for, plan_layout
@@ -116,7 +116,7 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     directory = pack_dir(config.output, open_token_store(config.tokens_dir).tokenizer_name)
     with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
         store = open_token_store(config.tokens_dir, check_hashes=True)
-        with native_section():  # compiled planning: signals land after it, never in numba's return path
+        with signals_deferred():  # compiled planning: signals land after it, never in numba's return path
             segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
             layout = plan_layout(segments, config)
         pad_id = pad_id_for(store)

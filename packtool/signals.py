@@ -1,10 +1,11 @@
-"""Signals around compiled code: hold SIGINT/SIGTERM back while a numba kernel runs in this thread.
+"""Deferring SIGINT/SIGTERM for a block: around compiled code and around renames that must not be split.
 
 Python runs signal handlers only between bytecodes, so a kernel is never interrupted anyway; but a
 handler that raises (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM) while numba boxes a kernel's
 return values can crash the interpreter (SIGSEGV, numba issue 2324; seen here in `plan_layout`).
 Blocking the two signals for the call and unblocking right after delivers them at the next
-bytecode instead: no added delay, no crash.
+bytecode instead: no added delay, no crash. The same deferral keeps the two renames of a store swap
+together (the signal is delivered right after the second).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 @contextlib.contextmanager
-def native_section() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Defer SIGINT/SIGTERM in this thread for the block (a no-op where signal masks are unsupported)."""
     try:
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
