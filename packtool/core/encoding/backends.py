@@ -19,13 +19,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from itertools import chain
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from packtool.core.encoding.byte_offsets import ByteTables, Spans
 from packtool.errors import ConfigError, TokenizerError
+
+if TYPE_CHECKING:  # numba comes with byte_offsets: imported only when offsets are needed (~0.15 s)
+    from packtool.core.encoding.byte_offsets import ByteTables, Spans
 
 FAST_PACKAGE = "fastokens"
 #: the version whose ids were verified identical to `tokenizers` (docs/SCALE.md)
@@ -149,6 +151,8 @@ class FastBackend:
     def tables(self) -> ByteTables:
         """The byte tables of the vocabulary, built on first use (~0.4 s at 150k; never for --format text)."""
         reference = self.reference
+        from packtool.core.encoding.byte_offsets import ByteTables
+
         with self._lock:
             if self._tables is None:
                 self._tables = ByteTables.build(reference.tokenizer)
