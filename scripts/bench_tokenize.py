@@ -274,7 +274,7 @@ def part_profile(corpus: Path, tok: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=128, help="size of the main corpus in MB (>= 100)")
-    parser.add_argument("--hf-mb", type=int, default=24, help="size of the hf-backend slice in MB")
+    parser.add_argument("--hf-mb", type=int, default=48, help="size of the hf-backend slice in MB")
     parser.add_argument("--gb", type=float, default=1.0, help="size of the large corpus in GB")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved pairs; best of each is reported")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
