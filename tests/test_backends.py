@@ -153,3 +153,34 @@ def test_auto_without_fastokens_uses_hf(bpe_tokenizer_dir: Path, monkeypatch: py
     monkeypatch.setattr(backends, "fast_version", lambda: None)
     choice = choose_backend("auto", Tokenizer.from_file(path), path, lambda: pytest.fail("no sample needed"), True, False)
     assert choice.name == "hf" and "not installed" in choice.reason
+
+
+def test_each_tokenizer_is_loaded_once_per_run(bpe_tokenizer_dir: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference and the fast engine are loaded once each, whatever the workers (threads share them)."""
+    from packtool.stages.tokenize import tokenizer as tokenizer_module
+
+    loads: list[str] = []
+    real_fast_init = backends.FastBackend.__init__
+    real_from_file = Tokenizer.from_file
+
+    def counting_fast(self: object, path: str, reference: Tokenizer | None = None) -> None:
+        loads.append("fast")
+        real_fast_init(self, path, reference)  # type: ignore[arg-type]
+
+    class CountingTokenizer:
+        @staticmethod
+        def from_file(path: str) -> Tokenizer:
+            loads.append("hf")
+            return real_from_file(path)
+
+    monkeypatch.setattr(backends, "_FAST", {})  # no engine left from an earlier test of this process
+    monkeypatch.setattr(backends.FastBackend, "__init__", counting_fast)
+    monkeypatch.setattr(tokenizer_module, "Tokenizer", CountingTokenizer)
+    monkeypatch.setattr(backends, "Tokenizer", CountingTokenizer)
+    data = write_jsonl(tmp_path / "in.jsonl", zipf_texts(3000, seed=6))
+    config = packtool.TokenizeConfig(inputs=(str(data),), tokenizer=str(bpe_tokenizer_dir), output=str(tmp_path / "s"),
+                                     backend="fast", workers=2, chunk_bytes=8000)  # type: ignore[arg-type]
+    result = packtool.tokenize_corpus(config)
+    assert result.n_chunks > 10
+    assert sorted(loads) == ["fast", "hf"]

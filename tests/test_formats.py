@@ -8,6 +8,7 @@ Regenerate deliberately with PACKTOOL_REGEN_GOLDEN=1 pytest tests/test_formats.p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -361,3 +362,66 @@ def test_golden_stores_pass_verify(name: str) -> None:
     from packtool import VerifyConfig, verify_path
 
     verify_path(VerifyConfig(GOLDEN / name))
+
+
+# ---- the resumable writer: marks, hashes taken while writing, reopening at the last good mark ----
+
+
+def _write_with_marks(directory: Path, parts: int = 4) -> tuple[list, list]:
+    from packtool.formats.token_resume import resume_token_store
+
+    rng = np.random.default_rng(5)
+    writer, kept = resume_token_store(directory, np.dtype("<u4"), [], with_loss=True, with_rejects=True)
+    assert kept == 0
+    marks, chunks = [], []
+    for i in range(parts):
+        lengths = rng.integers(0, 50, size=7)
+        ids = rng.integers(0, 2**20, size=int(lengths.sum()))
+        loss = (rng.random(ids.size) < 0.8).astype(np.uint8)
+        writer.append(ids, lengths, loss)
+        writer.append_rejects(f'{{"line": {i}}}\n'.encode())
+        marks.append(writer.mark())
+        chunks.append((ids, lengths, loss, i))
+    writer.close()
+    return marks, chunks
+
+
+def test_resume_keeps_the_marks_the_files_still_match_and_finishes_identically(tmp_path: Path) -> None:
+    from packtool.formats.token_resume import resume_token_store
+    from packtool.formats.token_store import StoreMark
+
+    marks, chunks = _write_with_marks(tmp_path / "a")
+    marks = [StoreMark.from_json(json.loads(json.dumps(m.to_json()))) for m in marks]  # as journaled
+    (tmp_path / "ref").mkdir()
+    one_go = TokenStoreWriter(tmp_path / "ref", np.dtype("<u4"), with_rejects=True)
+    for ids, lengths, loss, i in chunks:
+        one_go.append(ids, lengths, loss)
+        one_go.append_rejects(f'{{"line": {i}}}\n'.encode())
+    reference = one_go.finish({"x": 1})
+    # damage the tokens written after the second mark: only two marks survive
+    with open(tmp_path / "a" / "tokens.bin", "r+b") as fh:
+        fh.seek(marks[2].files["tokens.bin"][0] - 1)
+        fh.write(b"\xff")
+    writer, kept = resume_token_store(tmp_path / "a", np.dtype("<u4"), marks, with_loss=True, with_rejects=True)
+    assert kept == 2 and writer.n_tokens == marks[1].n_tokens
+    for ids, lengths, loss, i in chunks[2:]:
+        writer.append(ids, lengths, loss)
+        writer.append_rejects(f'{{"line": {i}}}\n'.encode())
+    resumed = writer.finish({"x": 1})
+    assert resumed["files"] == reference["files"]  # sha256 taken while writing, across the resume
+    for name in reference["files"]:
+        data = (tmp_path / "a" / name).read_bytes()
+        assert data == (tmp_path / "ref" / name).read_bytes()
+        assert resumed["files"][name]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_resume_of_a_missing_or_short_file_starts_over(tmp_path: Path) -> None:
+    from packtool.formats.token_resume import resume_token_store
+
+    marks, _ = _write_with_marks(tmp_path / "a")
+    (tmp_path / "a" / "tokens.boundaries").unlink()
+    writer, kept = resume_token_store(tmp_path / "a", np.dtype("<u4"), marks, with_loss=True, with_rejects=True)
+    writer.close()
+    assert kept == 0 and (tmp_path / "a" / "tokens.bin").stat().st_size == 0
+    with pytest.raises(FormatError, match="malformed store mark"):
+        type(marks[0]).from_json({"files": 3})

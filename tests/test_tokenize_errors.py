@@ -166,3 +166,35 @@ def test_bad_executor_flags_fail_before_any_work(tmp_path: Path, bpe_tokenizer_d
     assert code == 2 or err.count("\n") == 1
     assert not list(tmp_path.glob(".s*"))  # no partial directory: choices are checked before any work
     assert not (tmp_path / "s").exists()
+
+
+def test_resume_redoes_chunks_whose_staged_bytes_were_damaged(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """The journal's marks carry the sha256 of the store so far: a damaged tail is cut off and redone."""
+    write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in zipf_texts(800, seed=35)])
+    (tmp_path / "b.jsonl").write_bytes(b'{"text": "x"}\nnot json\n')
+
+    def cfg(out: str) -> packtool.TokenizeConfig:
+        return packtool.TokenizeConfig(inputs=(str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")),
+                                       tokenizer=str(bpe_tokenizer_dir), output=str(tmp_path / out), chunk_bytes=5000,
+                                       workers=2, on_error="skip")  # type: ignore[arg-type]
+
+    reference = packtool.tokenize_corpus(cfg("ref"))
+
+    def crashing(tasks: Sequence[ChunkTask]) -> Iterator[ChunkResult]:
+        for i, task in enumerate(tasks):
+            if i == 6:
+                raise KeyboardInterrupt
+            yield task.run()
+
+    with pytest.raises(KeyboardInterrupt):
+        packtool.tokenize_corpus(cfg("s"), executor=crashing)
+    staged = tmp_path / ".s.partial" / "store" / "tokens.bin"
+    data = bytearray(staged.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a byte in the middle of the six chunks written
+    staged.write_bytes(bytes(data))
+    resumed = packtool.tokenize_corpus(cfg("s"))
+    assert 0 < resumed.reused_chunks < 6
+    for name in ("tokens.bin", "tokens.boundaries", "rejects.jsonl"):
+        assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes(), name
+    assert resumed.manifest["files"] == reference.manifest["files"]
+    assert open_token_store(tmp_path / "s", check_hashes=True).n_tokens == reference.manifest["n_tokens"]

@@ -1,7 +1,7 @@
 """Where independent tasks run: one `Task` protocol, a local pool (threads or processes) and Ray.
 
-A stage plans its work as a list of picklable tasks whose `run()` returns a small result; an
-executor maps the list to results in any order, as they finish. Stages make their output
+A stage plans its work as a list of picklable tasks whose `run()` returns its result; an
+executor maps the list to results (yielded in task order). Stages make their output
 independent of that order (results are keyed by index), so bytes never depend on the executor
 or the worker count. This package knows no stage: tokenize, pack and export all use it alike.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 from packtool.choices import ExecutorName
 from packtool.errors import ConfigError
-from packtool.exec.local import process_executor, thread_executor
+from packtool.exec.local import cap_malloc_arenas, process_executor, scoped_environ, thread_executor
 from packtool.exec.ray import ray_executor, require_ray
 from packtool.exec.task import Executor, Task
 
@@ -39,17 +39,20 @@ def make_executor(
     processes: bool = False,
     ray_address: str | None = None,
     worker_env: Callable[[int], Mapping[str, str]] | None = None,
+    ahead: int | None = None,
 ) -> Executor:
     """The executor for `--executor NAME`: local threads (or processes) or Ray tasks (1 CPU each).
 
     `worker_env(threads)` gives environment variables each worker sets before its first task
-    (e.g. a Rust library's thread count); `threads` is that worker's share of the cores.
+    (e.g. a Rust library's thread count); `threads` is that worker's share of the cores (threads
+    share one process: they get it once, with `threads = workers`). Results come in task order;
+    `ahead` bounds how many tasks run past the oldest one not yet consumed (threads, Ray).
     """
     if parse_executor(name, ray_address) == ExecutorName.RAY:
-        return ray_executor(workers, ray_address, dict(worker_env(1)) if worker_env else {})
+        return ray_executor(workers, ray_address, dict(worker_env(1)) if worker_env else {}, ahead)
     if processes:
         return process_executor(workers, worker_env)
-    return thread_executor(workers)
+    return thread_executor(workers, ahead, worker_env)
 
 
-__all__ = ["Executor", "Task", "make_executor", "parse_executor"]
+__all__ = ["Executor", "Task", "cap_malloc_arenas", "make_executor", "parse_executor", "scoped_environ"]

@@ -1,6 +1,6 @@
 """The Ray executor: every task as a Ray task (1 CPU each), results yielded as they finish.
 
-Ray is an optional extra (`pip install 'packtool[ray]'`). Without an address a local Ray is
+Results come back in task order (see `packtool.exec.task`). Ray is an optional extra (`pip install 'packtool[ray]'`). Without an address a local Ray is
 started with `num_cpus = workers` and shut down at the end. Tasks write their outputs where
 every node can see them (a shared file system); a `PacktoolError` raised inside a task is
 re-raised as itself, so the CLI still prints one line.
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from packtool.errors import ConfigError, PacktoolError
@@ -58,8 +60,13 @@ def _run_with_env(task: Any, env: Mapping[str, str]) -> Any:
     return task.run()
 
 
-def ray_executor(workers: int, address: str | None = None, env: Mapping[str, str] | None = None) -> Executor:
-    """Run every task as a Ray task with `env` set in its worker process."""
+def ray_executor(
+    workers: int, address: str | None = None, env: Mapping[str, str] | None = None, ahead: int | None = None
+) -> Executor:
+    """Run every task as a Ray task with `env` set in its worker process; results in task order.
+
+    With `ahead`, at most that many tasks past the oldest one not yet yielded are submitted.
+    """
     require_ray()
     task_env = dict(env or {})
 
@@ -68,12 +75,15 @@ def ray_executor(workers: int, address: str | None = None, env: Mapping[str, str
             return
         with _ray_session(workers, address) as ray:
             remote = ray.remote(num_cpus=1, max_retries=1)(_run_with_env)
-            pending: list[Any] = [remote.remote(task, task_env) for task in tasks]
+            limit = max(workers, ahead) if ahead else len(tasks)
+            todo = iter(tasks)
+            pending: deque[Any] = deque(remote.remote(task, task_env) for task in islice(todo, limit))
             try:
                 while pending:
-                    ready, pending = ray.wait(pending, num_returns=1)
+                    ref = pending.popleft()
+                    pending.extend(remote.remote(task, task_env) for task in islice(todo, 1))
                     try:
-                        yield ray.get(ready[0])
+                        yield ray.get(ref)
                     except ray.exceptions.RayTaskError as exc:
                         cause = getattr(exc, "cause", None)
                         if isinstance(cause, PacktoolError):

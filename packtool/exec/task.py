@@ -15,4 +15,6 @@ class Task(Protocol[R_co]):
 
 
 Executor = Callable[[Sequence[Any]], Iterator[Any]]
-"""`execute(tasks)` yields each task's `run()` result as it finishes (any order)."""
+"""`execute(tasks)` yields each task's `run()` result. packtool's executors yield them in task order
+(a stage that writes results in order then holds few in memory), but a stage must not need that for
+correctness: results carry their index."""

@@ -8,20 +8,41 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from packtool.errors import FormatError
 
-_HASH_BLOCK = 1 << 22
+HASH_BLOCK = 1 << 22
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file, streamed in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while block := fh.read(_HASH_BLOCK):
+        while block := fh.read(HASH_BLOCK):
             digest.update(block)
     return digest.hexdigest()
+
+
+class HashedFile:
+    """A file written front to back whose size and sha256 are kept as the bytes go by (never read back).
+
+    `size` > 0 reopens an existing file cut to that size, `digest` being the sha256 state of those bytes."""
+
+    def __init__(self, path: Path, digest: Any = None, size: int = 0) -> None:
+        self.path = path
+        self.fh: BinaryIO = open(path, "r+b" if size else "wb")  # noqa: SIM115 - closed by the writer
+        if size:
+            self.fh.truncate(size)
+            self.fh.seek(size)
+        self.digest = digest if digest is not None else hashlib.sha256()
+        self.size = size
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data).cast("B")  # no copy: numpy arrays and bytes alike
+        self.fh.write(view)
+        self.digest.update(view)  # releases the GIL for large buffers, like the write
+        self.size += view.nbytes
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -12,16 +12,22 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from packtool.errors import FormatError
-from packtool.formats.atomic import atomic_directory, dead_siblings, recover_directory, write_bytes_atomic
+from packtool.formats.atomic import (
+    atomic_directory,
+    dead_siblings,
+    recover_directory,
+    replace_directory,
+    write_bytes_atomic,
+)
 from packtool.formats.faults import fault_point
-from packtool.formats.files import check_file_records, file_records, sha256_bytes
+from packtool.formats.files import HashedFile, check_file_records, file_records, sha256_bytes
 
 FORMAT_NAME = "packtool.tokens"
 FORMAT_VERSION = 1
@@ -54,22 +60,58 @@ def parse_dtype(name: object, where: str) -> np.dtype:
     return TOKEN_DTYPES[str(name)]
 
 
+@dataclass(frozen=True)
+class StoreMark:
+    """Where a store being written stood after some appends: counts, and each file's size and sha256 so far.
+
+    A resumable writer journals one mark per unit of work; `resume_token_store` reopens the files at
+    the last mark they still match, so a re-run continues instead of starting over.
+    """
+
+    n_documents: int
+    n_tokens: int
+    n_target_tokens: int
+    files: dict[str, tuple[int, str]]  # name -> (bytes, sha256 of those first bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "files": {k: list(v) for k, v in self.files.items()}}
+
+    @classmethod
+    def from_json(cls, data: Any) -> StoreMark:
+        """Parse a journaled mark; FormatError when it is not one."""
+        try:
+            files = {str(k): (int(v[0]), str(v[1])) for k, v in data["files"].items()}
+            return cls(int(data["n_documents"]), int(data["n_tokens"]), int(data["n_target_tokens"]), files)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise FormatError(f"malformed store mark ({exc}), journal, the run starts over") from exc
+
+
 class TokenStoreWriter:
     """Streams documents into a (staging) directory; `finish` writes the manifest last.
 
-    The manifest is the commit record: a directory without one is never a store.
-    A loss file is kept only when some token is not a target, as the contract says.
+    The manifest is the commit record: a directory without one is never a store. Every file's
+    sha256 is computed while it is written, so finishing never reads the data back. A loss file
+    is kept only when some token is not a target, as the contract says (`with_loss=False` when
+    every token is known to be a target: nothing is written for it at all).
     """
 
-    def __init__(self, directory: Path, dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        dtype: np.dtype,
+        *,
+        with_loss: bool = True,
+        with_rejects: bool = False,
+        _resume: tuple[StoreMark, dict[str, Any]] | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.dtype = np.dtype(dtype).newbyteorder("<")
-        self._tokens: BinaryIO = open(self.directory / TOKENS_BIN, "wb")  # noqa: SIM115
-        self._bounds: BinaryIO = open(self.directory / BOUNDARIES, "wb")  # noqa: SIM115
-        self._loss: BinaryIO = open(self.directory / LOSS, "wb")  # noqa: SIM115
-        self.n_tokens = 0
-        self.n_documents = 0
-        self.n_target_tokens = 0
+        names = [TOKENS_BIN, BOUNDARIES] + ([LOSS] if with_loss else []) + ([REJECTS] if with_rejects else [])
+        mark, digests = _resume if _resume is not None else (StoreMark(0, 0, 0, {}), {})
+        self._files = {n: HashedFile(self.directory / n, digests.get(n), mark.files.get(n, (0, ""))[0]) for n in names}
+        self.n_tokens = mark.n_tokens
+        self.n_documents = mark.n_documents
+        self.n_target_tokens = mark.n_target_tokens
         self.finished: dict[str, Any] | None = None
 
     def append(self, ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None = None) -> None:
@@ -80,34 +122,55 @@ class TokenStoreWriter:
             raise FormatError(
                 f"document lengths sum to {int(lengths.sum())} but {ids.size} ids were given, token store writer, this is a bug"
             )
-        loss_u8 = np.ones(ids.size, LOSS_DTYPE) if loss is None else np.ascontiguousarray(loss, dtype=LOSS_DTYPE)
-        if loss_u8.size != ids.size:
-            raise FormatError(f"{loss_u8.size} loss entries for {ids.size} ids, token store writer, this is a bug")
+        if loss is not None and loss.size != ids.size:
+            raise FormatError(f"{loss.size} loss entries for {ids.size} ids, token store writer, this is a bug")
         ends = self.n_tokens + np.cumsum(lengths, dtype=np.int64)
-        self._tokens.write(ids.tobytes())
-        self._bounds.write(ends.astype(BOUNDARY_DTYPE, copy=False).tobytes())
-        self._loss.write(loss_u8.tobytes())
+        self._files[TOKENS_BIN].write(ids)
+        self._files[BOUNDARIES].write(ends.astype(BOUNDARY_DTYPE, copy=False))
+        targets = ids.size if loss is None else int(np.count_nonzero(loss))
+        if LOSS in self._files:
+            self._files[LOSS].write(
+                np.ones(ids.size, LOSS_DTYPE) if loss is None else np.ascontiguousarray(loss, dtype=LOSS_DTYPE)
+            )
+        elif targets != ids.size:
+            raise FormatError("non-target tokens given to a writer opened without a loss file, this is a bug")
         self.n_tokens += int(ids.size)
         self.n_documents += int(lengths.size)
-        self.n_target_tokens += int(np.count_nonzero(loss_u8))
+        self.n_target_tokens += targets
+
+    def append_rejects(self, data: bytes) -> None:
+        """Append lines of `rejects.jsonl` (a writer opened with `with_rejects=True`)."""
+        if data:
+            self._files[REJECTS].write(data)
+
+    def mark(self) -> StoreMark:
+        """Counts and each file's size and sha256 now (cheap: the running digests are copied).
+
+        The files are flushed first, so a killed process leaves at least these bytes in them."""
+        for f in self._files.values():
+            f.fh.flush()
+        files = {n: (f.size, f.digest.copy().hexdigest()) for n, f in self._files.items()}
+        return StoreMark(self.n_documents, self.n_tokens, self.n_target_tokens, files)
 
     def close(self) -> None:
-        for fh in (self._tokens, self._bounds, self._loss):
-            if not fh.closed:
-                fh.close()
+        for f in self._files.values():
+            if not f.fh.closed:
+                f.fh.close()
 
     def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Close the files, drop an all-ones loss file, hash everything, write `manifest.json`."""
+        """Close the files, drop an all-ones loss file, write `manifest.json` with the hashes taken while writing."""
         fault_point("tokens.store:fsync")
-        for fh in (self._tokens, self._bounds, self._loss):
-            fh.flush()
-            os.fsync(fh.fileno())
+        for f in self._files.values():
+            f.fh.flush()
+            os.fsync(f.fh.fileno())
         self.close()
-        if self.n_target_tokens == self.n_tokens:
+        if LOSS in self._files and self.n_target_tokens == self.n_tokens:
             (self.directory / LOSS).unlink()
-        names = [TOKENS_BIN, BOUNDARIES] + ([LOSS] if (self.directory / LOSS).exists() else [])
-        if (self.directory / REJECTS).exists():
-            names.append(REJECTS)
+            del self._files[LOSS]
+        names = [TOKENS_BIN, BOUNDARIES] + [n for n in (LOSS, REJECTS) if n in self._files]
+        extra = [REJECTS] if REJECTS not in self._files and (self.directory / REJECTS).exists() else []
+        records = {n: {"bytes": self._files[n].size, "sha256": self._files[n].digest.hexdigest()} for n in names}
+        records.update(file_records(self.directory, extra))  # written by hand beside the writer (merge)
         full = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -116,7 +179,7 @@ class TokenStoreWriter:
             "n_documents": self.n_documents,
             "n_tokens": self.n_tokens,
             "n_target_tokens": self.n_target_tokens,
-            "files": file_records(self.directory, names),
+            "files": {n: records[n] for n in [TOKENS_BIN, BOUNDARIES, LOSS, REJECTS] if n in records},
         }
         fault_point("tokens.store:manifest")
         write_bytes_atomic(self.directory / MANIFEST, (json.dumps(full, indent=2, sort_keys=False) + "\n").encode())
@@ -126,7 +189,9 @@ class TokenStoreWriter:
 
 
 @contextlib.contextmanager
-def write_token_store(final: str | os.PathLike[str], dtype: np.dtype) -> Iterator[TokenStoreWriter]:
+def write_token_store(
+    final: str | os.PathLike[str], dtype: np.dtype, *, with_loss: bool = True
+) -> Iterator[TokenStoreWriter]:
     """A `TokenStoreWriter` on a hidden staging directory that replaces `final` only on success.
 
     The body appends documents and calls `finish(manifest)`; on any exception (or a body that never
@@ -138,13 +203,20 @@ def write_token_store(final: str | os.PathLike[str], dtype: np.dtype) -> Iterato
         for path in dead_siblings(Path(final), "tmp"):  # staging dirs of killed writers (SIGKILL skips cleanup)
             shutil.rmtree(path, ignore_errors=True)
     with atomic_directory(final) as staging:
-        writer = TokenStoreWriter(staging, dtype)
+        writer = TokenStoreWriter(staging, dtype, with_loss=with_loss)
         try:
             yield writer
         finally:
             writer.close()
         if writer.finished is None:
             raise FormatError(f"token store writer for {final} was closed without a manifest, this is a bug")
+
+
+def commit_token_store(staging: Path, final: Path) -> None:
+    """Move a finished staging store (its manifest written) into place, replacing `final` whole."""
+    if not (Path(staging) / MANIFEST).is_file():
+        raise FormatError(f"staging store {staging} has no {MANIFEST}, token store writer, this is a bug")
+    replace_directory(Path(staging), Path(final))
 
 
 #: every file a token store may hold; a directory holding anything else is not (only) a store

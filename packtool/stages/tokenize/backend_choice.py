@@ -6,14 +6,19 @@ shard of a sharded run decides the same way); otherwise it says why and uses `hf
 bytes never depend on the backend. Formats with a loss mask (prompt-completion, chat) need token
 offsets: `fast` derives them from the ids for byte-level BPE tokenizers, checking every document's
 bytes as it goes (core/encoding/byte_offsets.py), so the sample check is the same as for text: ids.
+
+Each engine is loaded once per process: the fast one in a background thread while the reference
+loads and the inputs are planned, and the verified object is the one every chunk thread uses.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from importlib import metadata
 
 import numpy as np
@@ -28,9 +33,12 @@ from packtool.stages.tokenize.sources import Chunk, read_chunk
 
 log = logging.getLogger(__name__)
 
-#: verification sample for --backend auto: at most this many documents / characters
+#: verification sample for --backend auto|fast: at most this many documents / characters. `tokenizers`
+#: encodes it while the fast engine loads; 256 KiB costs ~0.2 s of one core with a 131k BPE
+#: (docs/BENCHMARKS.md), 1 MiB cost 0.7 s, a third of a bare 128 MB run.
 VERIFY_DOCS = 1000
-VERIFY_CHARS = 1 << 20
+VERIFY_CHARS = 1 << 18
+_LOCK = threading.Lock()
 
 
 def fast_version() -> str | None:
@@ -47,6 +55,7 @@ class BackendChoice:
 
     name: str  # "hf" or "fast"
     reason: str
+    engine: Backend | None = field(default=None, compare=False, repr=False)  # the verified fast engine
 
     def manifest(self) -> dict[str, str | None]:
         version = fast_version() if self.name == BackendName.FAST else metadata.version("tokenizers")
@@ -83,10 +92,10 @@ def input_sample(chunks: Sequence[Chunk], settings: ChunkSettings) -> list[str]:
 
 
 def first_difference(
-    reference: Tokenizer, candidate: Backend, texts: Sequence[str], add_special_tokens: bool
+    reference: tuple[np.ndarray, np.ndarray], candidate: Backend, texts: Sequence[str], add_special_tokens: bool
 ) -> str | None:
-    """None when `candidate` gives the ids of `reference` on every text, else where it does not."""
-    ref_ids, ref_lengths = HFBackend(reference).encode_flat(texts, add_special_tokens)
+    """None when `candidate` gives the `reference` (ids, lengths) on every text, else where it does not."""
+    ref_ids, ref_lengths = reference
     got_ids, got_lengths = candidate.encode_flat(texts, add_special_tokens)
     if np.array_equal(ref_lengths, got_lengths) and np.array_equal(ref_ids, got_ids):
         return None
@@ -99,6 +108,20 @@ def first_difference(
     return "the verification sample"
 
 
+def fast_candidate(requested: str) -> bool:
+    """Whether --backend `requested` may end up on the fast engine (so it is worth loading early)."""
+    return requested in (BackendName.AUTO, BackendName.FAST) and fast_version() is not None
+
+
+def preload_fast(tokenizer_path: str) -> Future[FastBackend]:
+    """Load the fast engine in a background thread (~1 s for a 150k vocabulary, mostly without the GIL)
+    while the caller loads the reference tokenizer and plans the inputs."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtool-load")
+    future = pool.submit(fast_backend, tokenizer_path)
+    pool.shutdown(wait=False)
+    return future
+
+
 def choose_backend(
     requested: str,
     tokenizer: Tokenizer,
@@ -106,10 +129,12 @@ def choose_backend(
     sample: Callable[[], Sequence[str]],
     add_special_tokens: bool,
     needs_offsets: bool,
+    fast: Future[FastBackend] | None = None,
 ) -> BackendChoice:
     """Resolve --backend: `hf`, `fast` (an error when unusable) or `auto` (fast when verified).
 
-    `sample()` gives the verification texts; it is only called when fast is a candidate.
+    `sample()` gives the verification texts; it is only called when fast is a candidate. `fast` is
+    the engine already being loaded (`preload_fast`); the reference encodes the sample meanwhile.
     """
     try:
         requested = BackendName(requested)
@@ -117,33 +142,37 @@ def choose_backend(
         raise ConfigError(f"--backend {requested!r} is not one of auto, hf, fast, pick one of them") from exc
     if requested == BackendName.HF:
         return BackendChoice("hf", "requested")
-    if requested == BackendName.FAST:
-        backend = fast_backend(tokenizer_path, tokenizer)
-        if needs_offsets and backend.offsets_reason is not None:
+    if requested == BackendName.AUTO and fast_version() is None:
+        return BackendChoice("hf", f"{FAST_PACKAGE} is not installed (pip install 'packtool[fast]')")
+    texts = verification_sample(sample())
+    reference = HFBackend(tokenizer).encode_flat(texts, add_special_tokens)  # while the fast engine loads
+    try:
+        backend = fast.result() if fast is not None else fast_backend(tokenizer_path)
+    except TokenizerError as exc:
+        if requested == BackendName.FAST:
+            raise
+        return BackendChoice("hf", str(exc))
+    if hasattr(backend, "use_reference"):  # the reference for offsets: already loaded, never loaded twice
+        backend.use_reference(tokenizer)
+    if needs_offsets and backend.offsets_reason is not None:
+        if requested == BackendName.FAST:
             raise ConfigError(
                 f"--backend fast cannot give the token offsets this format's loss mask needs "
                 f"({backend.offsets_reason}), use --backend hf or auto"
             )
-        diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
-        if diff is not None:
+        return BackendChoice("hf", f"{FAST_PACKAGE} gives no offsets for this tokenizer ({backend.offsets_reason})")
+    diff = first_difference(reference, backend, texts, add_special_tokens)
+    if diff is not None:
+        if requested == BackendName.FAST:
             raise TokenizerError(
                 f"{FAST_PACKAGE} gives different ids than tokenizers at {diff}, {tokenizer_path}, "
                 "use --backend hf (or auto, which falls back by itself)"
             )
-        return BackendChoice("fast", "requested, verified identical on the sample")
-    if fast_version() is None:
-        return BackendChoice("hf", f"{FAST_PACKAGE} is not installed (pip install 'packtool[fast]')")
-    try:
-        backend = fast_backend(tokenizer_path, tokenizer)
-    except TokenizerError as exc:
-        return BackendChoice("hf", str(exc))
-    if needs_offsets and backend.offsets_reason is not None:
-        return BackendChoice("hf", f"{FAST_PACKAGE} gives no offsets for this tokenizer ({backend.offsets_reason})")
-    diff = first_difference(tokenizer, backend, verification_sample(sample()), add_special_tokens)
-    if diff is not None:
         log.warning("%s gives different ids than tokenizers at %s; using tokenizers", FAST_PACKAGE, diff)
         return BackendChoice("hf", f"{FAST_PACKAGE} differs from tokenizers at {diff}")
-    return BackendChoice("fast", "verified identical on the sample")
+    if requested == BackendName.FAST:
+        return BackendChoice("fast", "requested, verified identical on the sample", backend)
+    return BackendChoice("fast", "verified identical on the sample", backend)
 
 
 _CACHE: dict[tuple[str, str, str], Backend] = {}
@@ -154,17 +183,30 @@ def fast_backend(tokenizer_path: str, tokenizer: Tokenizer | None = None) -> Fas
     """One FastBackend per process and tokenizer file (the verification and the chunks share it: ~1 s saved)."""
     stat = os.stat(tokenizer_path)
     key = (FastBackend, str(tokenizer_path), stat.st_mtime_ns, stat.st_size)
-    if key not in _FAST:
-        _FAST[key] = FastBackend(tokenizer_path, tokenizer)
-    return _FAST[key]
+    with _LOCK:
+        if key not in _FAST:
+            _FAST[key] = FastBackend(tokenizer_path, tokenizer)
+        return _FAST[key]
+
+
+def remember_backend(name: str, tokenizer_path: str, sha256: str, engine: Backend) -> None:
+    """Make `engine` the one `cached_backend` gives in this process (the verified, already loaded one)."""
+    with _LOCK:
+        _CACHE[(name, tokenizer_path, sha256)] = engine
 
 
 def cached_backend(name: str, tokenizer_path: str, sha256: str, tokenizer: Tokenizer | None = None) -> Backend:
-    """One backend object per worker process and tokenizer (loading takes ~100 ms for 150k vocabularies)."""
+    """One engine per process and tokenizer: the one the coordinator remembered, else loaded once here
+    (a process or Ray worker). Loading a 150k-vocabulary engine takes ~1 s, so it is never repeated."""
     key = (name, tokenizer_path, sha256)
-    if key not in _CACHE:
-        if name == BackendName.FAST:
-            _CACHE[key] = fast_backend(tokenizer_path, tokenizer)
-        else:
-            _CACHE[key] = HFBackend(tokenizer if tokenizer is not None else Tokenizer.from_file(tokenizer_path))
-    return _CACHE[key]
+    with _LOCK:
+        found = _CACHE.get(key)
+    if found is not None:
+        return found
+    engine: Backend = (
+        fast_backend(tokenizer_path, tokenizer)
+        if name == BackendName.FAST
+        else HFBackend(tokenizer if tokenizer is not None else Tokenizer.from_file(tokenizer_path))
+    )
+    with _LOCK:
+        return _CACHE.setdefault(key, engine)

@@ -1,13 +1,17 @@
-"""`tokenize_chunk`: the pure unit of work, one chunk of input -> its chunk files in the work dir.
+"""`tokenize_chunk`: the pure unit of work, one chunk of input -> its token ids, in memory.
 
-It depends only on (chunk, settings), so any executor can run it anywhere the work dir is
-visible: inline, a local process pool, or a Ray task. Records are batched by characters
-(~2 MB of text per `encode_batch` call: large enough to amortise the Rust call and keep all
-threads busy, small enough to keep memory flat), never by token.
+It depends only on (chunk, settings), so any executor can run it: inline, a local thread pool
+(the default: the Rust tokenizers release the GIL, and one loaded tokenizer serves every
+thread), a process pool or a Ray task (the result is pickled back). The coordinator appends
+results to the store in chunk order as they come (`pipeline.py`), so nothing is written twice.
+Records are batched by characters (~2 MB of text per `encode_batch` call: large enough to
+amortise the Rust call and keep all threads busy, small enough to keep memory flat), never by
+token.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from packtool.choices import InputFormat, OnError
@@ -15,7 +19,7 @@ from packtool.core.encoding.encode import Spans, encode_batch
 from packtool.errors import InputError
 from packtool.formats.token_store import parse_dtype
 from packtool.stages.tokenize.backend_choice import cached_backend
-from packtool.stages.tokenize.journal import ChunkResult, ChunkWriter
+from packtool.stages.tokenize.journal import ChunkResult
 from packtool.stages.tokenize.records import extract
 from packtool.stages.tokenize.settings import ChunkSettings
 from packtool.stages.tokenize.sources import Chunk, read_chunk
@@ -43,51 +47,52 @@ def worker_env(threads: int) -> dict[str, str]:
 
 
 def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResult:
-    """Tokenize every record of `chunk` into `work_dir/chunks/NNNNN.*`; raise InputError on a bad record in fail mode."""
-    tok = cached_tokenizer(settings.tokenizer_path, settings.tokenizer_sha256)
+    """Tokenize every record of `chunk`; raise InputError on a bad record in fail mode."""
+    with_loss = settings.format != InputFormat.TEXT
+    tok = cached_tokenizer(settings.tokenizer_path, settings.tokenizer_sha256) if settings.backend != "fast" else None
     backend = cached_backend(settings.backend, settings.tokenizer_path, settings.tokenizer_sha256, tok)
     dtype = parse_dtype(settings.dtype, "chunk settings")
-    with_loss = settings.format != InputFormat.TEXT
     result = ChunkResult(chunk.index, key, n_bytes=chunk.n_bytes)
     texts: list[str] = []
     spans: list[Spans | None] = []
+    rejects: list[bytes] = []
     chars = 0
 
     def flush() -> None:
         nonlocal chars
         if texts:
             ids, lengths, loss = encode_batch(tok, texts, spans if with_loss else None, settings.policy, dtype, backend)
-            writer.append(ids, lengths, loss)
+            result.parts.append((ids, lengths, loss))
             result.n_documents += int(lengths.size)
             result.n_tokens += int(ids.size)
             texts.clear()
             spans.clear()
             chars = 0
 
-    with ChunkWriter(settings.work_dir, chunk.index, with_loss) as writer:
-        for path in chunk.paths:
-            result.sources[path] = [0, 0, 0]
-        for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
-            counts = result.sources[record.source]
-            counts[0] += 1
-            got = record.error if record.error is not None else extract(record.value, settings)
-            if isinstance(got, str):
-                if settings.on_error == OnError.FAIL:
-                    raise InputError(
-                        f"bad record: {got}",
-                        record.source,
-                        record.line,
-                        hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
-                    )
-                writer.reject(record.source, record.line, got)
-                counts[2] += 1
-                continue
-            counts[1] += 1
-            texts.append(got[0])
-            spans.append(got[1])
-            chars += len(got[0])
-            if chars >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
-                flush()
-        flush()
-        result.files = writer.commit()
+    for path in chunk.paths:
+        result.sources[path] = [0, 0, 0]
+    for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
+        counts = result.sources[record.source]
+        counts[0] += 1
+        got = record.error if record.error is not None else extract(record.value, settings)
+        if isinstance(got, str):
+            if settings.on_error == OnError.FAIL:
+                raise InputError(
+                    f"bad record: {got}",
+                    record.source,
+                    record.line,
+                    hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
+                )
+            line = {"source": record.source, "line": record.line, "reason": got}
+            rejects.append((json.dumps(line, ensure_ascii=False) + "\n").encode())
+            counts[2] += 1
+            continue
+        counts[1] += 1
+        texts.append(got[0])
+        spans.append(got[1])
+        chars += len(got[0])
+        if chars >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
+            flush()
+    flush()
+    result.rejects = b"".join(rejects)
     return result

@@ -1,33 +1,32 @@
-"""The resumable work directory `.{DIR}.partial/` next to the output: chunk files + a journal.
+"""The resumable work directory `.{DIR}.partial/` next to the output: the growing store + a journal.
 
-Layout: `chunks/NNNNN.bin` (token ids, store dtype), `.lengths` (int64 per document), `.loss`
-(uint8 per token, formats with non-target tokens), `.rejects` (jsonl lines) and
-`journal.jsonl`, one line per finished chunk with its resume key and the sha256 of each of
-its files. Chunk files are written under temporary names and renamed when complete; the
-journal line is appended (and fsynced) only after that, by the one coordinating process.
-A chunk is reused on a re-run when its key (settings fingerprint + source sha256 + range)
-matches and its files still hash to the journaled values; anything else is redone.
-These files are private to tokenization; the token store itself is written only by
-`packtool.formats.token_store`.
+Layout: `store/` is the token store being written (its files grow in chunk order; the formats
+module owns every byte of it), `settings.sha256` the fingerprint of the settings it was made
+with, and `journal.jsonl` one line per chunk appended to the store (its resume key, counts, and
+the store's `StoreMark` after it: sizes and sha256 of every file so far) plus one line per input
+file once its sha256 is known. Lines are appended by the one coordinating thread, after the
+chunk's bytes were written. A re-run with the same settings keeps the longest prefix of chunks
+whose key matches, whose inputs still hash alike, and whose bytes still hash to their marks
+(`resume_token_store` checks that); everything after it is redone. Nothing here is fsynced
+per chunk: a line that outlives its data (power loss) fails that check and its chunk is redone.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
 import numpy as np
 
+from packtool.formats.atomic import write_bytes_atomic
 from packtool.formats.faults import fault_point
-from packtool.formats.files import sha256_file
 
 JOURNAL = "journal.jsonl"
-CHUNKS = "chunks"
+STORE = "store"
+SETTINGS = "settings.sha256"
 
 
 def work_dir_for(output: Path) -> Path:
@@ -35,13 +34,10 @@ def work_dir_for(output: Path) -> Path:
     return output.with_name(f".{output.name}.partial")
 
 
-def chunk_path(work_dir: str | Path, index: int, suffix: str) -> Path:
-    return Path(work_dir) / CHUNKS / f"{index:05d}.{suffix}"
-
-
 @dataclass
 class ChunkResult:
-    """What one chunk produced; small, picklable, and the payload of its journal line."""
+    """What one chunk produced. `parts` (ids, lengths, loss per batch) and `rejects` travel in memory
+    from the task to the coordinator; the rest (and the store's mark after it) is the journal line."""
 
     index: int
     key: str
@@ -49,106 +45,68 @@ class ChunkResult:
     n_tokens: int = 0
     n_bytes: int = 0
     sources: dict[str, list[int]] = field(default_factory=dict)  # path -> [records, documents, rejected]
-    files: dict[str, str] = field(default_factory=dict)  # suffix -> sha256
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = field(default_factory=list, repr=False)
+    rejects: bytes = field(default=b"", repr=False)
+    mark: dict[str, Any] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        keys = ("index", "key", "n_documents", "n_tokens", "n_bytes", "sources", "mark")
+        return json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
 
-
-class ChunkWriter:
-    """Streams one chunk's outputs to temporary files; `commit` renames them and records hashes."""
-
-    def __init__(self, work_dir: str, index: int, with_loss: bool) -> None:
-        self.work_dir, self.index = work_dir, index
-        names = ["bin", "lengths", "rejects"] + (["loss"] if with_loss else [])
-        self._files: dict[str, BinaryIO] = {}
-        self._hashes = {name: hashlib.sha256() for name in names}
-        for name in names:
-            path = chunk_path(work_dir, index, name)
-            self._files[name] = open(path.with_name(path.name + f".tmp-{os.getpid()}"), "wb")  # noqa: SIM115
-
-    def _write(self, name: str, data: bytes) -> None:
-        self._files[name].write(data)
-        self._hashes[name].update(data)
-
-    def append(self, ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None) -> None:
-        self._write("bin", ids.tobytes())
-        self._write("lengths", lengths.astype("<i8", copy=False).tobytes())
-        if "loss" in self._files:
-            self._write(
-                "loss", (np.ones(ids.size, np.uint8) if loss is None else loss.astype(np.uint8, copy=False)).tobytes()
-            )
-
-    def reject(self, source: str, line: int | None, reason: str) -> None:
-        self._write(
-            "rejects",
-            (json.dumps({"source": source, "line": line, "reason": reason}, ensure_ascii=False) + "\n").encode(),
-        )
-
-    def commit(self) -> dict[str, str]:
-        """Make the chunk's files visible under their final names; return suffix -> sha256."""
-        fault_point("tokenize.chunk:commit")
-        for name, fh in self._files.items():
-            fh.flush()
-            os.fsync(fh.fileno())
-            fh.close()
-            os.replace(fh.name, chunk_path(self.work_dir, self.index, name))
-        return {name: h.hexdigest() for name, h in self._hashes.items()}
-
-    def __enter__(self) -> ChunkWriter:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None:
-            self.abort()
-
-    def abort(self) -> None:
-        """Close and remove the temporary files (a chunk that failed leaves nothing)."""
-        for fh in self._files.values():
-            fh.close()
-            Path(fh.name).unlink(missing_ok=True)
+    def release(self) -> None:
+        """Drop the arrays once they are in the store (the journal keeps the counts)."""
+        self.parts = []
+        self.rejects = b""
 
 
 class Journal:
-    """The coordinator's view of the work directory: what is done, and appending what gets done."""
+    """The coordinator's view of the work directory: what was done before, and recording what gets done."""
 
     def __init__(self, work_dir: Path, fingerprint: str) -> None:
         self.work_dir = work_dir
-        marker = work_dir / "settings.sha256"
+        self.store_dir = work_dir / STORE
+        marker = work_dir / SETTINGS
         if work_dir.exists() and (not marker.is_file() or marker.read_text().strip() != fingerprint):
             shutil.rmtree(work_dir)  # made with other settings: nothing in it can be reused
-        (work_dir / CHUNKS).mkdir(parents=True, exist_ok=True)
+        work_dir.mkdir(parents=True, exist_ok=True)
         if not marker.is_file():
             marker.write_text(fingerprint + "\n")
-        self._done: dict[int, ChunkResult] = {}
+        self.done: dict[int, ChunkResult] = {}
+        self.source_hashes: dict[str, str] = {}
         path = work_dir / JOURNAL
         if path.is_file():
             for line in path.read_text("utf-8").splitlines():
                 try:
-                    result = ChunkResult(**json.loads(line))
+                    data = json.loads(line)
+                    if "source" in data:
+                        self.source_hashes[str(data["source"])] = str(data["sha256"])
+                    else:
+                        result = ChunkResult(**data)
+                        self.done[result.index] = result
                 except (ValueError, TypeError):
                     continue  # a line cut short by a kill
-                self._done[result.index] = result
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115
 
-    def reusable(self, index: int, key: str) -> ChunkResult | None:
-        """The journaled result of chunk `index` if its key matches and its files are intact."""
-        result = self._done.get(index)
-        if result is None or result.key != key:
-            return None
-        for suffix, digest in result.files.items():
-            path = chunk_path(self.work_dir, index, suffix)
-            if not path.is_file() or sha256_file(path) != digest:
-                return None
-        return result
+    def restart(self, kept: list[ChunkResult], sources: dict[str, str]) -> None:
+        """Rewrite the journal to hold only what this run keeps (in one atomic step)."""
+        self._fh.close()
+        lines = [json.dumps({"source": p, "sha256": h}) for p, h in sources.items()] + [r.to_json() for r in kept]
+        write_bytes_atomic(self.work_dir / JOURNAL, "".join(line + "\n" for line in lines).encode())
+        self.done = {r.index: r for r in kept}
+        self.source_hashes = dict(sources)
+        self._fh = open(self.work_dir / JOURNAL, "a", encoding="utf-8")  # noqa: SIM115
 
     def record(self, result: ChunkResult) -> None:
         fault_point("tokenize.journal:record")
         self._fh.write(result.to_json() + "\n")
         self._fh.flush()
-        os.fsync(self._fh.fileno())
         fault_point("tokenize.journal:recorded")
-        self._done[result.index] = result
+        self.done[result.index] = result
+
+    def record_source(self, path: str, sha256: str) -> None:
+        self._fh.write(json.dumps({"source": path, "sha256": sha256}) + "\n")
+        self._fh.flush()
+        self.source_hashes[path] = sha256
 
     def close(self) -> None:
         self._fh.close()
@@ -156,18 +114,3 @@ class Journal:
     def remove(self) -> None:
         self.close()
         shutil.rmtree(self.work_dir, ignore_errors=True)
-
-
-def read_chunk_arrays(
-    work_dir: Path, index: int, dtype: np.dtype, with_loss: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Load a finished chunk's ids, lengths and loss for the final concatenation."""
-    ids = np.fromfile(chunk_path(work_dir, index, "bin"), dtype=dtype)
-    lengths = np.fromfile(chunk_path(work_dir, index, "lengths"), dtype="<i8")
-    loss = np.fromfile(chunk_path(work_dir, index, "loss"), dtype=np.uint8) if with_loss else None
-    return ids, lengths, loss
-
-
-def rejects_bytes(work_dir: Path, index: int) -> bytes:
-    path = chunk_path(work_dir, index, "rejects")
-    return path.read_bytes() if path.is_file() else b""

@@ -1,13 +1,18 @@
-"""`tokenize_corpus`: plan chunks, run the missing ones through an executor, stitch the store.
+"""`tokenize_corpus`: plan chunks, tokenize the missing ones, append them to the store in order.
 
-1. Load the tokenizer, expand and hash the inputs, cut them into chunks (independent of workers).
-2. Chunks already in the journal of `.{DIR}.partial/` with a matching key are reused (resume).
-3. The executor runs the others; each result is journaled the moment it arrives.
-4. The chunk files are concatenated in chunk order into a staging directory through
-   `write_token_store`, which renames into place: a kill at any point leaves nothing under
-   DIR, and a re-run resumes from the journal and ends with the same bytes.
+1. Start loading the fast engine (a background thread), load the reference tokenizer, plan the
+   chunks (independent of workers), start hashing the inputs (another background thread), verify
+   the fast engine on a sample. Each tokenizer is loaded once and shared by every chunk thread.
+2. Chunks already in the journal of `.{DIR}.partial/` are kept when their key, their inputs and
+   their bytes still match (resume).
+3. The executor runs the others (threads by default: the tokenizers release the GIL) and yields
+   them in order, at most a few chunks ahead; each result's ids are appended to the store in
+   `.{DIR}.partial/store/` at once, hashed as they are written, and journaled.
+4. The manifest (per-file sha256 taken while writing, input sha256 from step 1) is written and
+   the store renamed into place: a kill at any point leaves nothing under DIR, and a re-run
+   resumes from the journal and ends with the same bytes.
 
-Disk: the work directory holds a second copy of the tokens until the store is complete.
+Every byte is written once and read never: no chunk files, no stitching, no hashing pass.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,22 +29,41 @@ from tokenizers import Tokenizer
 
 from packtool import __version__
 from packtool.choices import InputFormat, OnError
-from packtool.errors import ConfigError, InputError
-from packtool.exec import Executor, make_executor
-from packtool.formats.token_store import REJECTS, dtype_for_max_id, dtype_name, write_token_store
+from packtool.core.encoding.backends import FastBackend, HFBackend
+from packtool.errors import ConfigError, FormatError, InputError, PacktoolError
+from packtool.exec import Executor, cap_malloc_arenas, make_executor, scoped_environ
+from packtool.formats.faults import fault_point
+from packtool.formats.token_resume import resume_token_store
+from packtool.formats.token_store import (
+    MANIFEST,
+    StoreMark,
+    TokenStoreWriter,
+    commit_token_store,
+    dtype_for_max_id,
+    dtype_name,
+)
 from packtool.progress import Progress
-from packtool.stages.tokenize.backend_choice import choose_backend, input_sample
+from packtool.stages.tokenize.backend_choice import (
+    choose_backend,
+    fast_candidate,
+    input_sample,
+    preload_fast,
+    remember_backend,
+)
 from packtool.stages.tokenize.chunks import ChunkTask, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig
-from packtool.stages.tokenize.journal import ChunkResult, Journal, read_chunk_arrays, rejects_bytes, work_dir_for
+from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.output import check_output, guarded_output
 from packtool.stages.tokenize.settings import ChunkSettings, special_policy
 from packtool.stages.tokenize.shards import shard_build, shard_entry, shard_slice
-from packtool.stages.tokenize.sources import Chunk, SourceFile, expand_inputs, plan_chunks
+from packtool.stages.tokenize.sources import Chunk, SourceFile, expand_inputs, hash_sources, plan_chunks
 from packtool.stages.tokenize.template import check_chat_template, read_chat_template
-from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer
+from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 
 log = logging.getLogger(__name__)
+
+#: chunks run ahead of the oldest one not yet appended, per worker (bounds the results held in memory)
+AHEAD_PER_WORKER = 2
 
 
 @dataclass(frozen=True)
@@ -57,15 +82,29 @@ def tokenize_corpus(
 ) -> TokenizeResult:
     """Tokenize `config.inputs` into the token store `config.output` (see the module docstring).
 
-    `progress(done_bytes, total_bytes)` is called after each chunk. The whole write phase holds the
-    output's lock; a full disk or an unwritable output is one StorageError (see `output.py`).
+    `progress(done_bytes, total_bytes)` is called after each chunk.
     """
     config.validate()
     output = Path(config.output).expanduser().resolve()
-    tokenizer = load_tokenizer(config.tokenizer)
-    paths = expand_inputs(config.inputs)
-    with guarded_output(output):
-        return _tokenize(config, output, tokenizer, paths, progress, executor)
+    workers = config.resolved_workers()
+    cap_malloc_arenas()  # before the first thread: see packtool.exec.local
+    with scoped_environ(worker_env(workers) if executor is None and config.executor == "local" else {}):
+        fast = _preload_fast(config)
+        tokenizer = load_tokenizer(config.tokenizer)
+        paths = expand_inputs(config.inputs)
+        with guarded_output(output):
+            return _tokenize(config, output, tokenizer, paths, fast, progress, executor)
+
+
+def _preload_fast(config: TokenizeConfig) -> Future[FastBackend] | None:
+    """Start loading the fast engine when the run may use it; a bad --tokenizer is load_tokenizer's to report."""
+    if not fast_candidate(config.backend):
+        return None
+    try:
+        path = locate(config.tokenizer)[0].resolve()
+    except (PacktoolError, OSError):
+        return None
+    return preload_fast(str(path))
 
 
 def _tokenize(
@@ -73,11 +112,17 @@ def _tokenize(
     output: Path,
     tokenizer: tuple[Tokenizer, TokenizerInfo],
     paths: list[Path],
+    fast: Future[FastBackend] | None,
     progress: Progress | None,
     executor: Executor | None,
 ) -> TokenizeResult:
+    """The write phase, under the output's lock (`output.guarded_output`)."""
     tok, info = tokenizer
+    workers = config.resolved_workers()
+    needs_offsets = InputFormat(config.format) != InputFormat.TEXT
+    remember_tokenizer(info.path, info.sha256, tok)
     sources, all_chunks = plan_chunks(paths, max(1, int(config.chunk_bytes)))
+    hashes = hash_sources(sources)
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     settings = _settings(config, info, output)
     choice = choose_backend(
@@ -86,74 +131,143 @@ def _tokenize(
         info.path,
         lambda: input_sample(all_chunks, settings),
         settings.policy.add_special_tokens,
-        settings.format != InputFormat.TEXT,
+        needs_offsets,
+        fast,
     )
     log.info("tokenizer backend: %s (%s)", choice.name, choice.reason)
+    remember_backend(choice.name, info.path, info.sha256, choice.engine or HFBackend(tok))
     settings = replace(settings, backend=choice.name)
     fingerprint = hashlib.sha256(f"{__version__}|{settings.fingerprint()}".encode()).hexdigest()
-    build = hashlib.sha256(json.dumps([fingerprint, [(s.path, s.sha256) for s in sources]]).encode()).hexdigest()
-    shard = None
-    if config.num_shards > 1:
-        shard = shard_entry(build, len(all_chunks), config.num_shards, config.shard_index)
-        build = shard_build(build, config.num_shards, config.shard_index)
-    existing = check_output(output, build, config.overwrite, paths)
-    if existing is not None:
-        return TokenizeResult(output, existing, len(chunks), len(chunks), up_to_date=True)
 
+    def build() -> tuple[str, dict[str, Any] | None]:
+        digest = hashes.result()
+        full = hashlib.sha256(json.dumps([fingerprint, [(s.path, digest[s.path]) for s in sources]]).encode())
+        if config.num_shards == 1:
+            return full.hexdigest(), None
+        entry = shard_entry(full.hexdigest(), len(all_chunks), config.num_shards, config.shard_index)
+        return shard_build(full.hexdigest(), config.num_shards, config.shard_index), entry
+
+    existing = check_output(output, build()[0] if (output / MANIFEST).is_file() else "", config.overwrite, paths)
+    if existing is not None:  # the inputs' hashes were waited for only because a store is there
+        return TokenizeResult(output, existing, len(chunks), len(chunks), up_to_date=True)
     journal = Journal(work_dir_for(output), fingerprint)
-    by_path = {s.path: s for s in sources}
-    results: dict[int, ChunkResult] = {}
-    tasks: list[ChunkTask] = []
-    for chunk in chunks:
-        key = _chunk_key(fingerprint, chunk, by_path)
-        done = journal.reusable(chunk.index, key)
-        if done is not None:
-            results[chunk.index] = done
-        else:
-            tasks.append(ChunkTask(chunk, settings, key))
-    reused = len(results)
-    total = sum(c.n_bytes for c in chunks)
-    done_bytes = sum(r.n_bytes for r in results.values())
-    if progress:
-        progress(done_bytes, total)
-    run = executor or make_executor(
-        config.executor,
-        config.resolved_workers(),
-        processes=True,
-        ray_address=config.ray_address,
-        worker_env=worker_env,
-    )
     try:
-        for result in run(tasks):
-            journal.record(result)
-            results[result.index] = result
-            done_bytes += result.n_bytes
-            if progress:
-                progress(done_bytes, total)
-    finally:
+        writer, kept = _resume(journal, chunks, fingerprint, hashes, settings, info)
+    except BaseException:
         journal.close()
-    manifest = _finish(
-        output,
-        journal,
-        chunks,
-        results,
-        sources,
-        settings,
-        info,
-        config,
-        build,
-        {"backend": choice.manifest(), **({"shard": shard} if shard else {})},
-    )
+        raise
+    try:
+        results = {r.index: r for r in kept}
+        tasks = [ChunkTask(c, settings, _chunk_key(fingerprint, c)) for c in chunks[len(kept) :]]
+        run = executor or make_executor(
+            config.executor,
+            workers,
+            ray_address=config.ray_address,
+            worker_env=worker_env,
+            ahead=AHEAD_PER_WORKER * workers + 1,
+        )
+        _append_in_order(run, tasks, writer, journal, results, hashes, sources, chunks, progress)
+        build_id, shard = build()
+        if not journal.source_hashes:
+            for source in sources:
+                journal.record_source(source.path, hashes.result()[source.path])
+        manifest = _manifest(
+            chunks, results, sources, hashes.result(), settings, info, config, build_id, choice.manifest()
+        )
+        manifest = writer.finish({**manifest, **({"shard": shard} if shard else {})})  # shard last: merge drops it
+    except BaseException:
+        writer.close()
+        journal.close()
+        raise
+    commit_token_store(journal.store_dir, output)
     journal.remove()
     log.info(
         "tokenized %d documents, %d tokens into %s (%d/%d chunks reused)",
         manifest["n_documents"],
         manifest["n_tokens"],
         output,
-        reused,
+        len(kept),
         len(chunks),
     )
-    return TokenizeResult(output, manifest, len(chunks), reused)
+    return TokenizeResult(output, manifest, len(chunks), len(kept))
+
+
+def _resume(
+    journal: Journal,
+    chunks: list[Chunk],
+    fingerprint: str,
+    hashes: Future[dict[str, str]],
+    settings: ChunkSettings,
+    info: TokenizerInfo,
+) -> tuple[TokenStoreWriter, list[ChunkResult]]:
+    """Open the store in the work directory at the longest journaled prefix that still holds."""
+    prefix: list[ChunkResult] = []
+    marks: list[StoreMark] = []
+    current: dict[str, str] = {}
+    if journal.done:  # a resume: only now are the inputs' hashes waited for
+        current = hashes.result()
+        for chunk in chunks:
+            done = journal.done.get(chunk.index)
+            if done is None or done.key != _chunk_key(fingerprint, chunk) or done.mark is None:
+                break
+            if any(journal.source_hashes.get(p) != current[p] for p in chunk.paths):
+                break
+            try:
+                marks.append(StoreMark.from_json(done.mark))
+            except FormatError:
+                break
+            prefix.append(done)
+    writer, kept = resume_token_store(
+        journal.store_dir,
+        dtype_for_max_id(info.max_id),
+        marks,
+        with_loss=settings.format != InputFormat.TEXT,
+        with_rejects=settings.on_error == OnError.SKIP,
+    )
+    journal.restart(prefix[:kept], {p: h for p, h in current.items() if journal.source_hashes.get(p) == h})
+    return writer, prefix[:kept]
+
+
+def _append_in_order(
+    run: Executor,
+    tasks: list[ChunkTask],
+    writer: TokenStoreWriter,
+    journal: Journal,
+    results: dict[int, ChunkResult],
+    hashes: Future[dict[str, str]],
+    sources: list[SourceFile],
+    chunks: list[Chunk],
+    progress: Progress | None,
+) -> None:
+    """Append each chunk's ids to the store in chunk order as results come (any order), journaling each."""
+    total = sum(c.n_bytes for c in chunks)
+    done_bytes = sum(r.n_bytes for r in results.values())
+    if progress:
+        progress(done_bytes, total)
+    order = [t.chunk.index for t in tasks]
+    waiting: dict[int, ChunkResult] = {}
+    position = 0
+    for result in run(tasks):
+        waiting[result.index] = result
+        while position < len(order) and order[position] in waiting:
+            ready = waiting.pop(order[position])
+            position += 1
+            fault_point("tokenize.chunk:commit")
+            for ids, lengths, loss in ready.parts:
+                writer.append(ids, lengths, loss)
+            writer.append_rejects(ready.rejects)
+            ready.mark = writer.mark().to_json()
+            ready.release()
+            journal.record(ready)
+            results[ready.index] = ready
+            done_bytes += ready.n_bytes
+            if progress:
+                progress(done_bytes, total)
+        if hashes.done() and not journal.source_hashes:
+            for source in sources:  # as soon as known: a resume needs them to trust the chunks
+                journal.record_source(source.path, hashes.result()[source.path])
+    if position != len(order):
+        raise FormatError(f"the executor returned {position} of {len(order)} chunks, tokenize, this is a bug")
 
 
 def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> ChunkSettings:
@@ -189,33 +303,27 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> Chun
     )
 
 
-def _chunk_key(fingerprint: str, chunk: Chunk, by_path: dict[str, SourceFile]) -> str:
-    ident = [
-        fingerprint,
-        chunk.kind,
-        chunk.start,
-        chunk.end,
-        chunk.first_line,
-        [(p, by_path[p].sha256) for p in chunk.paths],
-    ]
+def _chunk_key(fingerprint: str, chunk: Chunk) -> str:
+    """What a chunk's output depends on besides its inputs' bytes (those are checked by their sha256)."""
+    ident = [fingerprint, chunk.kind, chunk.start, chunk.end, chunk.first_line, list(chunk.paths)]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()
 
 
-def _finish(
-    output: Path,
-    journal: Journal,
+def _manifest(
     chunks: list[Chunk],
     results: dict[int, ChunkResult],
     sources: list[SourceFile],
+    digests: dict[str, str],
     settings: ChunkSettings,
     info: TokenizerInfo,
     config: TokenizeConfig,
     build: str,
-    extra: dict[str, Any],
+    backend: dict[str, Any],
 ) -> dict[str, Any]:
+    """The manifest's keys that the writer does not fill in; InputError when nothing was tokenized."""
     counts = {s.path: [0, 0, 0] for s in sources}
-    for result in results.values():
-        for path, (records, documents, rejected) in result.sources.items():
+    for chunk in chunks:
+        for path, (records, documents, rejected) in results[chunk.index].sources.items():
             got = counts[path]
             got[0], got[1], got[2] = got[0] + records, got[1] + documents, got[2] + rejected
     if not any(c[1] for c in counts.values()) and config.num_shards == 1:  # a shard may be empty
@@ -229,42 +337,29 @@ def _finish(
     for path, (records, _, _) in counts.items():
         if records == 0 and config.num_shards == 1:  # a shard reads only part of the inputs
             log.warning("input %s holds no records", path)
-    dtype = dtype_for_max_id(info.max_id)
-    with_loss = settings.format != InputFormat.TEXT
-    with write_token_store(output, dtype) as writer:
-        rejects = open(writer.directory / REJECTS, "wb") if settings.on_error == OnError.SKIP else None  # noqa: SIM115
-        for chunk in chunks:
-            writer.append(*read_chunk_arrays(journal.work_dir, chunk.index, dtype, with_loss))
-            if rejects is not None:
-                rejects.write(rejects_bytes(journal.work_dir, chunk.index))
-        if rejects is not None:
-            rejects.close()
-        manifest = {
-            "packtool_version": __version__,
-            "tokenizer": info.manifest(),
-            **settings.policy.manifest,
-            "input_format": settings.format,
-            "fields": _fields(config),
-            "chat_template_sha256": hashlib.sha256(settings.chat_template.encode()).hexdigest()
-            if settings.chat_template
-            else None,
-            "sources": [
-                {
-                    "path": s.path,
-                    "sha256": s.sha256,
-                    "records": counts[s.path][0],
-                    "documents": counts[s.path][1],
-                    "rejected": counts[s.path][2],
-                }
-                for s in sources
-            ],
-            "n_rejected": sum(c[2] for c in counts.values()),
-            "backend": extra["backend"],
-            "build": build,
-            **({"shard": extra["shard"]} if "shard" in extra else {}),  # last: merge drops it
-        }
-        manifest = writer.finish(manifest)
-    return manifest
+    return {
+        "packtool_version": __version__,
+        "tokenizer": info.manifest(),
+        **settings.policy.manifest,
+        "input_format": settings.format,
+        "fields": _fields(config),
+        "chat_template_sha256": hashlib.sha256(settings.chat_template.encode()).hexdigest()
+        if settings.chat_template
+        else None,
+        "sources": [
+            {
+                "path": s.path,
+                "sha256": digests[s.path],
+                "records": counts[s.path][0],
+                "documents": counts[s.path][1],
+                "rejected": counts[s.path][2],
+            }
+            for s in sources
+        ],
+        "n_rejected": sum(c[2] for c in counts.values()),
+        "backend": backend,
+        "build": build,
+    }
 
 
 def _fields(config: TokenizeConfig) -> dict[str, Any]:

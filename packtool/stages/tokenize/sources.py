@@ -17,6 +17,7 @@ import glob
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,15 +138,14 @@ class Chunk:
 
 @dataclass(frozen=True)
 class SourceFile:
-    """A planned input file: its identity goes into the manifest and every chunk's resume key."""
+    """A planned input file. Its sha256 (manifest, resume) is computed beside the work, not before it."""
 
     path: str
-    sha256: str
     n_bytes: int
 
 
 def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFile], list[Chunk]]:
-    """Hash every file and cut the inputs into chunks of about `chunk_bytes` (one pass per file)."""
+    """Cut the inputs into chunks of about `chunk_bytes`: only `.jsonl` files are read (newlines counted)."""
     sources: list[SourceFile] = []
     chunks: list[Chunk] = []
     txt_run: list[SourceFile] = []
@@ -168,7 +168,9 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
                 Chunk(base + i, kind, (source.path,), s, e, line, e - s) for i, (s, e, line) in enumerate(ranges)
             )
             continue
-        source = _hash(path)
+        with reading(str(path)), open(path, "rb") as fh:
+            fh.read(1)  # unreadable inputs fail here, before any work (their sha256 comes later)
+            source = SourceFile(str(path), os.fstat(fh.fileno()).st_size)
         sources.append(source)
         if kind == "txt":
             if txt_run and sum(s.n_bytes for s in txt_run) + source.n_bytes > chunk_bytes:
@@ -186,26 +188,32 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
     return sources, chunks
 
 
-def _hash(path: Path) -> SourceFile:
+def hash_sources(sources: Sequence[SourceFile]) -> Future[dict[str, str]]:
+    """sha256 of every input, in a background thread beside the work (hashlib and reads release the GIL).
+
+    The digests are needed only at the end (manifest) or to check an existing store or a resume."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtool-hash")
+    future = pool.submit(lambda: {s.path: _sha256(s.path) for s in sources})
+    pool.shutdown(wait=False)
+    return future
+
+
+def _sha256(path: str) -> str:
     digest = hashlib.sha256()
-    size = 0
-    with reading(str(path)), open(path, "rb") as fh:
+    with reading(path), open(path, "rb") as fh:
         while block := fh.read(_BLOCK):
             digest.update(block)
-            size += len(block)
-    return SourceFile(str(path), digest.hexdigest(), size)
+    return digest.hexdigest()
 
 
 def _plan_jsonl(path: Path, chunk_bytes: int) -> tuple[SourceFile, list[tuple[int, int, int]]]:
-    """Hash the file and find chunk starts: the first line start at or after each k*chunk_bytes."""
-    digest = hashlib.sha256()
+    """Find chunk starts (the first line start at or after each k*chunk_bytes) and their line numbers."""
     starts: list[tuple[int, int]] = [(0, 1)]  # (byte offset, 1-based line number)
     target = chunk_bytes
     offset = 0
     lines_before = 0
     with reading(str(path)), open(path, "rb") as fh:
         while block := fh.read(_BLOCK):
-            digest.update(block)
             end = offset + len(block)
             while target <= end and target > 0:
                 nl = block.find(b"\n", max(target - 1 - offset, 0))
@@ -220,7 +228,7 @@ def _plan_jsonl(path: Path, chunk_bytes: int) -> tuple[SourceFile, list[tuple[in
     if len(starts) > 1 and starts[-1][0] >= offset:
         starts.pop()  # the last cut sits at end of file
     ranges = [(s, starts[i + 1][0] if i + 1 < len(starts) else offset, line) for i, (s, line) in enumerate(starts)]
-    return SourceFile(str(path), digest.hexdigest(), offset), ranges
+    return SourceFile(str(path), offset), ranges
 
 
 def read_chunk(
@@ -298,6 +306,8 @@ def _txt_record(path: str, line: int, data: bytes, strip_bom: bool) -> RawRecord
 
 def get_field(value: Any, dotted: str) -> tuple[Any, str | None]:
     """Walk a dotted path (`a.b.c`) through nested dicts: (value, None) or (None, reason)."""
+    if type(value) is dict and dotted in value and "." not in dotted:  # the common case: no split
+        return value[dotted], None
     current = value
     for depth, key in enumerate(dotted.split(".")):
         if not isinstance(current, dict):

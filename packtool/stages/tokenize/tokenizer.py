@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,8 +202,7 @@ def _load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
             raise TokenizerError(
                 f"{key}_token {text!r} from {TOKENIZER_CONFIG} is not in the vocabulary, {json_path.parent}, fix the config"
             )
-    vocab = tok.get_vocab(with_added_tokens=True)
-    max_id = max(vocab.values()) if vocab else 0
+    max_id = _max_id(tok)
     with_special = tok.encode("a", add_special_tokens=True).ids
     plain = tok.encode("a", add_special_tokens=False).ids
     post_bos = ids["bos"] is not None and len(with_special) > len(plain) and with_special[0] == ids["bos"]
@@ -225,12 +225,33 @@ def _load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
     return tok, info
 
 
+def _max_id(tok: Tokenizer) -> int:
+    """The largest id `tok` can emit, where it decides the token dtype (uint16 up to 65,535).
+
+    Listing the vocabulary builds a dict of every token (0.2 s at 150k), so above 65,536 entries,
+    where the dtype is uint32 anyway, the size stands in for it (a lower bound when ids have gaps).
+    """
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if size > 65536:
+        return max([size - 1, *tok.get_added_tokens_decoder()])
+    vocab = tok.get_vocab(with_added_tokens=True)
+    return max(vocab.values()) if vocab else 0
+
+
 _CACHE: dict[tuple[str, str], Tokenizer] = {}
+_LOCK = threading.Lock()
+
+
+def remember_tokenizer(path: str, sha256: str, tok: Tokenizer) -> None:
+    """Make the coordinator's loaded tokenizer the one `cached_tokenizer` gives its threads."""
+    with _LOCK:
+        _CACHE[(path, sha256)] = tok
 
 
 def cached_tokenizer(path: str, sha256: str) -> Tokenizer:
-    """One Tokenizer per worker process (loading a 150k-vocab tokenizer takes ~100 ms)."""
+    """One Tokenizer per process (loading a 150k-vocab tokenizer takes ~0.5 s): remembered, or loaded here."""
     key = (path, sha256)
-    if key not in _CACHE:
-        _CACHE[key] = Tokenizer.from_file(path)
-    return _CACHE[key]
+    with _LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = Tokenizer.from_file(path)
+        return _CACHE[key]
