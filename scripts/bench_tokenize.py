@@ -109,18 +109,28 @@ def build_corpus(path: Path, target: int) -> Path:
     return path
 
 
+#: runs argv[1:] and prints its wall, CPU and peak RSS. A small launcher because Linux carries the
+#: parent's RSS high-water mark across fork + exec into the child's ru_maxrss: measured from this
+#: (large, after the in-process part) process, a child would report this process's peak instead.
+_LAUNCH = """
+import os, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+err = proc.stderr.read().decode()
+_, status, usage = os.wait4(proc.pid, 0)
+code = os.waitstatus_to_exitcode(status)
+print(time.perf_counter() - start, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code)
+sys.stderr.write(err)
+"""
+
+
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds (user + system, all threads) and peak RSS (MiB) of one child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
-    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    done = subprocess.run([sys.executable, "-c", _LAUNCH, *cmd], capture_output=True, text=True, env=env)
+    seconds, cpu, rss, code = done.stdout.split()
+    if int(code) != 0 or done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+    return float(seconds), float(cpu), float(rss)
 
 
 def packtool_cmd(corpus: Path, tok: Path, out: Path, workers: int, backend: str = "fast") -> list[str]:
