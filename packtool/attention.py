@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from packtool.errors import ConfigError, FormatError
+from packtool.errors import ConfigError
 
 _SCORE_BUDGET = 1 << 26  # elements of the attention matrix per SDPA call in the fallback
 
@@ -84,18 +84,13 @@ def varlen_attention(
 
 
 def _segments(cu_seqlens: torch.Tensor, total: int, max_seqlen: int) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and lengths of the segments, checked (the kernels would fail silently)."""
-    cu = cu_seqlens.detach().cpu().numpy().astype(np.int64).reshape(-1)
-    lens = np.diff(cu)
-    if cu.size < 2 or cu[0] != 0 or cu[-1] != total or lens.min() < 0:
-        raise FormatError(
-            f"cu_seqlens must start at 0, never decrease and end at {total} (the token count), got {cu[:4].tolist()}...{cu[-2:].tolist()}, varlen_attention, pass the collator's cu_seqlens"
-        )
-    if int(lens.max()) > max_seqlen:
-        raise FormatError(
-            f"max_seqlen {max_seqlen} is below the longest segment ({int(lens.max())}), varlen_attention, pass the collator's max_seqlen"
-        )
-    return cu[:-1], lens
+    """Starts and lengths of the segments, checked by the collator's own validation (kernels fail silently)."""
+    from packtool.loader.collator import validate_cu_seqlens
+
+    cu = cu_seqlens.detach().reshape(-1)
+    validate_cu_seqlens(cu if cu.dtype == torch.int32 else cu.to(torch.int32), total, max_seqlen)
+    cu64 = cu.cpu().numpy().astype(np.int64)
+    return cu64[:-1], np.diff(cu64)
 
 
 def _sdpa_segments(

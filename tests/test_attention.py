@@ -77,8 +77,8 @@ def test_one_segment_is_plain_causal_attention_and_segments_do_not_leak():
 
 
 @pytest.mark.parametrize(("cu", "max_len", "error", "message"), [
-    ([0, 10, 5, 32], 32, FormatError, "never decrease"),
-    ([0, 10, 30], 32, FormatError, "end at 32"),
+    ([0, 10, 5, 32], 32, FormatError, "decreases at entry 2"),
+    ([0, 10, 30], 32, FormatError, "expected 0 to 32"),
     ([0, 10, 32], 8, FormatError, "max_seqlen 8 is below"),
 ])
 def test_bad_cu_seqlens_raise(cu, max_len, error, message):
