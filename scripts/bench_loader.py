@@ -34,11 +34,12 @@ from packtool.formats.pack_writer import PackSplitWriter
 from packtool.loader import PackedCollator, PackedDataset, PackedSampler
 
 
-def build_store(directory: Path, n_tokens: int, size: int, seed: int = 0) -> None:
+def build_store(directory: Path, n_tokens: int, size: int, seed: int = 0, unit: int = 30) -> None:
+    """Concat-style packs of Zipf-like documents whose lengths are multiples of `unit` (random ids)."""
     rng = np.random.default_rng(seed)
     n_packs = n_tokens // size
     total = n_packs * size
-    doc_lens = np.minimum(rng.zipf(1.3, size=total // 50 + 1000), 700) * 30  # clip first: zipf can overflow
+    doc_lens = np.minimum(rng.zipf(1.3, size=total // 50 + 1000), 700) * unit  # clip first: zipf can overflow
     ends = np.cumsum(doc_lens)
     ends = ends[ends < total]
     bounds = np.union1d(np.concatenate([ends, np.arange(size, total + 1, size)]), [0])

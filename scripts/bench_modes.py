@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_loader import build_store  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 from packtool.core.batching import DEFAULT_WINDOW, assign_ranks, plan_batches
-from packtool.formats.pack_store import FORMAT_VERSION, PackSplitWriter
 from packtool.formats.token_store import TokenStoreWriter
 from packtool.loader import DocumentDataset, DynamicBatchSampler, PackedCollator, PackedDataset, PaddedCollator
 
@@ -58,26 +58,9 @@ def build_token_store(directory: Path, n_tokens: int, cap: int, seed: int = 0) -
 
 
 def build_pack_store(directory: Path, n_tokens: int, size: int, unit: int = 64, seed: int = 0) -> None:
-    """Concat-style packs of Zipf-like documents whose lengths (and so every segment) are multiples of
-    `unit`, so the store can be split for context parallelism up to cp_size = unit / 2."""
-    rng = np.random.default_rng(seed)
-    n_packs = n_tokens // size
-    total = n_packs * size
-    ends = np.cumsum(np.minimum(rng.zipf(1.3, size=total // 50 + 1000), 700) * unit)
-    ends = ends[ends < total]
-    bounds = np.union1d(np.concatenate([ends, np.arange(size, total + 1, size)]), [0])
-    seg_lens = np.diff(bounds)
-    writer = PackSplitWriter(directory, "training", size, np.dtype("<u2"), n_packs, with_loss=False)
-    for a in range(0, n_packs, 4096):
-        b = min(n_packs, a + 4096)
-        writer.tokens[a:b] = rng.integers(0, 50_000, size=(b - a, size), dtype=np.uint16)
-    writer.write_companion("pack_offsets", np.searchsorted(bounds, np.arange(0, total + 1, size)))
-    writer.write_companion("seg_lens", seg_lens)
-    writer.write_companion("seg_pad", np.zeros_like(seg_lens))
-    writer.write_companion("seg_doc", np.searchsorted(ends, bounds[:-1], side="right"))
-    writer.write_companion("seg_src", bounds[:-1])
-    writer.commit({"split": "training", "pack_size": size, "dtype": "uint16", "pad_id": 0,
-                   "format_version": FORMAT_VERSION, "n_packs": n_packs, "n_segments": int(seg_lens.size)})
+    """bench_loader's store with every document length (so every segment) a multiple of `unit`, so the
+    store can be split for context parallelism up to cp_size = unit / 2."""
+    build_store(directory, n_tokens, size, seed=seed, unit=unit)
 
 
 def each(fn: Callable[[object], object], batches: list) -> None:
