@@ -55,16 +55,16 @@ def make_store(path: Path, gb: float) -> int:
 
 def child_pack(store: str, out: str, mode: str, workers: int) -> dict[str, float]:
     """One pack run; returns write-phase seconds, output bytes and peak RSS."""
-    from packtool import PackConfig
-    from packtool.stages.pack import blocks as writer
+    from packtool import PackConfig, pack_store
+    from packtool.stages.pack import blocks, stage
 
     timing: dict[str, float] = {}
-    original = writer._write_matrices
+    original = stage._write_matrices  # the write phase alone is timed: swap in an instrumented one
 
     def timed(layout, st, w, config, pad_id, progress):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
         if mode == "numpy":  # the previous writer: per-token int64 indices + fancy-index gather
-            rows = max(1, writer.BLOCK_TOKENS // config.size)
+            rows = max(1, blocks.BLOCK_TOKENS // config.size)
             tokens = np.asarray(st.tokens)
             from packtool.core.packing.segments import expand_runs
             for p0 in range(0, layout.n_packs, rows):
@@ -77,18 +77,18 @@ def child_pack(store: str, out: str, mode: str, workers: int) -> dict[str, float
         elif mode == "process":
             from concurrent.futures import ProcessPoolExecutor
 
-            tasks = writer.block_tasks(layout, st, w, config.size, pad_id)
+            tasks = blocks.block_tasks(layout, st, w, config.size, pad_id)
             with ProcessPoolExecutor(workers) as pool:
-                list(pool.map(writer.PackBlockTask.run, tasks, chunksize=1))
+                list(pool.map(blocks.PackBlockTask.run, tasks, chunksize=1))
         else:
             original(layout, st, w, config, pad_id, progress)
         timing["write_s"] = time.perf_counter() - t0
         timing["bytes"] = float(w.tokens.nbytes)
 
-    writer._write_matrices = timed  # type: ignore[assignment]
+    stage._write_matrices = timed  # type: ignore[assignment]
     executor = "ray" if mode == "ray" else "local"
     t0 = time.perf_counter()
-    writer.pack_store(PackConfig(Path(store), SIZE, Path(out), workers=workers, executor=executor))
+    pack_store(PackConfig(Path(store), SIZE, Path(out), workers=workers, executor=executor))
     timing["total_s"] = time.perf_counter() - t0
     timing["rss_mb"] = rss_mb()
     return timing
