@@ -133,11 +133,14 @@ class FastBackend:
         self._tables: ByteTables | None = None
         self._lock = threading.Lock()
 
-    def use_reference(self, reference: Tokenizer) -> None:
-        """The `tokenizers` object already loaded by the caller, for offsets (else loaded when first needed)."""
+    def use_reference(self, reference: Tokenizer, tables: ByteTables | None = None) -> None:
+        """The `tokenizers` object already loaded by the caller, for offsets (else loaded when first needed),
+        and its byte tables when the caller built them already (`ByteTables.build(reference)`)."""
         with self._lock:
             if self._reference is None:
                 self._reference = HFBackend(reference)
+            if self._tables is None and tables is not None:
+                self._tables = tables
 
     @property
     def reference(self) -> HFBackend:
