@@ -200,8 +200,6 @@ def write_token_store(
     """
     if Path(final).parent.is_dir():
         recover_token_store(final)
-        for path in dead_siblings(Path(final), "tmp"):  # staging dirs of killed writers (SIGKILL skips cleanup)
-            shutil.rmtree(path, ignore_errors=True)
     with atomic_directory(final) as staging:
         writer = TokenStoreWriter(staging, dtype, with_loss=with_loss)
         try:
@@ -239,8 +237,12 @@ def foreign_files(path: str | os.PathLike[str]) -> list[str]:
 
 
 def recover_token_store(final: str | os.PathLike[str]) -> str | None:
-    """Finish or undo the swap a killed writer left beside `final` (call under the output's lock)."""
-    return recover_directory(final, is_token_store)
+    """Finish or undo the swap a killed writer left beside `final`, then remove the staging directories
+    of killed writers (SIGKILL skips cleanup). Call it under the output's lock; returns what it repaired."""
+    done = recover_directory(final, is_token_store)
+    for path in dead_siblings(Path(final), "tmp"):
+        shutil.rmtree(path, ignore_errors=True)
+    return done
 
 
 @dataclass

@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from packtool.errors import OutputExistsError, StorageError
-from packtool.formats.atomic import dead_siblings
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
 from packtool.formats.overwrite import check_replaceable
@@ -48,8 +46,6 @@ def guarded_output(output: Path) -> Iterator[None]:
                 done = recover_token_store(output)
                 if done:
                     log.warning("%s", done)
-                for path in dead_siblings(output, "tmp"):  # staging dirs of killed runs (SIGKILL skips cleanup)
-                    shutil.rmtree(path, ignore_errors=True)
                 yield
         except BaseException:
             for parent in created:  # deepest first; one holding resume state (.DIR.partial) stays
