@@ -277,23 +277,27 @@ import json, sys
 from packtool import CostModel
 from packtool.loader import PackedDataset, PackedSampler
 ds = PackedDataset(sys.argv[1])
-s = PackedSampler(ds, num_replicas=4, rank=int(sys.argv[2]), seed=7, balance=CostModel.from_shape(512),
-                  micro_batches=2, window=3)
-s.set_epoch(2)
-print(json.dumps(s.indices().tolist()))
+shares = []
+for rank in map(int, sys.argv[2:]):
+    s = PackedSampler(ds, num_replicas=4, rank=rank, seed=7, balance=CostModel.from_shape(512), micro_batches=2,
+                      window=3)
+    s.set_epoch(2)
+    shares.append(s.indices().tolist())
+print(json.dumps(shares))
 """
 
 
 def test_ranks_built_in_separate_processes_agree(store):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    procs = [
-        subprocess.Popen([sys.executable, "-c", CHILD, str(store), str(r)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**env, "PYTHONHASHSEED": str(r)})
-        for r in range(4)
+    procs = [  # two processes at once, each building two ranks
+        subprocess.Popen([sys.executable, "-c", CHILD, str(store), *ranks], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**env, "PYTHONHASHSEED": ranks[0]})
+        for ranks in (["0", "2"], ["3", "1"])
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
-    shares = [json.loads(o) for o, _ in outs]
+    (r0, r2), (r3, r1) = (json.loads(o) for o, _ in outs)
+    shares = [r0, r1, r2, r3]
     ds = PackedDataset(store)
     here = [PackedSampler(ds, num_replicas=4, rank=r, seed=7, balance=CostModel.from_shape(512), micro_batches=2,
                           window=3) for r in range(4)]
@@ -346,3 +350,58 @@ def test_pack_costs_come_from_the_stores_segment_table(store, store_segments):
     for seg in store_segments:
         want[seg.pack] += model.document(seg.tokens.size + seg.pad)
     np.testing.assert_allclose(s.costs, want, rtol=1e-12)
+
+
+# ---- documents: DynamicBatchSampler(balance=...) ---------------------------------------
+
+
+def long_tailed_lengths(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    lens = np.where(rng.random(n) < 0.85, rng.lognormal(np.log(300), 1.0, n), rng.lognormal(np.log(2500), 1.3, n))
+    return np.minimum(lens, 16384).astype(np.int64)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_dynamic_batches_are_dealt_by_cost(padded):
+    """Same batches (the token budget decides them), dealt to ranks by the model's cost: every step
+    waits less under that model than when the batches are dealt by token count."""
+    from packtool.core.batching import priced
+    from packtool.loader import DynamicBatchSampler
+
+    lens = long_tailed_lengths(8000)
+    kw = {"num_replicas": 8, "padded": padded, "seed": 2}
+    by_tokens = [DynamicBatchSampler(lens, 16384, rank=r, **kw) for r in range(8)]
+    by_cost = [DynamicBatchSampler(lens, 16384, rank=r, balance=MODEL, **kw) for r in range(8)]
+    batches = lambda ss: sorted(tuple(b) for s in ss for b in s.batches())  # noqa: E731
+    assert batches(by_tokens) == batches(by_cost)
+    docs = np.concatenate([np.concatenate([np.asarray(b, np.int64) for b in s.batches()]) for s in by_cost])
+    assert sorted(docs.tolist()) == list(range(lens.size))  # every document once
+    steps, plan = by_tokens[0]._steps(0)
+    token_dealt = priced(plan, lens, MODEL, padded, 1)[steps]  # the token-balanced steps, priced by the model
+    cost_dealt = by_cost[0].costs()
+    assert list(by_cost[3]) == by_cost[3].batches()
+    for step, batch in enumerate(by_cost[3].batches()):  # costs() is the model's price of what rank 3 gets
+        rounded = lens[batch]
+        want = len(batch) * MODEL.document(rounded.max()) if padded else MODEL.document(rounded).sum()
+        assert cost_dealt[step, 3] == pytest.approx(want, rel=1e-12)
+    before, after = step_efficiency(token_dealt), step_efficiency(cost_dealt)
+    assert after.step_time < before.step_time and after.mean > before.mean
+
+
+def test_dynamic_state_carries_the_cost_model():
+    from packtool.loader import DynamicBatchSampler
+
+    lens = long_tailed_lengths(500)
+    s = DynamicBatchSampler(lens, 8192, balance=MODEL, num_replicas=2, rank=0)
+    s.advance(3)
+    state = s.state_dict()
+    with pytest.raises(ConfigError, match="balance=.* but this sampler has None"):
+        DynamicBatchSampler(lens, 8192, num_replicas=2, rank=0).load_state_dict(state)
+    resumed = DynamicBatchSampler(lens, 8192, balance=MODEL, num_replicas=2, rank=0)
+    resumed.load_state_dict(state)
+    assert list(resumed) == s.batches()[3:]
+    old = DynamicBatchSampler(lens, 8192, num_replicas=2, rank=0).state_dict()
+    old.pop("balance")  # a checkpoint from before cost balancing resumes a plain sampler
+    DynamicBatchSampler(lens, 8192, num_replicas=2, rank=0).load_state_dict(old)
+    with pytest.raises(ConfigError, match="must be a packtool.CostModel"):
+        DynamicBatchSampler(lens, 8192, balance="flops")  # type: ignore[arg-type]
