@@ -12,7 +12,7 @@ import pytest
 from support import cli, cli_error
 
 from packtool import CostModel
-from packtool.core.balance import step_costs
+from packtool.core.balance import DEFAULT_WINDOW, step_costs
 from packtool.formats.token_store import TokenStoreWriter, dtype_for_max_id
 from packtool.loader import PackedDataset, PackedSampler
 
@@ -80,7 +80,7 @@ def test_json_matches_the_samplers_a_job_builds(packs: Path, tmp_path: Path, mic
     assert (s["plain"]["mean"], s["plain"]["p5"]) == pytest.approx(plain)
     assert (s["balanced"]["mean"], s["balanced"]["p5"]) == pytest.approx(balanced)
     assert s["balanced"]["mean"] > s["plain"]["mean"] and s["time_saved"] > 0
-    assert s["window"] == 64 and s["max_moved_steps"] == 63 and s["world_size"] == 4
+    assert s["window"] == DEFAULT_WINDOW and s["max_moved_steps"] == DEFAULT_WINDOW - 1 and s["world_size"] == 4
 
 
 def test_text_plot_and_hidden_size(packs: Path, tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ than K - 1 steps. Inside a window of M = K·W·B packs:
    index and step cost stay uncorrelated over the epoch (no global sort by cost).
 
 Every rank computes the same plan from (costs, seed, epoch) alone, with no communication. A final
-step that holds fewer than B packs per rank (the epoch does not fill it) is balanced on its own.
+step that holds fewer than B packs per rank (the epoch does not fill it) takes the cheapest packs of
+its window (similar costs) and is balanced on its own.
 Vectorised over all windows at once: a few argsorts of `[windows, K·W]` arrays per epoch,
 microseconds per step (scripts/bench_balance.py, docs/BENCHMARKS.md).
 """
@@ -31,7 +32,7 @@ import numpy as np
 
 from packtool.errors import ConfigError
 
-DEFAULT_WINDOW = 64
+DEFAULT_WINDOW = 128
 """Steps per balancing window (chosen by scripts/bench_balance.py: see docs/BENCHMARKS.md)."""
 
 _SALT = 0xBA1A
@@ -103,21 +104,28 @@ def balanced_order(
             f"the order holds {order.size} packs, not a multiple of {world} ranks, balanced_order, pass epoch_order(...)"
         )
     c = np.asarray(cost, np.float64)[order]
-    out = order.copy()
     rng = np.random.default_rng([seed, epoch, _SALT])
     per_step = world * micro_batches
     n_steps = order.size // per_step
-    start = 0
-    parts = [(n_steps // window, window, micro_batches), (1, n_steps % window, micro_batches)]
-    parts.append((1, 1, (order.size - n_steps * per_step) // world))  # a final step of fewer micro-batches
-    for nw, steps, slots in parts:
-        size = nw * steps * world * slots
-        if size == 0:
+    body = n_steps // window * window * per_step
+    out = np.empty_like(order)
+    if body:  # every full window at once
+        perm = _plan_windows(c[:body].reshape(-1, window * per_step), window, world, micro_batches, rng)
+        out[:body] = np.take_along_axis(order[:body].reshape(perm.shape), perm, axis=1).reshape(-1)
+    last, c_last = order[body:], c[body:]  # the last window: its full steps, then maybe a short final step
+    short = (order.size - n_steps * per_step) // world  # micro-batches per rank of that final step
+    by_cost = np.argsort(c_last, kind="stable")
+    parts = (  # the short step takes the window's cheapest packs: similar costs, so it balances too
+        (np.sort(by_cost[world * short :]), n_steps % window, micro_batches),
+        (np.sort(by_cost[: world * short]), 1, short),
+    )
+    at = body
+    for pick, steps, slots in parts:
+        if pick.size == 0:
             continue
-        perm = _plan_windows(c[start : start + size].reshape(nw, -1), steps, world, slots, rng)
-        block = order[start : start + size].reshape(nw, -1)
-        out[start : start + size] = np.take_along_axis(block, perm, axis=1).reshape(-1)
-        start += size
+        perm = _plan_windows(c_last[pick][None, :], steps, world, slots, rng)[0]
+        out[at : at + pick.size] = last[pick][perm]
+        at += pick.size
     return out
 
 
