@@ -148,8 +148,7 @@ def stats(
     """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
     from packtool.stages.stats import StatsConfig, check_plot_path, compute_stats, plot_stats
 
-    balance = {"world_size": world_size, "micro_batches": micro_batches, "model": model, "hidden_size": hidden_size}
-    config = StatsConfig(path, size, batch_size, seed, split, **balance).validate()
+    config = StatsConfig(path, size, batch_size, seed, split, world_size, micro_batches, model, hidden_size).validate()
     if plot is not None:
         check_plot_path(plot)  # before any work or output
     result = compute_stats(config)

@@ -46,7 +46,9 @@ def check_balance(world: int, micro_batches: int, window: int) -> None:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}, balanced sampling, pass e.g. {name}=1")
 
 
-def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True, world: int = 1, drop_last: bool = False) -> np.ndarray:
+def epoch_order(
+    n: int, seed: int, epoch: int, *, shuffle: bool = True, world: int = 1, drop_last: bool = False
+) -> np.ndarray:
     """The plain global order of `epoch`: `default_rng([seed, epoch]).permutation(n)` (or `arange`),
     padded by wrapping around (or cut, with `drop_last`) to a multiple of `world`; rank r's share is
     `order[r::world]` (`DistributedSampler`'s rule)."""

@@ -231,5 +231,7 @@ def _first(raw: dict[str, Any], *keys: str) -> Any:
 
 def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}, CostModel.from_shape, pass the model's {name}")
+        raise ConfigError(
+            f"{name} must be a positive integer, got {value!r}, CostModel.from_shape, pass the model's {name}"
+        )
     return int(value)

@@ -169,7 +169,9 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             plan = BatchPlan(plan.offsets[: keep + 1], plan.docs, plan.cost[:keep], plan.tokens[:keep])
         else:
             plan = split_to_multiple(plan, self.lengths, world, self.padded, self.round_to)
-        cost = plan.cost if self.balance is None else priced(plan, self.lengths, self.balance, self.padded, self.round_to)
+        cost = (
+            plan.cost if self.balance is None else priced(plan, self.lengths, self.balance, self.padded, self.round_to)
+        )
         steps = assign_ranks(cost, world, rng if self.shuffle else None)
         self._cache = (epoch, steps, plan)
         return steps, plan
