@@ -18,6 +18,8 @@ Part 3 (deliverable 5, a pack-time option): the plain and balanced efficiency of
   algorithm, and an upper bound for ANY pack-time option that keeps documents whole: pack costs
   water-filled to the flattest distribution they can reach (a pack never costs less than its
   longest segment), then dealt in the plain order.
+Part 4: documents: `DynamicBatchSampler`'s batches (16k-token budget, 8 ranks) dealt to ranks by token
+  count (the default) or by the cost model (`balance=`), both priced by the model.
 
     python scripts/bench_balance.py [--tokens 1000000000] [--small 12000000] [--repeat 3]
 """
@@ -42,6 +44,7 @@ from packtool.core.balance import (  # noqa: E402
     step_costs,
     step_efficiency,
 )
+from packtool.core.batching import assign_ranks, plan_batches, priced  # noqa: E402
 from packtool.core.packing import ALGORITHMS  # noqa: E402
 
 MODEL = CostModel.from_shape(4096)
@@ -175,6 +178,20 @@ def main() -> None:
             b = step_efficiency(step_costs(balanced_order(plain, cost, world=8), cost, 8))
             print(f"{size:>7}{algorithm:>22}{cost.size:>8}{cost.std() / cost.mean():>9.3f}  "
                   f"{p.mean:>7.2%} {p.p5:>7.2%}  {b.mean:>7.2%} {b.p5:>7.2%}")
+
+    print("\nPart 4: documents, DynamicBatchSampler(max_tokens=16384), W = 8: ranks dealt by tokens vs by cost")
+    print(f"{'corpus':<8}{'padded':>7}{'steps':>7}  {'by tokens':>15}  {'by cost':>15}{'saved':>8}")
+    for name, lengths in small.items():
+        lengths = np.minimum(lengths, 16384)
+        for padded in (False, True):
+            order = np.random.default_rng(0).permutation(lengths.size)
+            plan = plan_batches(lengths, 16384, padded=padded, order=order)
+            keep = plan.n_batches // 8 * 8
+            tokens, model_cost = plan.cost[:keep], priced(plan, lengths, MODEL, padded, 1)[:keep]
+            a = step_efficiency(model_cost[assign_ranks(tokens, 8, np.random.default_rng(1))])
+            b = step_efficiency(model_cost[assign_ranks(model_cost, 8, np.random.default_rng(1))])
+            print(f"{name:<8}{padded!s:>7}{a.steps:>7}  {a.mean:>7.2%} {a.p5:>7.2%}  {b.mean:>7.2%} {b.p5:>7.2%}"
+                  f"{1 - b.step_time / a.step_time:>8.2%}")
 
 
 if __name__ == "__main__":
