@@ -12,6 +12,7 @@ import pytest
 
 from packtool import CostModel
 from packtool.core.balance import epoch_order, step_costs, step_efficiency
+from packtool.core.cost import segment_sums
 from packtool.errors import ConfigError
 
 
@@ -36,6 +37,19 @@ def test_prices_of_documents_and_packs() -> None:
     assert m.pack([10, 4]) == m.document(10) + m.document(4)
     po, lens = np.array([0, 2, 2, 3]), np.array([10, 4, 7], np.int32)  # pack 1 is empty
     np.testing.assert_array_equal(m.packs(po, lens), [m.pack([10, 4]), 0.0, m.document(7)])
+
+
+def test_segment_sums_are_exact_in_any_block_size() -> None:
+    """Σs and Σs² per pack, read in blocks of packs (bounded memory on big stores), equal a plain loop."""
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 5, size=300)
+    po = np.concatenate(([0], np.cumsum(counts)))
+    lens = rng.integers(1, 1 << 17, size=int(po[-1])).astype(np.int32)  # s² overflows int32
+    want = [(int(lens[a:b].astype(np.int64).sum()), int((lens[a:b].astype(np.int64) ** 2).sum()))
+            for a, b in zip(po[:-1], po[1:], strict=True)]
+    for block in (1, 7, 1 << 20):
+        tokens, squares = segment_sums(po, lens, block)
+        assert list(zip(tokens.tolist(), squares.tolist(), strict=True)) == want
 
 
 def test_the_issues_worked_example() -> None:

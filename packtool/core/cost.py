@@ -208,18 +208,28 @@ class CostModel:
         return {"per_token": self.per_token, "per_token_sq": self.per_token_sq}
 
 
-def segment_sums(pack_offsets: np.ndarray, seg_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`(Σs, Σs²)` per pack as exact int64, vectorised over a CSR segment table (empty packs give 0)."""
+def segment_sums(pack_offsets: np.ndarray, seg_lens: np.ndarray, block: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """`(Σs, Σs²)` per pack as exact int64, vectorised over a CSR segment table (empty packs give 0).
+
+    Reads `seg_lens` (a memory map is fine) in blocks of `block` packs, so the int64 temporaries
+    stay bounded whatever the store's size."""
     po = np.asarray(pack_offsets, dtype=np.int64)
-    s = np.asarray(seg_lens, dtype=np.int64)
-    if po.ndim != 1 or po.size < 1 or int(po[-1]) > s.size:
+    if po.ndim != 1 or po.size < 1 or int(po[-1]) > len(seg_lens) or (po.size > 1 and np.any(np.diff(po) < 0)):
         raise ConfigError(
-            f"pack_offsets ({po.size} entries) do not index {s.size} segments, CostModel.packs, pass a pack store's CSR arrays"
+            f"pack_offsets ({po.size} entries) do not index {len(seg_lens)} segments, CostModel.packs, pass a pack store's CSR arrays"
         )
-    zero = np.zeros(1, np.int64)
-    cum = np.concatenate((zero, np.cumsum(s)))
-    cum_sq = np.concatenate((zero, np.cumsum(s * s)))
-    return cum[po[1:]] - cum[po[:-1]], cum_sq[po[1:]] - cum_sq[po[:-1]]
+    n = po.size - 1
+    tokens = np.zeros(n, np.int64)
+    squares = np.zeros(n, np.int64)
+    for a in range(0, n, block):
+        b = min(a + block, n)
+        s = np.asarray(seg_lens[po[a] : po[b]], dtype=np.int64)
+        rel = po[a : b + 1] - po[a]
+        cum = np.concatenate(([0], np.cumsum(s)))
+        tokens[a:b] = cum[rel[1:]] - cum[rel[:-1]]
+        cum = np.concatenate(([0], np.cumsum(s * s)))
+        squares[a:b] = cum[rel[1:]] - cum[rel[:-1]]
+    return tokens, squares
 
 
 def _first(raw: dict[str, Any], *keys: str) -> Any:
