@@ -105,6 +105,8 @@ def balanced_order(
         raise ConfigError(
             f"the order holds {order.size} packs, not a multiple of {world} ranks, balanced_order, pass epoch_order(...)"
         )
+    if world == 1:  # one rank never waits for another: keep the plain order
+        return order.copy()
     c = np.asarray(cost, np.float64)[order]
     rng = np.random.default_rng([seed, epoch, _SALT])
     per_step = world * micro_batches
