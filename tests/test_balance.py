@@ -207,7 +207,11 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ConfigError, match="needs each pack's segment lengths"):
         PackedSampler(40, balance=MODEL)
     with pytest.raises(ConfigError, match="must be a packtool.CostModel"):
-        PackedSampler(packs_of([1] * 5, 0), balance=(1.0, 2.0))  # type: ignore[arg-type]
+        PackedSampler(packs_of([1] * 5, 0), balance="flops")  # type: ignore[arg-type]
+    table = packs_of([1] * 5, 0)
+    pair = PackedSampler(table, balance=(2.0, 0.5), num_replicas=2)  # a pair or any object with the two fields
+    assert pair.balance == CostModel(2.0, 0.5)
+    assert PackedSampler(table, balance=SimpleNamespace(per_token=2, per_token_sq=0.5), num_replicas=2).balance == pair.balance
     with pytest.raises(ConfigError, match="window must be an integer >= 1"):
         PackedSampler(40, window=0)
     with pytest.raises(ConfigError, match="micro_batches must be an integer >= 1"):

@@ -183,6 +183,20 @@ class CostModel:
             training=training,
         )
 
+    @classmethod
+    def coerce(cls, value: Any, where: str) -> CostModel:
+        """`value` as a CostModel: a CostModel, a `(per_token, per_token_sq)` pair, or any object with
+        those two attributes (a cost model of another library); anything else is refused."""
+        if isinstance(value, CostModel):
+            return value
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            return cls(*value)
+        if hasattr(value, "per_token") and hasattr(value, "per_token_sq"):
+            return cls(value.per_token, value.per_token_sq)
+        raise ConfigError(
+            f"balance must be a packtool.CostModel, got {type(value).__name__}, {where}, pass e.g. CostModel.from_config('config.json')"
+        )
+
     # -- prices ----------------------------------------------------------------------------
     def document(self, length: Any) -> Any:
         """Cost of a document (or segment) of `length` tokens; an array of lengths gives an array."""

@@ -114,7 +114,7 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         drop_last: bool = False,
         num_replicas: int | None = None,
         rank: int | None = None,
-        balance: CostModel | None = None,
+        balance: CostModel | tuple[float, float] | None = None,
     ) -> None:
         check_budget(int(max_tokens), int(round_to), int(window), float(split_gain))
         world, me = _world()
@@ -133,11 +133,7 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.max_tokens, self.padded, self.round_to = int(max_tokens), bool(padded), int(round_to)
         self.window, self.split_gain = int(window), float(split_gain)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
-        if balance is not None and not isinstance(balance, CostModel):
-            raise ConfigError(
-                f"balance must be a packtool.CostModel, got {type(balance).__name__}, DynamicBatchSampler, pass e.g. CostModel.from_config('config.json')"
-            )
-        self.balance = balance
+        self.balance = None if balance is None else CostModel.coerce(balance, "DynamicBatchSampler")
         self.epoch = 0
         self.consumed = 0  # batches of this epoch the training loop consumed (this rank)
         self._cache: tuple[int, np.ndarray, BatchPlan] | None = None

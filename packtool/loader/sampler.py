@@ -55,7 +55,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
     `num_replicas`-th index from `rank`. Unlike it, it remembers how many of this epoch's
     indices were consumed (`advance`) and starts after them on the next `__iter__`.
 
-    balance: a `CostModel`; each global step's `num_replicas * micro_batches` packs are then dealt
+    balance: a `CostModel` (or a `(per_token, per_token_sq)` pair); each global step's `num_replicas * micro_batches` packs are then dealt
         so that the ranks' costs are as equal as possible, moving packs only inside windows of
         `window` consecutive steps of the plain order (`packtool.core.balance`). Needs a
         `PackedDataset` (its segment lengths price the packs). None: the plain order, unchanged.
@@ -73,7 +73,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        balance: CostModel | None = None,
+        balance: CostModel | tuple[float, float] | None = None,
         micro_batches: int = 1,
         window: int = DEFAULT_WINDOW,
     ) -> None:
@@ -96,12 +96,9 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         self.epoch = 0
         self.consumed = 0  # indices of this epoch already consumed by the training loop (this rank)
         check_balance(self.num_replicas, micro_batches, window)
-        if balance is not None and not isinstance(balance, CostModel):
-            raise ConfigError(
-                f"balance must be a packtool.CostModel, got {type(balance).__name__}, PackedSampler, pass e.g. CostModel.from_config('config.json')"
-            )
-        self.balance, self.micro_batches, self.window = balance, int(micro_batches), int(window)
-        self.costs = None if balance is None else balance.packs(*_segments(data, self.n))
+        self.balance = None if balance is None else CostModel.coerce(balance, "PackedSampler")
+        self.micro_batches, self.window = int(micro_batches), int(window)
+        self.costs = None if self.balance is None else self.balance.packs(*_segments(data, self.n))
         self._cache: tuple[int, np.ndarray] | None = None
 
     def order(self, epoch: int | None = None) -> np.ndarray:
