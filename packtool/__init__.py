@@ -25,6 +25,7 @@ _PUBLIC = {
     "verify_path": "packtool.stages.verify",
     "ExportConfig": "packtool.stages.export",
     "export_store": "packtool.stages.export",
+    "CostModel": "packtool.core.cost",
 }
 
 __all__ = ["__version__", *_PUBLIC]

@@ -28,7 +28,15 @@ ROOT = Path(__file__).resolve().parents[1] / "packtool"
 LAYERS = {"base": 0, "formats": 1, "core": 2, "exec": 2, "stages": 3, "cli": 4, "torch": 2}
 TORCH_SIDE = ("packtool.loader", "packtool.attention", "packtool.loss")
 #: what the torch side may import of packtool: no CLI, no stages, no tokenizer stack
-TORCH_ALLOWED = ("base", "formats", "packtool.core.packing", "packtool.core.batching", "torch")
+TORCH_ALLOWED = (
+    "base",
+    "formats",
+    "packtool.core.packing",
+    "packtool.core.batching",
+    "packtool.core.cost",
+    "packtool.core.balance",
+    "torch",
+)
 #: third-party modules the torch side must never import (directly or through packtool modules)
 TORCH_FORBIDDEN_THIRD_PARTY = {"typer", "tqdm", "tokenizers", "jinja2", "click", "fastokens", "yaml"}
 

@@ -138,11 +138,17 @@ def stats(
     split: Annotated[Split, typer.Option("--split", help="Split of a pack store.")] = Split.TRAINING,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG: lengths, waste per strategy.")] = None,
+    world_size: Annotated[
+        int | None, typer.Option("--world-size", help="Pack store: step efficiency over W data-parallel ranks.")
+    ] = None,
+    micro_batches: Annotated[int, typer.Option("--micro-batches", help="Packs per rank per step B.")] = 1,
+    model: Annotated[Path | None, typer.Option("--model", help="config.json pricing packs (cost model).")] = None,
+    hidden_size: Annotated[int | None, typer.Option("--hidden-size", help="Or a hidden size h for the cost.")] = None,
 ) -> None:
     """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
     from packtool.stages.stats import StatsConfig, check_plot_path, compute_stats, plot_stats
 
-    config = StatsConfig(path, size, batch_size, seed, split).validate()
+    config = StatsConfig(path, size, batch_size, seed, split, world_size, micro_batches, model, hidden_size).validate()
     if plot is not None:
         check_plot_path(plot)  # before any work or output
     result = compute_stats(config)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from packtool.core.cost import CostModel
 from packtool.errors import ConfigError
 
 DEFAULT_WINDOW = 1024
@@ -243,7 +244,7 @@ def split_to_multiple(plan: BatchPlan, lengths: np.ndarray, world: int, padded: 
 def _deal(grid: np.ndarray, cost: np.ndarray, out: np.ndarray) -> None:
     """Per step, hand the step's batches (largest first) to the ranks with the least work so far."""
     world = grid.shape[1]
-    done = np.zeros(world, np.int64)
+    done = np.zeros(world, np.float64)
     for s in range(grid.shape[0]):
         row = grid[s]
         by_cost = np.argsort(-cost[row], kind="mergesort")
@@ -265,13 +266,30 @@ def assign_ranks(cost: np.ndarray, world: int, rng: np.random.Generator | None) 
     n = int(cost.size)
     steps = n // world
     block = np.arange(n, dtype=np.int64) // (BALANCE_STEPS * world)
+    cost = np.asarray(cost, np.float64)  # positions (exact below 2**53) or a cost model's FLOPs
     grid = np.lexsort((-cost, block)).astype(np.int64).reshape(steps, world)
     out = np.empty((steps, world), np.int64)
-    _deal(grid, np.asarray(cost, np.int64), out)
+    _deal(grid, cost, out)
     if rng is not None and steps > 1:
         step_block = np.arange(steps) // BALANCE_STEPS
         out = out[np.lexsort((rng.random(steps), step_block))]
     return out
+
+
+def priced(plan: BatchPlan, lengths: np.ndarray, model: CostModel, padded: bool, round_to: int) -> np.ndarray:
+    """float64 cost of every batch of `plan` under a cost model: each document a segment of its
+    rounded length (unpadded), or every row a segment of the batch's padded length (padded)."""
+    if plan.n_batches == 0:
+        return np.zeros(0, np.float64)
+    rounded = (np.asarray(lengths, np.int64)[plan.docs] + round_to - 1) // round_to * round_to
+    starts = plan.offsets[:-1]
+    if padded:
+        rows = np.diff(plan.offsets)
+        longest = np.maximum.reduceat(rounded, starts)
+        return rows * model.combine(longest, longest * longest)
+    cum = np.concatenate(([0], np.cumsum(rounded)))
+    cum_sq = np.concatenate(([0], np.cumsum(rounded * rounded)))
+    return model.combine(cum[plan.offsets[1:]] - cum[starts], cum_sq[plan.offsets[1:]] - cum_sq[starts])
 
 
 def dynamic_waste(

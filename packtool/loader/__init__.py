@@ -6,11 +6,13 @@ typer, tqdm or tokenizers, so a training job pays for torch and numpy only.
 - fixed packs: `PackedDataset` + `PackedCollator` (+ `PackedSampler`, `ResumableLoader`);
   `PackedCollator(cp_size=C, cp_rank=r)` for context parallelism;
 - documents: `DocumentDataset` + `PackedCollator(flatten=True)` (padding-free minibatches) or
-  `PaddedCollator` (`[B, L]` + `attention_mask`), batched by `DynamicBatchSampler` under a token budget.
+  `PaddedCollator` (`[B, L]` + `attention_mask`), batched by `DynamicBatchSampler` under a token budget;
+- both samplers take `balance=CostModel(...)` so data-parallel ranks get equal work per step.
 """
 
 from __future__ import annotations
 
+from packtool.core.cost import CostModel
 from packtool.loader.collator import HF_KEYS, PackedCollator, validate_cu_seqlens
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.documents import DocumentDataset
@@ -20,6 +22,7 @@ from packtool.loader.padded import PaddedCollator
 from packtool.loader.sampler import PackedSampler, ResumableLoader
 
 __all__ = [
+    "CostModel",
     "HF_KEYS",
     "IGNORE_INDEX",
     "DocumentDataset",

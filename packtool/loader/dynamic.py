@@ -15,7 +15,9 @@ The plan of an epoch is a pure function of (lengths, budget, seed, epoch, world)
 builds it (shared with `packtool stats`), every rank builds the same one and takes its own column.
 Each rank gets the same number of batches (batches are split in two, never repeated, until their
 count divides the world size, so every document is seen exactly once per epoch; `drop_last=True`
-drops the remainder instead), and the batches of a step have similar cost. Resume is exact: the
+drops the remainder instead), and the batches of a step have similar cost: computed positions, or
+with `balance=CostModel(...)` the model's cost, so the quadratic attention work of long documents is
+balanced across ranks too, not only their token count. Resume is exact: the
 state counts the batches the training loop consumed (through `ResumableLoader`, or `advance`).
 """
 
@@ -34,8 +36,10 @@ from packtool.core.batching import (
     assign_ranks,
     check_budget,
     plan_batches,
+    priced,
     split_to_multiple,
 )
+from packtool.core.cost import CostModel
 from packtool.errors import ConfigError
 
 STATE_VERSION = 1
@@ -91,6 +95,9 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
     num_replicas, rank: data-parallel world; default from `torch.distributed` when initialised.
     drop_last: drop the batches that do not fill a last step of `num_replicas` batches, instead of
         splitting batches so that every document is seen.
+    balance: a `CostModel`: deal each step's batches to ranks by the model's cost (linear plus
+        causal attention, `packtool.core.cost`) instead of by computed positions. The budget stays
+        `max_tokens`.
     """
 
     def __init__(
@@ -107,6 +114,7 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         drop_last: bool = False,
         num_replicas: int | None = None,
         rank: int | None = None,
+        balance: CostModel | tuple[float, float] | None = None,
     ) -> None:
         check_budget(int(max_tokens), int(round_to), int(window), float(split_gain))
         world, me = _world()
@@ -125,6 +133,7 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.max_tokens, self.padded, self.round_to = int(max_tokens), bool(padded), int(round_to)
         self.window, self.split_gain = int(window), float(split_gain)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
+        self.balance = None if balance is None else CostModel.coerce(balance, "DynamicBatchSampler")
         self.epoch = 0
         self.consumed = 0  # batches of this epoch the training loop consumed (this rank)
         self._cache: tuple[int, np.ndarray, BatchPlan] | None = None
@@ -156,7 +165,10 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             plan = BatchPlan(plan.offsets[: keep + 1], plan.docs, plan.cost[:keep], plan.tokens[:keep])
         else:
             plan = split_to_multiple(plan, self.lengths, world, self.padded, self.round_to)
-        steps = assign_ranks(plan.cost, world, rng if self.shuffle else None)
+        cost = (
+            plan.cost if self.balance is None else priced(plan, self.lengths, self.balance, self.padded, self.round_to)
+        )
+        steps = assign_ranks(cost, world, rng if self.shuffle else None)
         self._cache = (epoch, steps, plan)
         return steps, plan
 
@@ -168,9 +180,12 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         return [docs[offsets[b] : offsets[b + 1]].tolist() for b in steps[:, r].tolist()]
 
     def costs(self, epoch: int | None = None) -> np.ndarray:
-        """`[n_steps, world]` computed positions of each rank's batch at each step (for balance checks)."""
+        """`[n_steps, world]` cost of each rank's batch at each step (for balance checks): computed
+        positions, or the cost model's price with `balance`."""
         steps, plan = self._steps(self.epoch if epoch is None else int(epoch))
-        return plan.cost[steps]
+        if self.balance is None:
+            return plan.cost[steps]
+        return priced(plan, self.lengths, self.balance, self.padded, self.round_to)[steps]
 
     # -- the Sampler protocol ------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
@@ -201,6 +216,7 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def state_dict(self) -> dict[str, Any]:
         state = {key: getattr(self, key) for key in _CHECKED}
+        state["balance"] = None if self.balance is None else self.balance.to_dict()
         return {
             "version": STATE_VERSION,
             "kind": "dynamic",
@@ -216,10 +232,11 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ConfigError(
                 f"sampler state {state.get('kind')!r} version {state.get('version')!r} is not a DynamicBatchSampler state v{STATE_VERSION}, DynamicBatchSampler.load_state_dict, use a checkpoint of this sampler"
             )
-        for key in _CHECKED:
-            if state.get(key) != getattr(self, key):
+        mine = self.state_dict()
+        for key in (*_CHECKED, "balance"):  # a state from before cost balancing has no `balance` (None)
+            if state.get(key) != mine[key]:
                 raise ConfigError(
-                    f"sampler state has {key}={state.get(key)!r} but this sampler has {getattr(self, key)!r}, DynamicBatchSampler.load_state_dict, resume with the same dataset, budget, seed and world size"
+                    f"sampler state has {key}={state.get(key)!r} but this sampler has {mine[key]!r}, DynamicBatchSampler.load_state_dict, resume with the same dataset, budget, seed, world size and balancing"
                 )
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])

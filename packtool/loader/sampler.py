@@ -16,6 +16,11 @@ run would have yielded next::
         ckpt["data"] = loader.state_dict()        # counts this batch as consumed
 
 Without the wrapper, call `sampler.advance(batch_size)` after each batch yourself.
+
+Balanced steps: `PackedSampler(ds, ..., balance=CostModel.from_config("config.json"), micro_batches=B)`
+deals each global step's W·B packs so that the ranks' costs (`packtool.core.cost`) are as equal as a
+window of `window` steps allows, reordering only inside those windows (`packtool.core.balance`);
+each rank computes the same plan alone. `balance=None` is the plain sampler, index for index.
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from packtool.core.balance import DEFAULT_WINDOW, balanced_order, check_balance, epoch_order
+from packtool.core.cost import CostModel
 from packtool.errors import ConfigError
+from packtool.formats.pack_store import open_pack_split
+from packtool.loader.dataset import PackedDataset
 from packtool.loader.dynamic import DynamicBatchSampler
 
 STATE_VERSION = 1
@@ -45,6 +54,14 @@ class PackedSampler(torch.utils.data.Sampler[int]):
     pads it (or with `drop_last`, cuts it) to a multiple of `num_replicas`, and takes every
     `num_replicas`-th index from `rank`. Unlike it, it remembers how many of this epoch's
     indices were consumed (`advance`) and starts after them on the next `__iter__`.
+
+    balance: a `CostModel` (or a `(per_token, per_token_sq)` pair); each global step's `num_replicas * micro_batches` packs are then dealt
+        so that the ranks' costs are as equal as possible, moving packs only inside windows of
+        `window` consecutive steps of the plain order (`packtool.core.balance`). Needs a
+        `PackedDataset` (its segment lengths price the packs). None: the plain order, unchanged.
+    micro_batches: packs each rank consumes per optimizer step (DataLoader `batch_size` x gradient
+        accumulation steps): rank r's step t is its indices `[t * B, (t + 1) * B)`.
+    window: steps per balancing window; a pack moves at most `window - 1` steps.
     """
 
     def __init__(
@@ -56,6 +73,9 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        balance: CostModel | tuple[float, float] | None = None,
+        micro_batches: int = 1,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
         world, me = _world()
         self.n = int(data) if isinstance(data, int) else len(data)
@@ -75,15 +95,37 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         self.num_samples = self.n // self.num_replicas if drop_last else -(-self.n // self.num_replicas)
         self.epoch = 0
         self.consumed = 0  # indices of this epoch already consumed by the training loop (this rank)
+        check_balance(self.num_replicas, micro_batches, window)
+        self.balance = None if balance is None else CostModel.coerce(balance, "PackedSampler")
+        self.micro_batches, self.window = int(micro_batches), int(window)
+        self.costs = None if self.balance is None else self.balance.packs(*_segments(data, self.n))
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    def order(self, epoch: int | None = None) -> np.ndarray:
+        """The global order of `epoch` over all ranks (rank r's share is `order[r::num_replicas]`)."""
+        e = self.epoch if epoch is None else int(epoch)
+        if self._cache is not None and self._cache[0] == e:
+            return self._cache[1]
+        order = epoch_order(
+            self.n, self.seed, e, shuffle=self.shuffle, world=self.num_replicas, drop_last=self.drop_last
+        )
+        if self.costs is not None:
+            order = balanced_order(
+                order,
+                self.costs,
+                world=self.num_replicas,
+                micro_batches=self.micro_batches,
+                window=self.window,
+                seed=self.seed,
+                epoch=e,
+            )
+        order.flags.writeable = False  # cached: shared by every call for this epoch
+        self._cache = (e, order)
+        return order
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's full index list for `epoch` (default: the current one)."""
-        e = self.epoch if epoch is None else epoch
-        order = np.random.default_rng([self.seed, e]).permutation(self.n) if self.shuffle else np.arange(self.n)
-        total = self.num_samples * self.num_replicas
-        if total > self.n:  # pad by wrapping around, as DistributedSampler does
-            order = np.concatenate([order, np.resize(order, total - self.n)])
-        return order[:total][self.rank :: self.num_replicas]
+        return self.order(epoch)[self.rank :: self.num_replicas].copy()
 
     def __iter__(self) -> Iterator[int]:
         start = self.consumed  # read NOW: DataLoader creates this iterator before any advance
@@ -121,6 +163,9 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             "rank": self.rank,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "balance": None if self.balance is None else self.balance.to_dict(),
+            "micro_batches": self.micro_batches,
+            "window": self.window,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -129,13 +174,38 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             raise ConfigError(
                 f"sampler state version {state.get('version')!r} is not {STATE_VERSION}, PackedSampler.load_state_dict, use a checkpoint from this packtool"
             )
-        for key in ("n", "seed", "num_replicas", "shuffle", "drop_last"):
-            if state[key] != getattr(self, key):
+        mine = self.state_dict()
+        keys = ["n", "seed", "num_replicas", "shuffle", "drop_last", "balance"]
+        if self.balance is not None:  # the plan depends on these only when balancing
+            keys += ["micro_batches", "window"]
+        for key in keys:
+            theirs = state.get(key)  # a state from before balancing has no `balance` (None: plain)
+            if theirs != mine[key]:
                 raise ConfigError(
-                    f"sampler state has {key}={state[key]!r} but this sampler has {getattr(self, key)!r}, PackedSampler.load_state_dict, resume with the same dataset, seed and world size"
+                    f"sampler state has {key}={theirs!r} but this sampler has {mine[key]!r}, PackedSampler.load_state_dict, resume with the same dataset, seed, world size and balancing"
                 )
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])
+
+
+def _segments(data: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(pack_offsets, seg_lens)` of the packs behind `data`, read from the pack store's CSR companions
+    (never the pack rows): a `PackedDataset`, or anything with those two arrays (a `PackSplit`)."""
+    if isinstance(data, PackedDataset):
+        store = open_pack_split(data.directory, data.split, data.size)
+        po, lens = store.pack_offsets, store.seg_lens
+    elif hasattr(data, "pack_offsets") and hasattr(data, "seg_lens"):
+        po, lens = data.pack_offsets, data.seg_lens
+    else:
+        raise ConfigError(
+            f"balance needs each pack's segment lengths, got a {type(data).__name__}, PackedSampler, pass the PackedDataset itself"
+        )
+    po = np.asarray(po, np.int64)
+    if po.size != n + 1:
+        raise ConfigError(
+            f"the segment table describes {po.size - 1} packs but the sampler has {n}, PackedSampler, pass the PackedDataset itself"
+        )
+    return po, np.asarray(lens)
 
 
 class ResumableLoader:

@@ -7,7 +7,8 @@ batches of B padded to their longest, length-sorted batches of B, padded dynamic
 budget of B*N tokens per batch (`packtool.core.batching`, what `DynamicBatchSampler(padded=True)`
 yields: a seeded shuffle sorted inside windows of 1024 documents), every packing algorithm in the
 registry, and the lower bound `1 - total / (ceil(total / N) * N)`. For a pack store it reads what
-was packed: efficiency, segments per pack, pad share, over-long counts.
+was packed: efficiency, segments per pack, pad share, over-long counts; with `--world-size W` and a
+cost model, the step efficiency of data-parallel ranks in the plain and the balanced order (`balance.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from packtool.errors import ConfigError
 from packtool.formats.pack_store import find_pack_dir, open_pack_split, parse_data_name, sizes_in
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
+from packtool.stages.stats.balance import cost_model, step_balance, step_balance_text
 
 DEFAULT_SIZE = 4096
 DYNAMIC = "dynamic (padded)"
@@ -51,6 +53,14 @@ class StatsConfig:
     """Seed for the random batches and the shuffling algorithms."""
     split: Split = Split.TRAINING
     """Which split of a pack store to describe."""
+    world_size: int | None = None
+    """Pack store: data-parallel ranks W; reports the step efficiency of the plain and the balanced order."""
+    micro_batches: int = 1
+    """Packs per rank per optimizer step B (with `world_size`)."""
+    model: Path | None = None
+    """A transformers config.json whose shape prices packs (`CostModel.from_config`), with `world_size`."""
+    hidden_size: int | None = None
+    """Or a hidden size h: 24·h² per token and 2·h·s² per segment (`CostModel.from_shape`)."""
 
     def validate(self) -> StatsConfig:
         """Check every value before any work; returns self."""
@@ -60,6 +70,14 @@ class StatsConfig:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}, pass e.g. --batch-size 8")
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}, pass a non-negative seed")
+        for flag, value in (("--world-size", self.world_size), ("--micro-batches", self.micro_batches),
+                            ("--hidden-size", self.hidden_size)):  # fmt: skip
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{flag} must be >= 1, got {value}, pass e.g. {flag} 8")
+        if self.world_size is None and (self.model is not None or self.hidden_size is not None):
+            raise ConfigError("--model/--hidden-size price the steps of --world-size W, pass --world-size too")
+        if self.world_size is not None:
+            cost_model(self.model, self.hidden_size)  # a missing or unreadable config fails before any work
         return self
 
 
@@ -119,6 +137,8 @@ class PackStoreStats:
     n_empty_documents: int
     kind: str = "packs"
     _seg_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    step_efficiency: dict[str, Any] | None = None  # with --world-size: plain vs balanced steps (balance.py)
+    _step_eff: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -132,6 +152,7 @@ class PackStoreStats:
                 f"  tokens {self.n_tokens}, efficiency {self.efficiency:.2%}, pad share {self.pad_share:.2%}",
                 f"  docs per pack mean {self.docs_per_pack_mean:.2f}, max {self.docs_per_pack_max}",
                 f"  over-long: {self.overlong['count']} ({self.overlong['policy']})",
+                *(step_balance_text(self.step_efficiency) if self.step_efficiency else []),
             ]
         )
 
@@ -238,5 +259,22 @@ def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats:
     config.validate()
     path = Path(config.path)
     if path.is_dir() and (path / MANIFEST).is_file():
+        if config.world_size is not None:
+            raise ConfigError(
+                f"--world-size measures the steps of a pack store, {path} is a token store, pack it first and pass the pack store"
+            )
         return token_store_stats(path, config.size or DEFAULT_SIZE, config.batch_size, config.seed)
-    return pack_store_stats(path, config.size, str(config.split))
+    stats = pack_store_stats(path, config.size, str(config.split))
+    if config.world_size is not None:
+        model, name = cost_model(config.model, config.hidden_size)
+        ps = open_pack_split(Path(stats.path), stats.split, stats.size)
+        stats.step_efficiency, stats._step_eff = step_balance(
+            np.asarray(ps.pack_offsets),
+            np.asarray(ps.seg_lens),
+            world=config.world_size,
+            micro_batches=config.micro_batches,
+            model=model,
+            model_name=name,
+            seed=config.seed,
+        )
+    return stats

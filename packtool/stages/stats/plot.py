@@ -2,12 +2,14 @@
 
 Left: the length histogram with N marked. Right (token store): waste per strategy as bars, each
 labelled with its value, and the lower bound drawn as a line across them; (pack store): the share
-of real tokens and of padding, labelled, with the lower bound's padding share as a line.
+of real tokens and of padding, labelled, with the lower bound's padding share as a line; with
+`--world-size`, a third panel: the per-step efficiency of the plain and the balanced order, sorted.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from packtool.errors import ConfigError
 from packtool.stages.stats.compute import PackStoreStats, TokenStoreStats
@@ -33,7 +35,9 @@ def plot_stats(stats: TokenStoreStats | PackStoreStats, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    steps = getattr(stats, "step_efficiency", None)
+    fig, axes = plt.subplots(1, 3 if steps else 2, figsize=(19.5 if steps else 13, 4.8))
+    left, right = axes[0], axes[1]
     lengths = stats._doc_lengths if isinstance(stats, TokenStoreStats) else stats._seg_lens
     left.hist(lengths, bins=60, color="#4878d0")
     left.axvline(stats.size, color="#d65f5f", linestyle="--", label=f"N = {stats.size}")
@@ -67,6 +71,8 @@ def plot_stats(stats: TokenStoreStats | PackStoreStats, out: Path) -> Path:
         right.set_ylim(0, 112)
         right.set(ylabel="% of positions", title=f"{stats.split} {stats.size}: {stats.n_packs} packs")
     right.legend(loc="lower right")
+    if steps and isinstance(stats, PackStoreStats):
+        _plot_steps(axes[2], stats)
     fig.tight_layout()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -76,3 +82,21 @@ def plot_stats(stats: TokenStoreStats | PackStoreStats, out: Path) -> Path:
     finally:
         plt.close(fig)
     return out
+
+
+def _plot_steps(ax: Any, stats: PackStoreStats) -> None:
+    """Per-step efficiency (mean rank cost / max rank cost), each order sorted from worst to best."""
+    s = stats.step_efficiency or {}
+    for name, color in (("plain", "#d65f5f"), ("balanced", "#6acc64")):
+        eff = sorted(100 * stats._step_eff[name])
+        ax.plot(
+            range(len(eff)), eff, color=color,
+            label=f"{name}: mean {100 * s[name]['mean']:.2f}%, p5 {100 * s[name]['p5']:.2f}%",
+        )  # fmt: skip
+    ax.set(
+        xlabel="steps, sorted by efficiency",
+        ylabel="mean rank cost / max rank cost (%)",
+        title=f"step efficiency, W={s['world_size']} B={s['micro_batches']}: "
+        f"{100 * s['time_saved']:.2f}% step time saved",
+    )
+    ax.legend(loc="lower right")

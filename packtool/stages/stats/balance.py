@@ -1,0 +1,95 @@
+"""`packtool stats PACKS --world-size W --micro-batches B --model config.json`: how long data-parallel
+ranks wait for each other, in the plain pack order and in the balanced one.
+
+Each pack is priced by a `CostModel` (linear layers plus causal attention per segment, from a
+transformers config.json or a hidden size) from the pack store's segment table alone. The plain
+order is the one `PackedSampler(seed=...)` hands out in epoch 0, the balanced one what
+`PackedSampler(balance=model, micro_batches=B)` hands out (the same `packtool.core.balance`
+functions). Step efficiency = mean rank cost / max rank cost of a step; time saved = 1 - (sum of
+the balanced steps' max) / (sum of the plain steps' max), the share of the epoch's step time that
+balancing removes under the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.core.balance import (
+    DEFAULT_WINDOW,
+    balanced_order,
+    check_balance,
+    epoch_order,
+    step_costs,
+    step_efficiency,
+)
+from packtool.core.cost import CostModel
+from packtool.errors import ConfigError
+
+
+def cost_model(model: Path | None, hidden_size: int | None) -> tuple[CostModel, str]:
+    """The cost model of `--model CONFIG.json` or `--hidden-size H`, and a name for it."""
+    if model is not None and hidden_size is not None:
+        raise ConfigError("--model and --hidden-size both given, packtool stats, pass one of them")
+    if model is not None:
+        return CostModel.from_config(model), str(model)
+    if hidden_size is None:
+        raise ConfigError(
+            "--world-size needs a cost model, packtool stats, pass --model CONFIG.json or --hidden-size H"
+        )
+    return CostModel.from_shape(hidden_size), f"hidden size {hidden_size} (24·h² per token, 2·h·s² per segment)"
+
+
+def step_balance(
+    pack_offsets: np.ndarray,
+    seg_lens: np.ndarray,
+    *,
+    world: int,
+    micro_batches: int,
+    model: CostModel,
+    model_name: str,
+    seed: int = 0,
+    window: int = DEFAULT_WINDOW,
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """`(summary, per-step efficiencies)` of the plain and the balanced order of epoch 0."""
+    check_balance(world, micro_batches, window)
+    costs = model.packs(pack_offsets, seg_lens)
+    n = int(costs.size)
+    if n == 0:
+        raise ConfigError("the pack store has no packs, packtool stats --world-size, pack a non-empty split")
+    plain = epoch_order(n, seed, 0, world=world)
+    balanced = balanced_order(plain, costs, world=world, micro_batches=micro_batches, window=window, seed=seed)
+    per_step: dict[str, np.ndarray] = {}
+    summary: dict[str, Any] = {
+        "world_size": world,
+        "micro_batches": micro_batches,
+        "window": window,
+        "cost_model": {**model.to_dict(), "source": model_name},
+    }
+    times = {}
+    for name, order in (("plain", plain), ("balanced", balanced)):
+        ranks = step_costs(order, costs, world, micro_batches)
+        eff = step_efficiency(ranks)
+        worst = ranks.max(axis=1)
+        per_step[name] = np.divide(ranks.mean(axis=1), worst, out=np.ones_like(worst), where=worst > 0)
+        summary["steps"] = eff.steps
+        summary[name] = {"mean": eff.mean, "p5": eff.p5, "min": eff.min}
+        times[name] = eff.step_time
+    summary["time_saved"] = 1.0 - times["balanced"] / times["plain"] if times["plain"] > 0 else 0.0
+    summary["max_moved_steps"] = window - 1
+    return summary, per_step
+
+
+def step_balance_text(s: dict[str, Any]) -> list[str]:
+    """The lines `packtool stats` prints for a `step_balance` summary."""
+    p, b = s["plain"], s["balanced"]
+    return [
+        f"  step efficiency (W={s['world_size']}, B={s['micro_batches']}, {s['steps']} steps; "
+        f"cost: {s['cost_model']['source']}; mean rank cost / max rank cost)",
+        f"    plain     mean {p['mean']:.2%}  p5 {p['p5']:.2%}  min {p['min']:.2%}",
+        f"    balanced  mean {b['mean']:.2%}  p5 {b['p5']:.2%}  min {b['min']:.2%}  "
+        f"(window {s['window']} steps: a pack moves <= {s['max_moved_steps']} steps)",
+        f"    step time saved by balancing: {s['time_saved']:.2%}",
+    ]

@@ -1,0 +1,122 @@
+"""`packtool stats PACKS --world-size W --micro-batches B --model CONFIG.json | --hidden-size H`: the
+step efficiency of the plain and the balanced order, in text, --json (`step_efficiency`), the plot and
+`packtool run`; the numbers are those of the samplers a training job builds; one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import cli, cli_error
+
+from packtool import CostModel
+from packtool.core.balance import DEFAULT_WINDOW, step_costs
+from packtool.formats.token_store import TokenStoreWriter, dtype_for_max_id
+from packtool.loader import PackedDataset, PackedSampler
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_store(path: Path, lengths: list[int], vocab: int = 600) -> Path:
+    """A token store of random ids with the given document lengths (format module writer)."""
+    rng = np.random.default_rng(0)
+    path.mkdir(parents=True)
+    writer = TokenStoreWriter(path, dtype_for_max_id(vocab - 1))
+    writer.append(rng.integers(2, vocab, size=sum(lengths)), np.array(lengths, np.int64))
+    writer.finish({"packtool_version": "test", "tokenizer": {"name": "tiny", "sha256": "0" * 64, "vocab_size": vocab,
+                                                             "bos_id": None, "eos_id": 0, "pad_id": 1}})
+    return path
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pack store of long-tailed documents (lognormal mixture, a few longer than N) at N = 2048."""
+    d = tmp_path_factory.mktemp("stats_balance")
+    rng = np.random.default_rng(7)
+    n = 1500
+    lens = np.where(rng.random(n) < 0.85, rng.lognormal(np.log(120), 1.0, n), rng.lognormal(np.log(900), 1.2, n))
+    store = write_store(d / "tokens", np.clip(lens, 1, 5000).astype(int).tolist())
+    code, _, err = cli("pack", str(store), "--size", "2048", "--output", str(d / "out"), "--quiet")
+    assert code == 0, err
+    return d / "out"
+
+
+def sampler_efficiency(ds: PackedDataset, world: int, micro: int, seed: int, balance: CostModel | None,
+                       model: CostModel) -> tuple[float, float]:
+    """(mean, p5) step efficiency of the orders the training job's samplers hand out, ranks built apart."""
+    shares = [PackedSampler(ds, num_replicas=world, rank=r, seed=seed, balance=balance, micro_batches=micro).indices()
+              for r in range(world)]
+    order = np.empty(sum(s.size for s in shares), np.int64)
+    for r, share in enumerate(shares):
+        order[r::world] = share
+    from packtool.formats.pack_store import open_pack_split
+
+    ps = open_pack_split(ds.directory, ds.split, ds.size)
+    ranks = step_costs(order, model.packs(np.asarray(ps.pack_offsets), np.asarray(ps.seg_lens)), world, micro)
+    eff = ranks.mean(axis=1) / ranks.max(axis=1)
+    return float(eff.mean()), float(np.percentile(eff, 5))
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_json_matches_the_samplers_a_job_builds(packs: Path, tmp_path: Path, micro: int) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(transformers.LlamaConfig(hidden_size=256, num_attention_heads=4,
+                                                          num_key_value_heads=2, intermediate_size=704,
+                                                          num_hidden_layers=2).to_dict()))
+    code, out, err = cli("stats", str(packs), "--world-size", "4", "--micro-batches", str(micro), "--model",
+                         str(config), "--seed", "3", "--json")
+    assert code == 0, err
+    s = json.loads(out)["step_efficiency"]
+    model = CostModel.from_config(config)
+    assert s["cost_model"]["per_token"] == model.per_token and s["cost_model"]["source"] == str(config)
+    ds = PackedDataset(packs)
+    per_rank = -(-len(ds) // 4)  # padded by wrapping around to a multiple of the world size
+    assert s["steps"] == -(-per_rank // micro)
+    plain = sampler_efficiency(ds, 4, micro, 3, None, model)
+    balanced = sampler_efficiency(ds, 4, micro, 3, model, model)
+    assert (s["plain"]["mean"], s["plain"]["p5"]) == pytest.approx(plain)
+    assert (s["balanced"]["mean"], s["balanced"]["p5"]) == pytest.approx(balanced)
+    assert s["balanced"]["mean"] > s["plain"]["mean"] and s["time_saved"] > 0
+    assert s["window"] == DEFAULT_WINDOW and s["max_moved_steps"] == DEFAULT_WINDOW - 1 and s["world_size"] == 4
+
+
+def test_text_plot_and_hidden_size(packs: Path, tmp_path: Path) -> None:
+    png = tmp_path / "steps.png"
+    code, out, err = cli("stats", str(packs), "--world-size", "8", "--hidden-size", "1024", "--plot", str(png))
+    assert code == 0, err
+    assert "step efficiency (W=8, B=1" in out and "hidden size 1024" in out
+    assert "plain     mean" in out and "balanced  mean" in out and "step time saved by balancing" in out
+    assert png.read_bytes()[:8] == PNG_SIGNATURE and png.stat().st_size > 1000
+    code, out, _ = cli("stats", str(packs), "--json")
+    assert code == 0 and json.loads(out)["step_efficiency"] is None  # not asked: no cost model, no steps
+
+
+def test_run_config_keys(packs: Path, tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"hidden_size": 512, "num_hidden_layers": 2,
+                                                                "num_attention_heads": 8, "vocab_size": 100}))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"stats:\n  path: {packs}\n  world-size: 2\n  micro_batches: 2\n  model: model\n  json: true\n")
+    code, out, err = cli("run", str(cfg), "-q")  # `model` resolves against the YAML file's directory
+    assert code == 0, err
+    s = json.loads(next(line for line in out.splitlines() if line.startswith("{")))["step_efficiency"]
+    assert s["world_size"] == 2 and s["micro_batches"] == 2 and s["cost_model"]["source"].endswith("model")
+    cfg.write_text(f"stats:\n  path: {packs}\n  world_size: 2\n  model: missing.json\n")
+    code, _, err = cli("run", str(cfg), "-q")
+    assert code == 1 and "does not exist" in err
+
+
+def test_bad_flags_exit_1_with_one_line(packs: Path, tmp_path: Path) -> None:
+    assert "pass --model CONFIG.json or --hidden-size H" in cli_error("stats", str(packs), "--world-size", "8")
+    assert "pass --world-size too" in cli_error("stats", str(packs), "--hidden-size", "64")
+    assert "pass one of them" in cli_error("stats", str(packs), "--world-size", "2", "--hidden-size", "64",
+                                           "--model", str(tmp_path / "c.json"))
+    assert "--world-size must be >= 1" in cli_error("stats", str(packs), "--world-size", "0", "--hidden-size", "8")
+    assert "--micro-batches must be >= 1" in cli_error("stats", str(packs), "--world-size", "2", "--hidden-size", "8",
+                                                       "--micro-batches", "0")
+    assert "does not exist" in cli_error("stats", str(packs), "--world-size", "2", "--model", str(tmp_path / "no.json"))
+    tokens = packs.parent / "tokens"
+    assert "pack it first" in cli_error("stats", str(tokens), "--world-size", "2", "--hidden-size", "8")
