@@ -398,3 +398,21 @@ def test_shape_functions_directly() -> None:
     assert detect_shape({"prompt": [], "completion": []}) == "conversational-prompt-completion"
     assert detect_shape({"prompt": "a", "completion": "b"}) == "prompt-completion"
     assert detect_shape({"question": "a"}) is None
+
+
+def test_sample_sharegpt_and_alpaca_equal_the_same_chats(tmp_path: Path) -> None:
+    """data/sample/{sharegpt,alpaca}.jsonl are the first chat.jsonl rows in those shapes: same bytes as --format chat."""
+    sample = Path(__file__).resolve().parent.parent / "data" / "sample"
+    n = len((sample / "sharegpt.jsonl").read_text("utf-8").splitlines())
+    chats = [json.loads(line) for line in (sample / "chat.jsonl").read_text("utf-8").splitlines()[:n]]
+    chat, _ = tokenize(tmp_path, sample / "tokenizer", chats, "--format", "chat", name="chat")
+    for shape in ("sharegpt", "alpaca"):
+        out = tmp_path / shape
+        code, stdout, err = cli("tokenize", str(sample / f"{shape}.jsonl"), "--tokenizer", str(sample / "tokenizer"),
+                                "--output", str(out), "--format", "auto", "--workers", "1", "-q")
+        assert code == 0 and f"detected format {shape}," in stdout, err
+        store, reference_store = open_token_store(out), open_token_store(chat)
+        assert store.loss is not None and reference_store.loss is not None
+        k = reference_store.n_tokens
+        assert store.n_documents >= n and np.array_equal(store.tokens[:k], reference_store.tokens)
+        assert np.array_equal(store.loss[:k], reference_store.loss), shape

@@ -142,7 +142,7 @@ def _tools(record: dict[str, Any], name: str) -> list[Any] | None:
             return None
         try:
             tools = json.loads(tools)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise ShapeError(f"field {name!r} is a string that is not JSON ({exc.msg} at {exc.pos})") from None
     if tools is None:
         return None
@@ -209,17 +209,22 @@ def _tool_calls(value: str, i: int) -> list[dict[str, Any]]:
     """A function_call turn's JSON: one `{name, arguments}` object (or a list of them) -> transformers' tool_calls."""
     try:
         parsed = json.loads(value)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise ShapeError(f"turn {i} function_call value is not JSON ({exc.msg} at {exc.pos})") from None
     calls = parsed if isinstance(parsed, list) else [parsed]
     out = []
     for call in calls:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
-            raise ShapeError(f"turn {i} function_call is not a {{\"name\": ..., \"arguments\": ...}} object (or a list of them)")
+            raise ShapeError(
+                f'turn {i} function_call is not a {{"name": ..., "arguments": ...}} object (or a list of them)'
+            )
         unknown = sorted(set(call) - {"name", "arguments", "id"})
         if unknown:
             raise ShapeError(f"turn {i} function_call has keys {unknown} besides name, arguments and id")
-        tool_call: dict[str, Any] = {"type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+        tool_call: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": call["name"], "arguments": call["arguments"]},
+        }
         if "id" in call:
             tool_call["id"] = call["id"]
         out.append(tool_call)

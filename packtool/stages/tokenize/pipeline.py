@@ -306,16 +306,11 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, shape: 
         max_record_bytes=config.max_record_bytes,
         conversational=shape.conversational,
         role_map=parse_role_map(config.role_map) if config.role_map else (),
-        **{
-            name: getattr(config, name) or default
-            for name, default in (
-                ("instruction_field", "instruction"),
-                ("input_field", "input"),
-                ("output_field", "output"),
-                ("history_field", "history"),
-                ("system_field", "system"),
-            )
-        },
+        instruction_field=config.instruction_field or "instruction",
+        input_field=config.input_field or "input",
+        output_field=config.output_field or "output",
+        history_field=config.history_field or "history",
+        system_field=config.system_field or "system",
     )
 
 

@@ -43,9 +43,9 @@ class Shape:
         return self.name == "conversational-prompt-completion"
 
 
-def _first_records(chunks: Sequence[Chunk], config: TokenizeConfig) -> list[tuple[str, int, object]]:
+def _first_records(chunks: Sequence[Chunk], config: TokenizeConfig) -> list[tuple[str, int | None, object]]:
     """(source, line, value) of the first readable records, at most DETECT_RECORDS."""
-    out: list[tuple[str, int, object]] = []
+    out: list[tuple[str, int | None, object]] = []
     for chunk in chunks:
         records = read_chunk(chunk, separator=config.separator, max_record_bytes=config.max_record_bytes)
         for record in islice(records, DETECT_RECORDS):
@@ -72,7 +72,7 @@ def resolve_shape(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
 
 
 def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
-    chosen: tuple[str, str, int] | None = None  # (shape, source, line)
+    chosen: tuple[str, str, int | None] | None = None  # (shape, source, line)
     records = _first_records(chunks, config)
     for source, line, value in records:
         shape = "text" if isinstance(value, PlainText) else detect_shape(value)
