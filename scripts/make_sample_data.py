@@ -292,7 +292,8 @@ def shape_samples(out: Path, n: int = 8) -> None:
     alpaca = []
     for messages in chats:
         system = [m["content"] for m in messages[:1] if m["role"] == "system"]
-        pairs = [[u["content"], a["content"]] for u, a in zip(messages[len(system) :: 2], messages[len(system) + 1 :: 2])]
+        turns = messages[len(system) :]  # user, assistant, user, assistant, ...
+        pairs = [[u["content"], a["content"]] for u, a in zip(turns[::2], turns[1::2], strict=True)]
         row = {"instruction": pairs[-1][0], "input": "", "output": pairs[-1][1]}
         alpaca.append({**row, **({"system": system[0]} if system else {}), **({"history": pairs[:-1]} if pairs[:-1] else {})})
     for line in (out / "prompt_completion.jsonl").read_text("utf-8").splitlines()[:n]:
