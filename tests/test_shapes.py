@@ -416,3 +416,22 @@ def test_sample_sharegpt_and_alpaca_equal_the_same_chats(tmp_path: Path) -> None
         k = reference_store.n_tokens
         assert store.n_documents >= n and np.array_equal(store.tokens[:k], reference_store.tokens)
         assert np.array_equal(store.loss[:k], reference_store.loss), shape
+
+
+def test_python_api_and_a_tokenizer_without_template(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
+    from packtool.choices import InputFormat, OnError
+
+    rows = [SHAREGPT[0][0], {"conversations": [{"from": "narrator", "value": "USR x"}, {"from": "gpt", "value": "y"}]}]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    config = packtool.TokenizeConfig(inputs=(str(src),), tokenizer=str(tokenizers["qwen2_5"]), output=str(tmp_path / "api"),
+                                     format=InputFormat.SHAREGPT, role_map="narrator=user", on_error=OnError.SKIP, workers=1)
+    result = packtool.tokenize_corpus(config)
+    assert result.manifest["n_documents"] == 2 and result.manifest["n_rejected"] == 0
+    assert check_store(result.path, tokenizers["qwen2_5"], "qwen2_5",
+                       [(SHAREGPT[0][1], None), ([{"role": "user", "content": "USR x"}, {"role": "assistant", "content": "y"}], None)]) == 2
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "tokenizer.json").write_bytes((tokenizers["qwen2_5"] / "tokenizer.json").read_bytes())
+    line = cli_error("tokenize", str(src), "--tokenizer", str(bare), "--output", str(tmp_path / "o"),
+                     "--format", "sharegpt")
+    assert "sharegpt records are rendered by a chat template" in line and "--chat-template" in line
