@@ -435,3 +435,12 @@ def test_python_api_and_a_tokenizer_without_template(tmp_path: Path, tokenizers:
     line = cli_error("tokenize", str(src), "--tokenizer", str(bare), "--output", str(tmp_path / "o"),
                      "--format", "sharegpt")
     assert "sharegpt records are rendered by a chat template" in line and "--chat-template" in line
+
+
+@pytest.mark.parametrize("family", ["qwen2_5", "llama3_2"])
+def test_chat_records_pass_their_tools_as_transformers(tmp_path: Path, tokenizers: dict[str, Path], family: str) -> None:
+    rows = [{"messages": SHAREGPT[2][1], "tools": TOOLS}, {"messages": SHAREGPT[0][1], "tools": []}, {"messages": SHAREGPT[0][1]}]
+    out, _ = tokenize(tmp_path, tokenizers[family], rows, "--format", "chat")
+    assert check_store(out, tokenizers[family], family, [(SHAREGPT[2][1], TOOLS), (SHAREGPT[0][1], []), (SHAREGPT[0][1], None)]) == 3
+    store = open_token_store(out)
+    assert store.document(0).size > store.document(1).size  # the tool schema is in the rendering

@@ -3,7 +3,8 @@
 Every chat-like shape becomes the messages transformers' `apply_chat_template` takes, then follows
 the one chat path (`chat.render_with_spans`), so ids, targets, `--assistant-turns` and both
 backends behave exactly as for `--format chat`:
-- chat: `messages` of `{role, content, ...}` as given (roles renamed by `--role-map` if one is given);
+- chat: `messages` of `{role, content, ...}` as given (roles renamed by `--role-map` if one is given),
+  top-level `tools` to the template as `tools=` (TRL and OpenAI's fine-tuning files put them there);
 - sharegpt: `conversations` of `{from, value}`; roles through `DEFAULT_ROLE_MAP` (plus `--role-map`);
   a `function_call` turn is an assistant message whose `tool_calls` come from its JSON value; a
   top-level `system` string is the first message; top-level `tools` go to the template as `tools=`;
@@ -148,7 +149,7 @@ def _tools(record: dict[str, Any], name: str) -> list[Any] | None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ShapeError(f"field {name!r} is not a list of tool objects (got {type(tools).__name__})")
-    return tools or None
+    return tools  # an empty list stays one: transformers passes `tools=[]` as given
 
 
 def _system(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -158,14 +159,17 @@ def _system(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": _text(system, f"field {name!r}")}]
 
 
-def chat_conversation(messages: Any, role_map: RoleMap = ()) -> Conversation:
-    """`--format chat`: the messages as given; with a role map, roles renamed (unmapped roles kept)."""
+def chat_conversation(
+    messages: Any, role_map: RoleMap = (), record: Any = None, tools_field: str = "tools"
+) -> Conversation:
+    """`--format chat`: the messages as given, the record's top-level `tools` (as TRL passes them); with a role
+    map, roles renamed (unmapped roles kept)."""
     if role_map and isinstance(messages, list):
         table = dict(role_map)
         messages = [
             {**m, "role": table[m["role"]]} if isinstance(m, dict) and m.get("role") in table else m for m in messages
         ]
-    return Conversation(messages)
+    return Conversation(messages, _tools(record, tools_field) if isinstance(record, dict) else None)
 
 
 def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = ()) -> Conversation:

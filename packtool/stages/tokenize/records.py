@@ -55,7 +55,7 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
             messages, reason = get_field(value, settings.messages_field)
             if reason is not None:
                 return reason
-            conversation = chat_conversation(messages, settings.role_map)
+            conversation = chat_conversation(messages, settings.role_map, value)
         else:
             conversation = to_conversation(value, settings)
         return render_with_spans(
