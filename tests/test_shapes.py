@@ -69,6 +69,9 @@ SHAREGPT: list[tuple[dict[str, Any], list[dict[str, Any]], list[Any] | None]] = 
                         {"from": "assistant", "value": "Bonjour !"}]},  # an extra turn key stays on the message
      [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "USR Hi", "lang": "en"},
       {"role": "assistant", "content": "Bonjour !"}], None),
+    ({"system": "", "tools": None, "conversations": [  # null keys of a table's union schema are absent keys
+        {"from": "human", "value": "USR Hi", "role": None, "markdown": None}, {"from": "gpt", "value": "Hey.", "role": None}]},
+     [{"role": "user", "content": "USR Hi"}, {"role": "assistant", "content": "Hey."}], None),
 ]
 
 #: (Alpaca record, the messages it must become): LLaMA-Factory's convention
@@ -85,6 +88,8 @@ ALPACA: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [
      [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "USR 1+1?"}, {"role": "assistant", "content": "2"},
       {"role": "user", "content": "USR 2+2?"}, {"role": "assistant", "content": "4"},
       {"role": "user", "content": "USR And now 4+4?"}, {"role": "assistant", "content": "8"}]),
+    ({"instruction": "USR Say hi.", "input": None, "output": "Hi.", "system": "", "history": []},  # a table's empty cells
+     [{"role": "user", "content": "USR Say hi."}, {"role": "assistant", "content": "Hi."}]),
 ]
 
 FAMILIES = ["qwen2_5", "llama3_2", "gemma3", "mistral_nemo"]
@@ -444,3 +449,24 @@ def test_chat_records_pass_their_tools_as_transformers(tmp_path: Path, tokenizer
     assert check_store(out, tokenizers[family], family, [(SHAREGPT[2][1], TOOLS), (SHAREGPT[0][1], []), (SHAREGPT[0][1], None)]) == 3
     store = open_token_store(out)
     assert store.document(0).size > store.document(1).size  # the tool schema is in the rendering
+
+
+def test_sharded_run_merges_rejects_by_reason(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
+    rows = [SHAREGPT[0][0], BAD_SHAREGPT[0][0], SHAREGPT[1][0], BAD_SHAREGPT[6][0], SHAREGPT[3][0], BAD_SHAREGPT[6][0]] * 3
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    shards = []
+    for i in range(2):
+        shards.append(str(tmp_path / f"s{i}"))
+        code, _, err = cli("tokenize", str(src), "--tokenizer", str(tokenizers["qwen2_5"]), "--output", shards[-1], "-q",
+                           "--format", "auto", "--on-error", "skip", "--chunk-bytes", "600", "--num-shards", "2",
+                           "--shard-index", str(i), "--workers", "1")
+        assert code == 0, err
+    code, _, err = cli("merge", *shards, "--output", str(tmp_path / "merged"), "-q")
+    assert code == 0, err
+    single, _ = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "auto", "--chunk-bytes", "600", name="single")
+    merged = json.loads((tmp_path / "merged" / "manifest.json").read_text())
+    whole = json.loads((single / "manifest.json").read_text())
+    assert merged["rejected_by_reason"] == whole["rejected_by_reason"] == {
+        "empty conversation": 6, "turn N has unknown role 'robot' with no mapping": 3}
+    assert merged["input_shape"] == whole["input_shape"] == {"name": "sharegpt", "detected": True}
+    assert (tmp_path / "merged" / "tokens.bin").read_bytes() == (single / "tokens.bin").read_bytes()

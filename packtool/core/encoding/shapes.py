@@ -154,7 +154,7 @@ def _tools(record: dict[str, Any], name: str) -> list[Any] | None:
 
 def _system(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
     system = _optional(record, name)
-    if system is None:
+    if system is None or system == "":  # absent, as in LLaMA-Factory (a table's empty cell is no system prompt)
         return []
     return [{"role": "system", "content": _text(system, f"field {name!r}")}]
 
@@ -200,7 +200,7 @@ def _sharegpt_turn(turn: Any, i: int, table: dict[str, str]) -> dict[str, Any]:
     if "value" not in turn:
         raise ShapeError(f"turn {i} ({name}) has no 'value'")
     value = _text(turn["value"], f"turn {i} ({name}) 'value'")
-    extra = {k: v for k, v in turn.items() if k not in ("from", "value")}
+    extra = {k: v for k, v in turn.items() if k not in ("from", "value") and v is not None}  # null = absent (Arrow)
     clash = sorted(k for k in extra if k in ("role", "content") or (role == FUNCTION_CALL and k == "tool_calls"))
     if clash:
         raise ShapeError(f"turn {i} has both 'from'/'value' and {', '.join(map(repr, clash))}, keep one of them")
