@@ -13,6 +13,8 @@ Outputs (all committed, `make demo` never regenerates them):
   chat.jsonl               {"messages": [{role, content}]} ~500, system/user/assistant, multi-turn
   docs/*.txt               a few plain-text "module pages" (one document per file)
   tokenizer/               byte-level BPE, vocab 8192, trained on all of the above
+  sharegpt.jsonl           the first 8 chats as ShareGPT {"system", "conversations": [{from, value}]}
+  alpaca.jsonl             the first 8 chats as Alpaca (system, history), 8 prompt-completions with `input`
 
 Run: python scripts/make_sample_data.py [--out data/sample]
 """
