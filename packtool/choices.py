@@ -19,6 +19,9 @@ class InputFormat(StrEnum):
     TEXT = "text"
     PROMPT_COMPLETION = "prompt-completion"
     CHAT = "chat"
+    SHAREGPT = "sharegpt"
+    ALPACA = "alpaca"
+    AUTO = "auto"
 
 
 class AssistantTurns(StrEnum):

@@ -13,6 +13,8 @@ Outputs (all committed, `make demo` never regenerates them):
   chat.jsonl               {"messages": [{role, content}]} ~500, system/user/assistant, multi-turn
   docs/*.txt               a few plain-text "module pages" (one document per file)
   tokenizer/               byte-level BPE, vocab 8192, trained on all of the above
+  sharegpt.jsonl           the first 8 chats as ShareGPT {"system", "conversations": [{from, value}]}
+  alpaca.jsonl             the first 8 chats as Alpaca (system, history), 8 prompt-completions with `input`
 
 Run: python scripts/make_sample_data.py [--out data/sample]
 """
@@ -277,6 +279,32 @@ CPython documentation (docstrings and `pydoc_data.topics`), PSF License.
 """
 
 
+def shape_samples(out: Path, n: int = 8) -> None:
+    """sharegpt.jsonl and alpaca.jsonl: the first chat / prompt-completion rows in those shapes (after the
+    tokenizer is trained, so they change nothing else). Alpaca rows take LLaMA-Factory's fields: with and
+    without `input`, `system` and `history`."""
+    chats = [json.loads(line)["messages"] for line in (out / "chat.jsonl").read_text("utf-8").splitlines()[:n]]
+    names = {"system": "system", "user": "human", "assistant": "gpt"}
+    sharegpt = []
+    for messages in chats:
+        system = [m["content"] for m in messages[:1] if m["role"] == "system"]
+        turns = [{"from": names[m["role"]], "value": m["content"]} for m in messages[len(system) :]]
+        sharegpt.append({**({"system": system[0]} if system else {}), "conversations": turns})
+    write_jsonl(out / "sharegpt.jsonl", sharegpt)
+    alpaca = []
+    for messages in chats:
+        system = [m["content"] for m in messages[:1] if m["role"] == "system"]
+        turns = messages[len(system) :]  # user, assistant, user, assistant, ...
+        pairs = [[u["content"], a["content"]] for u, a in zip(turns[::2], turns[1::2], strict=True)]
+        row = {"instruction": pairs[-1][0], "input": "", "output": pairs[-1][1]}
+        alpaca.append({**row, **({"system": system[0]} if system else {}), **({"history": pairs[:-1]} if pairs[:-1] else {})})
+    for line in (out / "prompt_completion.jsonl").read_text("utf-8").splitlines()[:n]:
+        row = json.loads(line)
+        alpaca.append({"instruction": "Answer this question about the Python standard library.", "input": row["prompt"],
+                       "output": row["completion"]})
+    write_jsonl(out / "alpaca.jsonl", alpaca)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "data" / "sample")
@@ -296,6 +324,7 @@ def main() -> None:
         (out / "docs" / f"{name}.txt").write_text(page, encoding="utf-8", newline="\n")
     train_tokenizer(corpus_texts(out), out / "tokenizer")
     (out / "tokenizer" / "README.md").write_text(TOKENIZER_README, encoding="utf-8")
+    shape_samples(out)
     print(f"{len(entries)} docstrings from {len(MODULES)} modules -> {out}")
 
 

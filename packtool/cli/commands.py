@@ -65,7 +65,17 @@ def tokenize(
     field: Annotated[str, typer.Option("--field", help="Text field (dotted path) for --format text.")] = "text",
     prompt_field: Annotated[str, typer.Option("--prompt-field")] = "prompt",
     completion_field: Annotated[str, typer.Option("--completion-field")] = "completion",
-    messages_field: Annotated[str, typer.Option("--messages-field")] = "messages",
+    messages_field: Annotated[
+        str | None, typer.Option("--messages-field", help="chat: messages; sharegpt: conversations.")
+    ] = None,
+    role_map: Annotated[
+        str | None, typer.Option("--role-map", help="chat/sharegpt: FROM=TO,... onto system/user/assistant/tool.")
+    ] = None,
+    instruction_field: Annotated[str | None, typer.Option("--instruction-field", help="alpaca: instruction.")] = None,
+    input_field: Annotated[str | None, typer.Option("--input-field", help="alpaca: input.")] = None,
+    output_field: Annotated[str | None, typer.Option("--output-field", help="alpaca: output.")] = None,
+    history_field: Annotated[str | None, typer.Option("--history-field", help="alpaca: history.")] = None,
+    system_field: Annotated[str | None, typer.Option("--system-field", help="alpaca/sharegpt: system.")] = None,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
     assistant_turns: Annotated[
         AssistantTurns, typer.Option("--assistant-turns", help="chat: train on all or only the last assistant turn.")

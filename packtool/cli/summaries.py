@@ -9,9 +9,14 @@ from typing import Any
 def tokenize_line(result: Any) -> str:
     m = result.manifest
     state = "up to date" if result.up_to_date else f"{result.reused_chunks}/{result.n_chunks} chunks reused"
+    shape = m.get("input_shape") or {}
+    detected = f"detected format {shape['name']}, " if shape.get("detected") else ""
+    reasons = m.get("rejected_by_reason") or {}
+    shown = [f"{n} {kind}" for kind, n in list(reasons.items())[:4]] + (["..."] if len(reasons) > 4 else [])
+    why = f" ({'; '.join(shown)}; see rejects.jsonl)" if reasons else ""
     return (
         f"tokenized {m['n_documents']} documents, {m['n_tokens']} tokens ({m['n_target_tokens']} targets, "
-        f"{m['dtype']}), {m.get('n_rejected', 0)} rejected, {state} -> {result.path}"
+        f"{m['dtype']}), {detected}{m.get('n_rejected', 0)} rejected{why}, {state} -> {result.path}"
     )
 
 

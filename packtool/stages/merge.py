@@ -29,7 +29,17 @@ MERGE_BLOCK_DOCS = 1 << 20
 #: manifest keys whose value is per shard (summed or rebuilt by merge); every other key must be equal
 #: manifest keys the writer fills in itself (and the shard entry, which the merged store drops)
 _WRITER_KEYS = ("format", "format_version", "dtype", "n_documents", "n_tokens", "n_target_tokens", "files", "shard")
-_PER_SHARD = {"n_documents", "n_tokens", "n_target_tokens", "files", "sources", "n_rejected", "build", "shard"}
+_PER_SHARD = {
+    "n_documents",
+    "n_tokens",
+    "n_target_tokens",
+    "files",
+    "sources",
+    "n_rejected",
+    "rejected_by_reason",
+    "build",
+    "shard",
+}
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,12 @@ def merge_shards(
         manifest["sources"] = _sum_sources([s.manifest for s in stores])
         if "n_rejected" in manifest:
             manifest["n_rejected"] = sum(int(s.manifest.get("n_rejected", 0)) for s in stores)
+        if "rejected_by_reason" in manifest:
+            reasons: dict[str, int] = {}
+            for store in stores:
+                for kind, n in store.manifest.get("rejected_by_reason", {}).items():
+                    reasons[kind] = reasons.get(kind, 0) + int(n)
+            manifest["rejected_by_reason"] = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
         manifest["build"] = first["shard"]["build"]
         full = writer.finish(manifest)
     return MergeResult(out, full, len(stores))

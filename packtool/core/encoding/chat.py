@@ -4,7 +4,7 @@ The text is `apply_chat_template(messages, tokenize=False)` of the WHOLE convers
 Jinja environment (`ImmutableSandboxedEnvironment`, `trim_blocks`, `lstrip_blocks`, loop controls,
 its `tojson`, `raise_exception`, `strftime_now`, guarded `dict`/`namespace`, the `{% generation %}`
 tag), its message preparation (keys whose value is None dropped, `reasoning_content` /
-`thinking` / `reasoning` aliased) and its arguments (`tools=None`, `documents=None`,
+`thinking` / `reasoning` aliased) and its arguments (`tools` as given or None, `documents=None`,
 `add_generation_prompt=False`, the tokenizer's bos/eos tokens when it has them).
 
 Turns are located without any prefix-stability assumption, so templates that render reasoning only
@@ -31,7 +31,7 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -207,13 +207,14 @@ class ChatTemplate:
     header: str
     end_of_turn: tuple[str, ...]
     tagged: bool  # the template has {% generation %} blocks
+    tools: list[Any] | None = field(default=None, compare=False)  # the template's `tools=` (one record's)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         try:
             return str(
                 compile_template(self.source).render(
                     messages=messages,
-                    tools=None,  # transformers passes these explicitly: `tools is not none` must be false
+                    tools=self.tools,  # None unless the record has tools: templates test `tools is not none`
                     documents=None,
                     add_generation_prompt=add_generation_prompt,
                     **dict(self.tokens),
@@ -231,7 +232,11 @@ class ChatTemplate:
         try:
             with template.environment.activate_tracker(blocks, spans):
                 for block in template.generate(
-                    messages=messages, tools=None, documents=None, add_generation_prompt=False, **dict(self.tokens)
+                    messages=messages,
+                    tools=self.tools,
+                    documents=None,
+                    add_generation_prompt=False,
+                    **dict(self.tokens),
                 ):
                     blocks.append(block)
         except Exception as exc:
@@ -254,12 +259,40 @@ def load_chat_template(
     return ChatTemplate(source, tokens, header, end_of_turn, tagged)
 
 
-def render_with_spans(chat: ChatTemplate, messages: Any, last_only: bool = False) -> tuple[str, Spans]:
-    """Render a conversation; return the text and the [start, end) char span of each assistant turn's target."""
+def render_with_spans(
+    chat: ChatTemplate,
+    messages: Any,
+    last_only: bool = False,
+    *,
+    tools: list[Any] | None = None,
+    targets_from: int = 0,
+) -> tuple[str, Spans]:
+    """Render a conversation; return the text and the [start, end) char span of each assistant turn's target.
+
+    `tools` go to the template as transformers' `tools=`. Assistant messages before index
+    `targets_from` are context (TRL's conversational prompt), not targets.
+    """
     prepared = prepare(validate_messages(messages))
+    if tools is not None:
+        chat = replace(chat, tools=tools)
     if chat.tagged:
         text, spans = chat.render_tracked(prepared)
     else:
         text = chat.render(prepared)
         spans = locate_turns(chat, prepared, text)
+    if targets_from > 0:
+        spans = _from_message(prepared, spans, targets_from)
     return text, spans[-1:] if last_only else spans
+
+
+def _from_message(messages: list[dict[str, Any]], spans: Spans, first: int) -> Spans:
+    """The spans of the assistant messages at index >= first (spans come one per assistant message, in order)."""
+    context = sum(1 for m in messages[:first] if m.get("role") == "assistant")
+    if not context:
+        return spans
+    if len(spans) != sum(1 for m in messages if m.get("role") == "assistant"):
+        raise ChatRecordError(
+            "cannot tell the prompt's assistant turns from the completion's (the template does not render a "
+            "target for every assistant turn), move the prompt's assistant turns into a chat record"
+        )
+    return spans[context:]

@@ -12,6 +12,7 @@ token.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from packtool.choices import InputFormat, OnError
@@ -44,6 +45,17 @@ class ChunkTask:
 def worker_env(threads: int) -> dict[str, str]:
     """Environment of a chunk worker: its share of cores for the Rust tokenizer's own threads."""
     return {"RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true" if threads > 1 else "false"}
+
+
+_NUMBER = re.compile(r"'[^']*'|(\d+)")  # a number outside quotes (a quoted name is kept whole)
+
+
+def reason_kind(reason: str) -> str:
+    """A reject reason without its particulars, for counting by reason: details in parentheses or after a
+    colon dropped, numbers generalised ("turn 3 has unknown role 'bing2' with no mapping (pass ...)" ->
+    "turn N has unknown role 'bing2' with no mapping")."""
+    kind = reason.split(" (", 1)[0].split(": ", 1)[0]
+    return _NUMBER.sub(lambda m: "N" if m.group(1) else m.group(0), kind).strip() or reason[:80]
 
 
 def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResult:
@@ -86,6 +98,8 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
             line = {"source": record.source, "line": record.line, "reason": got}
             rejects.append((json.dumps(line, ensure_ascii=False) + "\n").encode())
             counts[2] += 1
+            kind = reason_kind(got)
+            result.reasons[kind] = result.reasons.get(kind, 0) + 1
             continue
         counts[1] += 1
         texts.append(got[0])

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 from packtool.choices import AssistantTurns, BackendName, ExecutorName, InputFormat, OnError
+from packtool.core.encoding.shapes import parse_role_map
 from packtool.errors import ConfigError
 from packtool.stages.tokenize.streams import DEFAULT_MAX_RECORD_BYTES
 
@@ -26,12 +27,27 @@ class TokenizeConfig:
     output: str
     """The token store directory to create."""
     format: InputFormat = InputFormat.TEXT
-    """text: every token is a target; prompt-completion: completion (+EOS); chat: assistant turns."""
+    """text: every token is a target; prompt-completion: completion (+EOS); chat, sharegpt, alpaca (and TRL's
+    conversational prompt-completion): assistant turns, through the chat template; auto: detected from the
+    first records (docs/CHAT.md)."""
     field: str = "text"
     """Dotted path of the text field (format text)."""
     prompt_field: str = "prompt"
     completion_field: str = "completion"
-    messages_field: str = "messages"
+    messages_field: str | None = None
+    """chat: `messages`, sharegpt: `conversations` when left out."""
+    role_map: str | None = None
+    """chat / sharegpt: `from=to,...` renaming roles to system/user/assistant/tool (extends sharegpt's default map)."""
+    instruction_field: str | None = None
+    """alpaca: the instruction (default `instruction`)."""
+    input_field: str | None = None
+    """alpaca: the optional input, joined to the instruction by a newline when not empty (default `input`)."""
+    output_field: str | None = None
+    """alpaca: the answer, the target (default `output`)."""
+    history_field: str | None = None
+    """alpaca: optional earlier [user, assistant] pairs (default `history`)."""
+    system_field: str | None = None
+    """alpaca / sharegpt: an optional system prompt string, the first message (default `system`)."""
     chat_template: str | None = None
     """A Jinja file overriding the tokenizer's chat template."""
     assistant_turns: AssistantTurns = AssistantTurns.ALL
@@ -82,6 +98,7 @@ class TokenizeConfig:
             except ValueError:
                 choices = ", ".join(e.value for e in enum_type)
                 raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not one of {choices}, pick one") from None
+        self._check_shape_flags()
         if not self.inputs:
             raise ConfigError("no inputs given, pass at least one file, directory or glob")
         if self.workers is not None and self.workers < 1:
@@ -103,3 +120,27 @@ class TokenizeConfig:
 
         parse_executor(self.executor, self.ray_address)
         return self
+
+    def _check_shape_flags(self) -> None:
+        """Flags that the format does not read are contradictions, not silent no-ops."""
+        fmt = InputFormat(str(self.format))
+        uses = {
+            "messages_field": (InputFormat.CHAT, InputFormat.SHAREGPT),
+            "role_map": (InputFormat.CHAT, InputFormat.SHAREGPT, InputFormat.AUTO),
+            "system_field": (InputFormat.SHAREGPT, InputFormat.ALPACA),
+            **dict.fromkeys(
+                ("instruction_field", "input_field", "output_field", "history_field"), (InputFormat.ALPACA,)
+            ),
+        }
+        for name, formats in uses.items():
+            if getattr(self, name) is not None and fmt not in formats:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"{flag} does not apply to --format {fmt} (it is for {', '.join(str(f) for f in formats)}), "
+                    f"leave {flag} out or pick the format that has it"
+                )
+        if self.role_map is not None:
+            try:
+                parse_role_map(self.role_map)
+            except ValueError as exc:
+                raise ConfigError(f"--role-map {self.role_map!r} is malformed: {exc}") from None

@@ -45,12 +45,13 @@ class ChunkResult:
     n_tokens: int = 0
     n_bytes: int = 0
     sources: dict[str, list[int]] = field(default_factory=dict)  # path -> [records, documents, rejected]
+    reasons: dict[str, int] = field(default_factory=dict)  # reject reason kind -> count (`chunks.reason_kind`)
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = field(default_factory=list, repr=False)
     rejects: bytes = field(default=b"", repr=False)
     mark: dict[str, Any] | None = None
 
     def to_json(self) -> str:
-        keys = ("index", "key", "n_documents", "n_tokens", "n_bytes", "sources", "mark")
+        keys = ("index", "key", "n_documents", "n_tokens", "n_bytes", "sources", "reasons", "mark")
         return json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
 
     def release(self) -> None:

@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 from packtool import __version__
 from packtool.choices import InputFormat, OnError
 from packtool.core.encoding.backends import FastBackend, HFBackend
+from packtool.core.encoding.shapes import parse_role_map
 from packtool.errors import ConfigError, FormatError, InputError, PacktoolError
 from packtool.exec import Executor, cap_malloc_arenas, make_executor, scoped_environ
 from packtool.formats.faults import fault_point
@@ -54,7 +55,8 @@ from packtool.stages.tokenize.chunks import ChunkTask, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.output import check_output, guarded_output
-from packtool.stages.tokenize.settings import ChunkSettings, special_policy
+from packtool.stages.tokenize.settings import ChunkSettings, renders_chat, special_policy
+from packtool.stages.tokenize.shape import Shape, resolve_shape
 from packtool.stages.tokenize.shards import shard_build, shard_entry, shard_slice
 from packtool.stages.tokenize.sources import Chunk, SourceFile, expand_inputs, hash_sources, plan_chunks
 from packtool.stages.tokenize.template import check_chat_template, read_chat_template
@@ -119,12 +121,13 @@ def _tokenize(
     """The write phase, under the output's lock (`output.guarded_output`)."""
     tok, info = tokenizer
     workers = config.resolved_workers()
-    needs_offsets = InputFormat(config.format) != InputFormat.TEXT
     remember_tokenizer(info.path, info.sha256, tok)
     sources, all_chunks = plan_chunks(paths, max(1, int(config.chunk_bytes)))
     hashes = hash_sources(sources)
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
-    settings = _settings(config, info, output)
+    shape = resolve_shape(config, all_chunks)
+    needs_offsets = shape.format != InputFormat.TEXT
+    settings = _settings(config, info, output, shape)
     choice = choose_backend(
         config.backend,
         tok,
@@ -172,7 +175,7 @@ def _tokenize(
             for source in sources:
                 journal.record_source(source.path, hashes.result()[source.path])
         manifest = _manifest(
-            chunks, results, sources, hashes.result(), settings, info, config, build_id, choice.manifest()
+            chunks, results, sources, hashes.result(), settings, info, config, build_id, choice.manifest(), shape
         )
         manifest = writer.finish({**manifest, **({"shard": shard} if shard else {})})  # shard last: merge drops it
     except BaseException:
@@ -270,17 +273,18 @@ def _append_in_order(
         raise FormatError(f"the executor returned {position} of {len(order)} chunks, tokenize, this is a bug")
 
 
-def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> ChunkSettings:
-    fmt = InputFormat(config.format)
+def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, shape: Shape) -> ChunkSettings:
+    fmt = shape.format
+    chat = renders_chat(fmt, shape.conversational)
     template = info.chat_template
     if config.chat_template is not None:
         template = read_chat_template(config.chat_template)
-    if fmt == InputFormat.CHAT and template:
+    if chat and template:
         check_chat_template(template, config.chat_template or f"of tokenizer {info.name!r} (tokenizer_config.json)")
-    if fmt == InputFormat.CHAT and not template:
+    if chat and not template:
         raise ConfigError(
-            f"--format chat needs a chat template but tokenizer {info.name!r} has none in tokenizer_config.json, "
-            "pass --chat-template FILE"
+            f"{shape.name} records are rendered by a chat template but tokenizer {info.name!r} has none in "
+            "tokenizer_config.json, pass --chat-template FILE"
         )
     return ChunkSettings(
         tokenizer_path=info.path,
@@ -289,17 +293,24 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path) -> Chun
         field=config.field,
         prompt_field=config.prompt_field,
         completion_field=config.completion_field,
-        messages_field=config.messages_field,
-        chat_template=template if fmt == InputFormat.CHAT else None,
+        messages_field=shape.messages_field,
+        chat_template=template if chat else None,
         assistant_turns=str(config.assistant_turns),
         bos_token=info.bos_token,
         eos_token=info.eos_token,
         separator=config.separator,
         on_error=str(config.on_error),
-        policy=special_policy(info, fmt, config.bos, config.eos),
+        policy=special_policy(info, chat, config.bos, config.eos),
         dtype=dtype_name(dtype_for_max_id(info.max_id)),
         work_dir=str(work_dir_for(output)),
         max_record_bytes=config.max_record_bytes,
+        conversational=shape.conversational,
+        role_map=parse_role_map(config.role_map) if config.role_map else (),
+        instruction_field=config.instruction_field or "instruction",
+        input_field=config.input_field or "input",
+        output_field=config.output_field or "output",
+        history_field=config.history_field or "history",
+        system_field=config.system_field or "system",
     )
 
 
@@ -319,10 +330,14 @@ def _manifest(
     config: TokenizeConfig,
     build: str,
     backend: dict[str, Any],
+    shape: Shape,
 ) -> dict[str, Any]:
     """The manifest's keys that the writer does not fill in; InputError when nothing was tokenized."""
     counts = {s.path: [0, 0, 0] for s in sources}
+    reasons: dict[str, int] = {}
     for chunk in chunks:
+        for kind, n in results[chunk.index].reasons.items():
+            reasons[kind] = reasons.get(kind, 0) + n
         for path, (records, documents, rejected) in results[chunk.index].sources.items():
             got = counts[path]
             got[0], got[1], got[2] = got[0] + records, got[1] + documents, got[2] + rejected
@@ -342,7 +357,8 @@ def _manifest(
         "tokenizer": info.manifest(),
         **settings.policy.manifest,
         "input_format": settings.format,
-        "fields": _fields(config),
+        "input_shape": {"name": shape.name, "detected": shape.detected},
+        "fields": _fields(config, settings),
         "chat_template_sha256": hashlib.sha256(settings.chat_template.encode()).hexdigest()
         if settings.chat_template
         else None,
@@ -357,15 +373,22 @@ def _manifest(
             for s in sources
         ],
         "n_rejected": sum(c[2] for c in counts.values()),
+        "rejected_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         "backend": backend,
         "build": build,
     }
 
 
-def _fields(config: TokenizeConfig) -> dict[str, Any]:
-    fmt = InputFormat(config.format)
+def _fields(config: TokenizeConfig, settings: ChunkSettings) -> dict[str, Any]:
+    fmt = InputFormat(settings.format)
     if fmt == InputFormat.TEXT:
         return {"field": config.field, "separator": config.separator}
     if fmt == InputFormat.PROMPT_COMPLETION:
         return {"prompt_field": config.prompt_field, "completion_field": config.completion_field}
-    return {"messages_field": config.messages_field}
+    roles = {"role_map": dict(settings.role_map)} if settings.role_map else {}
+    if fmt == InputFormat.ALPACA:
+        keys = ("instruction_field", "input_field", "output_field", "history_field", "system_field")
+        return {k: getattr(settings, k) for k in keys}
+    if fmt == InputFormat.SHAREGPT:
+        return {"messages_field": settings.messages_field, "system_field": settings.system_field, **roles}
+    return {"messages_field": settings.messages_field, **roles}

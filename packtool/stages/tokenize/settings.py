@@ -36,6 +36,18 @@ class ChunkSettings:
     threads: int = 1
     backend: str = "hf"  # "hf" or "fast": the ids are identical (verified), so not in the fingerprint
     assistant_turns: str = "all"  # chat: "all" or "last" assistant turns are targets
+    conversational: bool = False  # prompt-completion: TRL's lists of messages (the chat path)
+    role_map: tuple[tuple[str, str], ...] = ()  # chat / sharegpt: --role-map pairs
+    instruction_field: str = "instruction"  # alpaca fields
+    input_field: str = "input"
+    output_field: str = "output"
+    history_field: str = "history"
+    system_field: str = "system"  # alpaca and sharegpt
+
+    @property
+    def chat(self) -> bool:
+        """Records become messages rendered by the chat template (chat, sharegpt, alpaca, TRL conversational)."""
+        return renders_chat(self.format, self.conversational)
 
     def fingerprint(self) -> str:
         """sha256 of everything that changes the output bytes (not work_dir, not threads, not backend)."""
@@ -46,15 +58,21 @@ class ChunkSettings:
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
-def special_policy(info: TokenizerInfo, fmt: InputFormat, bos: bool | None, eos: bool | None) -> SpecialPolicy:
+def renders_chat(fmt: str, conversational: bool = False) -> bool:
+    """Whether a (resolved) format goes through the chat template."""
+    return fmt in (InputFormat.CHAT, InputFormat.SHAREGPT, InputFormat.ALPACA) or (
+        fmt == InputFormat.PROMPT_COMPLETION and conversational
+    )
+
+
+def special_policy(info: TokenizerInfo, chat: bool, bos: bool | None, eos: bool | None) -> SpecialPolicy:
     """Resolve --bos/--eos against what the tokenizer's post-processor already does.
 
     text / prompt-completion run the post-processor (so ids equal `tokenizer.encode(text)`);
-    chat does not (the template writes its own specials, as `apply_chat_template` does).
+    chat (every shape rendered by the chat template) does not (the template writes its own specials, as `apply_chat_template` does).
     BOS is only prepended when asked (or kept when the post-processor adds it); EOS is
     appended by default when the tokenizer defines one, except for chat.
     """
-    chat = fmt == InputFormat.CHAT
     post_bos = info.post_bos and not chat
     post_eos = info.post_eos and not chat
     want_bos = post_bos if bos is None else bos

@@ -1,0 +1,104 @@
+"""Which record shape a run reads: `--format` as given, or detected from the first records (`auto`).
+
+Detection happens once, in the coordinator, before any chunk runs, so every chunk (and every shard
+of a sharded run) reads the same shape. It looks at the first `DETECT_RECORDS` readable records of
+the whole input in order: the first one that `core.encoding.shapes.detect_shape` recognises
+decides; a later sampled record of another shape is a ConfigError (name the format). Records that
+fit no shape do not decide anything: they become per-record errors of the chosen shape.
+`--format prompt-completion` is TRL's conversational prompt-completion when the first record's
+prompt is a list of messages (as TRL decides on a dataset's first example).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import islice
+
+from packtool.choices import InputFormat
+from packtool.core.encoding.shapes import detect_shape
+from packtool.errors import ConfigError
+from packtool.stages.tokenize.config import TokenizeConfig
+from packtool.stages.tokenize.sources import Chunk, get_field, read_chunk
+from packtool.stages.tokenize.streams import PlainText
+
+DETECT_RECORDS = 64
+SHAPE_NAMES = {
+    "sharegpt:messages": "sharegpt",
+    "chat:conversations": "chat",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The resolved shape of a run."""
+
+    format: InputFormat  # never AUTO
+    name: str  # text, prompt-completion, conversational-prompt-completion, chat, sharegpt, alpaca
+    messages_field: str
+    detected: bool  # chosen by --format auto
+
+    @property
+    def conversational(self) -> bool:
+        return self.name == "conversational-prompt-completion"
+
+
+def _first_records(chunks: Sequence[Chunk], config: TokenizeConfig) -> list[tuple[str, int | None, object]]:
+    """(source, line, value) of the first readable records, at most DETECT_RECORDS."""
+    out: list[tuple[str, int | None, object]] = []
+    for chunk in chunks:
+        records = read_chunk(chunk, separator=config.separator, max_record_bytes=config.max_record_bytes)
+        for record in islice(records, DETECT_RECORDS):
+            if record.error is None:
+                out.append((record.source, record.line, record.value))
+            if len(out) >= DETECT_RECORDS:
+                return out
+    return out
+
+
+def resolve_shape(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
+    """The shape this run reads (see the module docstring)."""
+    fmt = InputFormat(str(config.format))
+    default_messages = "conversations" if fmt == InputFormat.SHAREGPT else "messages"
+    messages_field = config.messages_field or default_messages
+    if fmt == InputFormat.PROMPT_COMPLETION:
+        for _, _, value in _first_records(chunks, config)[:1]:
+            prompt, reason = get_field(value, config.prompt_field)
+            if reason is None and isinstance(prompt, list):
+                return Shape(fmt, "conversational-prompt-completion", messages_field, False)
+    if fmt != InputFormat.AUTO:
+        return Shape(fmt, str(fmt), messages_field, False)
+    return _detect(config, chunks)
+
+
+def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
+    chosen: tuple[str, str, int | None] | None = None  # (shape, source, line)
+    records = _first_records(chunks, config)
+    for source, line, value in records:
+        shape = "text" if isinstance(value, PlainText) else detect_shape(value)
+        if shape is None:
+            continue
+        if chosen is None:
+            chosen = (shape, source, line)
+        elif shape != chosen[0]:
+            raise ConfigError(
+                f"--format auto found two record shapes: {chosen[0]} at {chosen[1]}:{chosen[2]} and {shape} at "
+                f"{source}:{line}, pass --format for the shape the inputs should have"
+            )
+    if chosen is None:
+        where = f"{records[0][0]}:{records[0][1]}" if records else "the inputs"
+        raise ConfigError(
+            f"--format auto recognises no record shape in the first {len(records)} records ({where}): expected "
+            "text, prompt/completion, messages, conversations, or instruction/output fields; pass --format and "
+            "the field flags"
+        )
+    shape = chosen[0]
+    name = SHAPE_NAMES.get(shape, shape)
+    fmt = InputFormat.PROMPT_COMPLETION if name.endswith("prompt-completion") else InputFormat(name)
+    if config.role_map is not None and fmt not in (InputFormat.CHAT, InputFormat.SHAREGPT):
+        raise ConfigError(
+            f"--role-map applies to chat and sharegpt records, but --format auto detected {name} "
+            f"({chosen[1]}:{chosen[2]}), leave --role-map out"
+        )
+    messages_field = "conversations" if shape in ("sharegpt", "chat:conversations") else "messages"
+    return Shape(fmt, name, messages_field, True)
