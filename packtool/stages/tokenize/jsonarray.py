@@ -59,17 +59,24 @@ def _scan(buf: np.ndarray, offset: int, state: np.ndarray, events: np.ndarray) -
     phase, depth, in_string, escape = state[_PHASE], state[_DEPTH], state[_IN_STRING], state[_ESCAPE]
     n = 0
     i = state[_NEXT]
-    while i < buf.size and n < events.size:
-        c = buf[i]
-        i += 1
-        if in_string:
+    size, cap = buf.size, events.size
+    while i < size and n < cap:
+        if in_string:  # the bulk of the bytes: a tight loop to the next quote or backslash
             if escape:
                 escape = 0
-            elif c == 92:  # backslash
-                escape = 1
-            elif c == 34:  # quote
-                in_string = 0
+                i += 1
+                continue
+            while i < size and buf[i] != 34 and buf[i] != 92:
+                i += 1
+            if i < size:
+                if buf[i] == 34:
+                    in_string = 0
+                else:
+                    escape = 1
+                i += 1
             continue
+        c = buf[i]
+        i += 1
         if phase == 1:
             if c == 34:
                 in_string = 1
