@@ -355,3 +355,12 @@ def test_interrupted_run_resumes_with_the_same_bytes(tmp_path: Path, bpe_tokeniz
 def test_expand_rejects_unknown_hub_scheme_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="hf://datasets/ORG/NAME"):
         expand_inputs(["hf://datasets/only-org"])
+
+
+def test_symlink_named_otherwise_than_its_target_is_read_by_its_name(tmp_path: Path) -> None:
+    (tmp_path / "blob0001").write_text('[{"text": "a"}, {"text": "b"}]')
+    (tmp_path / "data.json").symlink_to(tmp_path / "blob0001")
+    paths = expand_inputs([str(tmp_path / "data.json")])
+    assert paths == [tmp_path.resolve() / "data.json"]
+    _, chunks = plan_chunks(paths, 1 << 20)
+    assert [r.value for c in chunks for r in read_chunk(c)] == [{"text": "a"}, {"text": "b"}]
