@@ -364,3 +364,27 @@ def test_symlink_named_otherwise_than_its_target_is_read_by_its_name(tmp_path: P
     assert paths == [tmp_path.resolve() / "data.json"]
     _, chunks = plan_chunks(paths, 1 << 20)
     assert [r.value for c in chunks for r in read_chunk(c)] == [{"text": "a"}, {"text": "b"}]
+
+
+def test_run_yaml_keeps_hub_inputs_and_resolves_paths(tmp_path: Path) -> None:
+    from packtool.cli.runconfig import load_run_config
+
+    (tmp_path / "run.yaml").write_text(
+        "tokenize: {inputs: [hf://datasets/org/ds/data/*.json, local.json], tokenizer: org/tok, output: out}\n"
+    )
+    step = load_run_config(tmp_path / "run.yaml")[0]
+    assert step.tokenize is not None
+    assert step.tokenize.inputs == ("hf://datasets/org/ds/data/*.json", str(tmp_path / "local.json"))
+
+
+def test_json_array_elements_over_the_limit_are_skipped_unread_across_blocks(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [{"text": "x" * n} for n in (10, 300, 20, 1000, 5)]
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(rows))
+    monkeypatch.setattr(streams, "_BLOCK", 64)
+    _, chunks = plan_chunks([path], 1 << 20)
+    got = [r for c in chunks for r in read_chunk(c, max_record_bytes=100)]
+    assert [r.line for r in got] == [0, 1, 2, 3, 4]
+    assert [r.value for r in got if r.error is None] == [rows[0], rows[2], rows[4]]
+    assert [r.error.split(",")[0] for r in got if r.error] == ["record is 313 bytes", "record is 1013 bytes"]  # with the blank after the comma
