@@ -19,10 +19,10 @@ it (many hub datasets name their jsonl `.json`): `plan_chunks` reads it as `.jso
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import cache
 
 import numpy as np
-from numba import njit
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
@@ -49,7 +49,6 @@ _BEFORE, _INSIDE, _AFTER, _NOT_ARRAY, _GARBAGE, _BAD_CLOSE = range(6)
 _CLOSE = -1  # an event position < 0 marks the array's close at -(event) - 2
 
 
-@njit(cache=True, nogil=True)
 def _scan(buf: np.ndarray, offset: int, state: np.ndarray, events: np.ndarray) -> int:  # pragma: no cover - numba
     """Scan `buf` (bytes at file `offset`) from state[_NEXT]: write top-level comma positions, or
     -(pos)-2 for the close, until `events` is full (state[_NEXT]: where to go on; buf.size: done).
@@ -113,6 +112,14 @@ def _scan(buf: np.ndarray, offset: int, state: np.ndarray, events: np.ndarray) -
     return n
 
 
+@cache
+def _kernel() -> Callable[[np.ndarray, int, np.ndarray, np.ndarray], int]:
+    """`_scan` compiled on first use: numba's import (~0.4 s) is paid only by runs that read a `.json` array."""
+    from numba import njit
+
+    return njit(cache=True, nogil=True)(_scan)  # type: ignore[no-any-return]
+
+
 def _new_state(phase: int) -> np.ndarray:
     state = np.zeros(7, np.int64)
     state[_PHASE] = phase
@@ -126,8 +133,9 @@ def _events(block: bytes, offset: int, state: np.ndarray) -> Iterator[np.ndarray
     buf = np.frombuffer(block, np.uint8)
     events = np.empty(_EVENTS, np.int64)
     state[_NEXT] = 0
+    scan = _kernel()
     while state[_NEXT] < buf.size and state[_PHASE] < _NOT_ARRAY:
-        yield events[: _scan(buf, offset, state, events)]
+        yield events[: scan(buf, offset, state, events)]
 
 
 def starts_as_array(path: str) -> bool:
