@@ -388,3 +388,14 @@ def test_json_array_elements_over_the_limit_are_skipped_unread_across_blocks(tmp
     assert [r.line for r in got] == [0, 1, 2, 3, 4]
     assert [r.value for r in got if r.error is None] == [rows[0], rows[2], rows[4]]
     assert [r.error.split(",")[0] for r in got if r.error] == ["record is 313 bytes", "record is 1013 bytes"]  # with the blank after the comma
+
+
+@pytest.mark.parametrize(("damage", "message"), [("state", "cannot read the file list"), ("shard", "no such Arrow file")])
+def test_incomplete_saved_dataset_is_an_error(tmp_path: Path, bpe_tokenizer_dir: Path, damage: str, message: str) -> None:
+    datasets.Dataset.from_list(_text_rows(10, seed=2)).save_to_disk(str(tmp_path / "d"), num_shards=2)
+    if damage == "state":
+        (tmp_path / "d" / "state.json").write_text('{"_data_files": "nope"')
+    else:
+        (tmp_path / "d" / "data-00001-of-00002.arrow").unlink()
+    err = cli_error("tokenize", str(tmp_path / "d"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"))
+    assert message in err and str(tmp_path / "d") in err and "save_to_disk" in err

@@ -111,7 +111,7 @@ def saved_dataset_files(path: Path, given: str) -> list[Path]:
         raise InputError(
             f"a DatasetDict directory (splits: {', '.join(splits) or 'none'}) is several datasets",
             given,
-            hint=f"name one split's directory, e.g. {Path(given) / (splits[0] if splits else 'train')}",
+            hint=f"name one split's directory, e.g. {given.rstrip('/')}/{splits[0] if splits else 'train'}",
         )
     with reading(str(path / STATE)):
         try:
@@ -125,9 +125,9 @@ def saved_dataset_files(path: Path, given: str) -> list[Path]:
             ) from exc
     files = [path / name for name in names]
     for file in files:
-        if not file.is_file():
+        if file.suffix != ".arrow" or not file.is_file():
             raise InputError(
-                f"{STATE} lists {file.name} but the directory has no such file",
+                f"{STATE} lists {file.name} but the directory has no such Arrow file",
                 given,
                 hint="the dataset was copied incompletely; re-save it with Dataset.save_to_disk",
             )

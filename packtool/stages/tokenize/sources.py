@@ -114,7 +114,7 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
 def _walk_files(root: Path) -> list[Path]:
     """Files under `root`, hidden directories pruned, symlinked directories not followed (as rglob);
     a directory that cannot be listed raises instead of being skipped silently. A `save_to_disk`
-    directory met on the way is not walked: the caller expands it (`_dataset_dirs`)."""
+    directory met on the way is listed itself, not walked: `_expand_dir` expands it."""
 
     def fail(exc: OSError) -> None:
         raise exc
