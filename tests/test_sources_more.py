@@ -15,6 +15,8 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import cli, cli_error, write_jsonl, zipf_texts
 
 import packtool
@@ -399,3 +401,25 @@ def test_incomplete_saved_dataset_is_an_error(tmp_path: Path, bpe_tokenizer_dir:
         (tmp_path / "d" / "data-00001-of-00002.arrow").unlink()
     err = cli_error("tokenize", str(tmp_path / "d"), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"))
     assert message in err and str(tmp_path / "d") in err and "save_to_disk" in err
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(alphabet=st.sampled_from('ab"\\\\[]{},: \n\té🙂')),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=3), children, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(_JSON, max_size=12), indent=st.sampled_from([None, 1]), block=st.integers(1, 40),
+       chunk_bytes=st.integers(1, 200))
+def test_json_array_reader_matches_json_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, values: list[object],
+                                              indent: int | None, block: int, chunk_bytes: int) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
+    monkeypatch.setattr(jsonarray, "_BLOCK", block)
+    monkeypatch.setattr(streams, "_BLOCK", block)
+    _, chunks = plan_chunks([path], chunk_bytes)
+    records = [r for c in chunks for r in read_chunk(c)]
+    assert [r.error for r in records] == [None] * len(values)
+    assert [r.value for r in records] == values and [r.line for r in records] == list(range(len(values)))
