@@ -16,7 +16,9 @@ Inputs, built once and cached under bench_out/ (reused while their parameters ma
 Parts: (1) packtool `--backend fast` vs the bare script on 128 MB: every pair's ratio and best vs
 best (target >= 0.8), with the ids checked equal; (2) `--backend hf` end to end vs
 `Tokenizer.encode_batch_fast` over the same texts already in memory (target >= 0.9), in-process;
-(3) tokens/s and peak RSS on 1 GB (target >= 20M tokens/s on 2 cores, < 1 GB).
+(3) tokens/s and peak RSS on 1 GB (target >= 20M tokens/s on 2 cores, < 1 GB); (4) readers:
+the same records as a `.json` array and an Arrow stream, planned and read (no tokenizing) vs jsonl
+(`--sources-only` runs just this part; it needs no tokenizer).
 
 Run: python scripts/bench_tokenize.py [--mb 128] [--gb 1] [--repeat 3] [--workers N]
 """
@@ -281,6 +283,42 @@ def part_profile(corpus: Path, tok: Path) -> None:
         print(f"    {seconds:6.3f}  {name}")
 
 
+def part_sources(corpus: Path, repeat: int) -> None:
+    """Reader throughput, in this process: plan + read every record of the same corpus per source kind."""
+    import orjson
+    import pyarrow as pa
+
+    from packtool.stages.tokenize.sources import plan_chunks, read_chunk
+
+    array = corpus.with_suffix(".json")
+    arrow = corpus.with_suffix(".arrow")
+    if not array.is_file() or array.stat().st_mtime < corpus.stat().st_mtime:
+        with open(corpus, "rb") as src, open(array.with_suffix(".tmp"), "wb") as out:
+            out.write(b"[")
+            for i, line in enumerate(src):
+                out.write((b",\n" if i else b"") + line.rstrip(b"\n"))
+            out.write(b"]")
+        array.with_suffix(".tmp").replace(array)
+    if not arrow.is_file() or arrow.stat().st_mtime < corpus.stat().st_mtime:
+        texts = [orjson.loads(line)["text"] for line in corpus.read_bytes().splitlines()]
+        table = pa.table({"text": texts})
+        with pa.OSFile(str(arrow.with_suffix(".tmp")), "wb") as fh, pa.ipc.new_stream(fh, table.schema) as w:
+            w.write_table(table, max_chunksize=1000)  # datasets' writer_batch_size
+        arrow.with_suffix(".tmp").replace(arrow)
+    best: dict[str, float] = {}
+    for _ in range(repeat):  # interleaved, best of each
+        for name, path in (("jsonl", corpus), (".json array", array), ("Arrow stream", arrow)):
+            start = time.perf_counter()
+            _, chunks = plan_chunks([path], 16 << 20)
+            n = sum(1 for c in chunks for r in read_chunk(c) if r.value is not None)
+            best[name] = min(best.get(name, 1e9), time.perf_counter() - start)
+    mb = corpus.stat().st_size / 1e6
+    print(f"(4) readers, plan + read {n} records ({mb:.0f} MB of text), best of {repeat}, one thread:")
+    for name, seconds in best.items():
+        ratio = best["jsonl"] / seconds
+        print(f"    {name:13s} {seconds:6.2f} s  {mb / seconds:6.0f} MB/s  x{ratio:.2f} of jsonl's throughput")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=128, help="size of the main corpus in MB (>= 100)")
@@ -289,9 +327,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="interleaved pairs; best of each is reported")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--profile-only", action="store_true", help="only the per-step CPU breakdown")
+    parser.add_argument("--sources-only", action="store_true", help="only part 4 (readers, no tokenizer)")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if args.sources_only:
+        part_sources(build_corpus(OUT / f"corpus-{args.mb}mb.jsonl", args.mb * 1_000_000), args.repeat)
+        return
     tok = build_tokenizer(OUT / "tokenizer-131k")
     corpus = build_corpus(OUT / f"corpus-{args.mb}mb.jsonl", args.mb * 1_000_000)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start; python {sys.version.split()[0]}")
@@ -304,6 +346,8 @@ def main() -> None:
         print("(3) skipped (PACKTOOL_BENCH_SKIP_1GB is set)")
     else:
         part_large(build_corpus(OUT / f"corpus-{args.gb:g}gb.jsonl", int(args.gb * 1e9)), tok, args, env)
+    if not args.profile_only:
+        part_sources(corpus, args.repeat)
     part_profile(corpus, tok)  # last: it pins the Rust thread pools of this process to one thread
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 

@@ -56,7 +56,12 @@ def _root(
 
 @app.command()
 def tokenize(
-    inputs: Annotated[list[str], typer.Argument(help="Files, directories or globs: .jsonl(.gz|.zst), .parquet, .txt.")],
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Files, directories or globs: .jsonl(.gz|.zst), .json, .parquet, .arrow, save_to_disk dirs, .txt; hf://datasets/ORG/NAME[/PATH]."
+        ),
+    ],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="tokenizer.json, a model directory, or a hub name.")],
     output: Annotated[Path, typer.Option("--output", help="Token store directory to create.")],
     format: Annotated[

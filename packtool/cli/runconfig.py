@@ -296,7 +296,7 @@ def _resolve(value: str, base: Path, key: str) -> str:
     if key == "tokenizer":
         candidate = os.path.normpath(base / Path(value).expanduser())
         return candidate if os.path.exists(candidate) else value
-    if key not in PATH_KEYS:
+    if key not in PATH_KEYS or value.startswith("hf://"):  # a hub dataset is no path
         return value
     return os.path.normpath(base / Path(value).expanduser())  # an absolute value replaces base
 

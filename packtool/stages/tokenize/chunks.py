@@ -23,7 +23,7 @@ from packtool.stages.tokenize.backend_choice import cached_backend
 from packtool.stages.tokenize.journal import ChunkResult
 from packtool.stages.tokenize.records import extract
 from packtool.stages.tokenize.settings import ChunkSettings
-from packtool.stages.tokenize.sources import Chunk, read_chunk
+from packtool.stages.tokenize.sources import INDEXED_KINDS, Chunk, read_chunk
 from packtool.stages.tokenize.tokenizer import cached_tokenizer
 
 BATCH_CHARS = 2_000_000
@@ -83,6 +83,7 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
 
     for path in chunk.paths:
         result.sources[path] = [0, 0, 0]
+    indexed = chunk.kind in INDEXED_KINDS  # a .json array: records are addressed by their 0-based index
     for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
         counts = result.sources[record.source]
         counts[0] += 1
@@ -90,12 +91,12 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
         if isinstance(got, str):
             if settings.on_error == OnError.FAIL:
                 raise InputError(
-                    f"bad record: {got}",
+                    f"bad record: {got}" + (f" (record {record.line} of the JSON array, 0-based)" if indexed else ""),
                     record.source,
                     record.line,
                     hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
                 )
-            line = {"source": record.source, "line": record.line, "reason": got}
+            line = {"source": record.source, "record" if indexed else "line": record.line, "reason": got}
             rejects.append((json.dumps(line, ensure_ascii=False) + "\n").encode())
             counts[2] += 1
             kind = reason_kind(got)

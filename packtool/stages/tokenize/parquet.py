@@ -49,20 +49,28 @@ def parquet_rows(path: str, start: int, end: int, limit: int) -> Iterator[RawRec
         pf = pq.ParquetFile(path)
         row = 1 + sum(pf.metadata.row_group(i).num_rows for i in range(start))
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=list(range(start, end))):
-            sizes = _row_bytes(batch)
-            if not (sizes > limit).any():
-                for value in batch.to_pylist():
-                    yield RawRecord(path, row, value)
-                    row += 1
-                continue
-            for i in range(batch.num_rows):  # never turn an over-long row into Python objects
-                if sizes[i] > limit:
-                    yield RawRecord(path, row, error=too_long_reason(int(sizes[i]), limit))
-                else:
-                    yield RawRecord(path, row, batch.slice(i, 1).to_pylist()[0])
-                row += 1
+            yield from batch_records(path, batch, row, limit)
+            row += batch.num_rows
     except (pa.ArrowException, OSError) as exc:  # a corrupted page, a cut file, an unreadable file
         raise InputError(f"cannot read parquet data ({exc})", path, hint=_HINT) from exc
+
+
+def batch_records(path: str, batch: Any, row: int, limit: int) -> Iterator[RawRecord]:
+    """The rows of one record batch (numbered from `row`) as dicts, or errors for rows over `limit` bytes.
+
+    Shared by the parquet and Arrow readers, so both turn the same columns into the same values."""
+    sizes = _row_bytes(batch)
+    if not (sizes > limit).any():
+        for value in batch.to_pylist():
+            yield RawRecord(path, row, value)
+            row += 1
+        return
+    for i in range(batch.num_rows):  # never turn an over-long row into Python objects
+        if sizes[i] > limit:
+            yield RawRecord(path, row, error=too_long_reason(int(sizes[i]), limit))
+        else:
+            yield RawRecord(path, row, batch.slice(i, 1).to_pylist()[0])
+        row += 1
 
 
 def _row_bytes(batch: Any) -> np.ndarray:

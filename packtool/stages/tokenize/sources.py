@@ -3,7 +3,10 @@
 A chunk is the unit of work a tokenizer worker (a local process, or a Ray task) handles on its
 own: a byte range of a `.jsonl` file aligned to line starts (with the 1-based number of its
 first line), a whole compressed `.jsonl.gz` / `.jsonl.zst` file (streams cannot seek), a range
-of parquet row groups, or a run of consecutive `.txt` files. Chunking depends only on the
+of parquet row groups, a byte range of a `.json` array aligned to element starts
+(`jsonarray.py`), a row range of an Arrow file (`arrow.py`), or a run of consecutive `.txt`
+files. A `save_to_disk` directory is one input (its Arrow files in `state.json`'s order) and
+`hf://datasets/ORG/NAME[/PATH]` is read from the local hub cache (`hub.py`). Chunking depends only on the
 files and `chunk_bytes`, never on the number of workers, so every worker count writes the
 same bytes and an interrupted run can resume chunk by chunk.
 
@@ -24,6 +27,9 @@ from typing import Any
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
+from packtool.stages.tokenize.arrow import arrow_rows, is_saved_dataset, plan_arrow, saved_dataset_files
+from packtool.stages.tokenize.hub import hub_dataset_target, is_hub_input, pick_data_files
+from packtool.stages.tokenize.jsonarray import json_array_records, plan_json_array, starts_as_array
 from packtool.stages.tokenize.parquet import parquet_rows, plan_parquet
 from packtool.stages.tokenize.streams import (
     BOM,
@@ -49,12 +55,40 @@ except ImportError:  # pragma: no cover - orjson is a dependency
     _loads = json.loads  # type: ignore[assignment]
     _JSONError = ValueError
 
-SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", ".parquet": "parquet", ".txt": "txt"}
+SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".jsonl.gz": "jsonl.gz",
+    ".jsonl.zst": "jsonl.zst",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".txt": "txt",
+}
+#: chunk kinds whose records are addressed by a 0-based index (`record N`), not a line or row number
+INDEXED_KINDS = frozenset({"json"})
+#: `.json` files a directory walk leaves out: model, tokenizer, dataset and store metadata, not records
+NOT_DATA_JSON = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "config.json",
+        "generation_config.json",
+        "manifest.json",
+        "dataset_info.json",
+        "dataset_infos.json",
+        "state.json",
+        "dataset_dict.json",
+    }
+)
+_KINDS_TEXT = ".jsonl(.gz|.zst), .json, .parquet, .arrow, .txt, save_to_disk directories"
 _BLOCK = 1 << 22
 
 
 def source_kind(path: str | os.PathLike[str]) -> str | None:
-    """The reader for a file name (`jsonl`, `jsonl.gz`, `jsonl.zst`, `parquet`, `txt`), or None."""
+    """The reader for a file name (`jsonl`, `jsonl.gz`, `jsonl.zst`, `json`, `parquet`, `arrow`, `txt`), or None."""
     name = os.fspath(path).lower()
     for suffix in sorted(SUFFIXES, key=len, reverse=True):
         if name.endswith(suffix):
@@ -63,21 +97,24 @@ def source_kind(path: str | os.PathLike[str]) -> str | None:
 
 
 def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """Files, directories (recursive) and globs -> sorted, de-duplicated supported files."""
+    """Files, directories (recursive), globs and `hf://datasets/...` -> sorted, de-duplicated input files.
+
+    The order is the sorted path order, except that a `save_to_disk` directory's files keep
+    `state.json`'s order (they sort as the directory's own path)."""
     if not inputs:
-        raise InputError(
-            "no input given", hint="pass files, directories or globs of .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt"
-        )
-    found: set[Path] = set()
+        raise InputError("no input given", hint=f"pass files, directories or globs of {_KINDS_TEXT}")
+    found: dict[Path, tuple[str, int]] = {}
     for item in inputs:
-        with reading(os.fspath(item)):  # a directory on the way that cannot be listed, etc.
-            found.update(_expand_one(os.fspath(item)))
-    return sorted(found, key=lambda p: str(p))
+        text = os.fspath(item)
+        with reading(text):  # a directory on the way that cannot be listed, etc.
+            found.update(_expand_hub(text) if is_hub_input(text) else _expand_one(text))
+    return sorted(found, key=lambda p: found[p])
 
 
 def _walk_files(root: Path) -> list[Path]:
     """Files under `root`, hidden directories pruned, symlinked directories not followed (as rglob);
-    a directory that cannot be listed raises instead of being skipped silently."""
+    a directory that cannot be listed raises instead of being skipped silently. A `save_to_disk`
+    directory met on the way is listed itself, not walked: `_expand_dir` expands it."""
 
     def fail(exc: OSError) -> None:
         raise exc
@@ -85,38 +122,102 @@ def _walk_files(root: Path) -> list[Path]:
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        if is_saved_dataset(Path(dirpath)):
+            dirnames[:] = []
+            out.append(Path(dirpath))
+            continue
         out.extend(Path(dirpath) / name for name in filenames)
     return out
 
 
-def _expand_one(text: str) -> list[Path]:
-    """One input argument -> its supported files (resolved)."""
+def _norm(path: Path) -> Path:
+    """The resolved path, or, when a link's target is named otherwise (a hub snapshot's files link
+    to blobs named by hash), the absolute path of the link: the reader is picked by the name."""
+    resolved = path.resolve()
+    return resolved if source_kind(resolved) == source_kind(path) else path.parent.resolve() / path.name
+
+
+def _plain(path: Path) -> dict[Path, tuple[str, int]]:
+    path = _norm(path)
+    return {path: (str(path), -1)}
+
+
+def _dataset(path: Path, given: str) -> dict[Path, tuple[str, int]]:
+    """A `save_to_disk` directory's files, keyed to sort in `state.json`'s order at the directory's place."""
+    key = str(path.resolve())
+    return {_norm(p): (key, i) for i, p in enumerate(saved_dataset_files(path, given))}
+
+
+def _expand_dir(path: Path) -> dict[Path, tuple[str, int]]:
+    out: dict[Path, tuple[str, int]] = {}
+    for p in _walk_files(path):
+        if p.is_dir():
+            out.update(_dataset(p, str(p)))
+        elif p.is_file() and source_kind(p) and not _hidden(p, path) and p.name not in NOT_DATA_JSON:
+            out.update(_plain(p))
+    return out
+
+
+def _expand_glob(pattern: str) -> dict[Path, tuple[str, int]]:
+    out: dict[Path, tuple[str, int]] = {}
+    for p in map(Path, glob.glob(pattern, recursive=True)):
+        if p.is_dir() and is_saved_dataset(p):
+            out.update(_dataset(p, str(p)))
+        elif p.is_file() and source_kind(p):
+            out.update(_plain(p))
+    return out
+
+
+def _expand_one(text: str) -> dict[Path, tuple[str, int]]:
+    """One input argument -> its supported files, with their sort keys."""
     path = Path(text)
     if path.is_dir():
-        matches = [p for p in _walk_files(path) if p.is_file() and source_kind(p) and not _hidden(p, path)]
+        if is_saved_dataset(path):
+            return _dataset(path, text)
+        matches = _expand_dir(path)
         if not matches:
-            raise InputError(
-                "directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet/.txt files", text, hint="check the path"
-            )
-    elif path.is_file():
+            raise InputError(f"directory holds no {_KINDS_TEXT}", text, hint="check the path")
+        return matches
+    if path.is_file():
         if source_kind(path) is None:
             raise InputError(
-                "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .txt)",
+                "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .json, .parquet, .arrow or .txt)",
                 text,
                 hint="rename or convert the file",
             )
-        matches = [path]
-    elif path.exists():
+        return _plain(path)
+    if path.exists():
         raise InputError("is not a regular file (a device, a pipe or a socket)", text, hint="pass a file")
+    matches = _expand_glob(text)
+    if not matches:
+        raise InputError(
+            "input does not exist or the glob matches no supported file", text, hint="check the path or quote the glob"
+        )
+    return matches
+
+
+def _expand_hub(text: str) -> dict[Path, tuple[str, int]]:
+    """`hf://datasets/ORG/NAME[/PATH]` -> the data files of its cached snapshot (`hub.py` says which)."""
+    snapshot, name, inner = hub_dataset_target(text)
+    target = snapshot / inner
+    if not inner:
+        walked = _expand_dir(snapshot)
+        picked = set(pick_data_files([(p, source_kind(p) or "") for p in walked], snapshot))
+        out = {p: key for p, key in walked.items() if p in picked}
+    elif target.is_dir():
+        out = _dataset(target, text) if is_saved_dataset(target) else _expand_dir(target)
+    elif target.is_file():
+        out = _plain(target) if source_kind(target) else {}
     else:
-        matches = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and source_kind(p)]
-        if not matches:
-            raise InputError(
-                "input does not exist or the glob matches no supported file",
-                text,
-                hint="check the path or quote the glob",
-            )
-    return [p.resolve() for p in matches]
+        out = _expand_glob(str(target))
+    if not out:
+        where = f" at {inner!r}" if inner else ""
+        raise InputError(
+            f"dataset {name} in the hub cache ({snapshot}) holds no {_KINDS_TEXT}{where}",
+            text,
+            hint="name a data file, directory or glob inside it: hf://datasets/ORG/NAME/PATH",
+        )
+    return out
 
 
 def _hidden(path: Path, root: Path) -> bool:
@@ -125,7 +226,8 @@ def _hidden(path: Path, root: Path) -> bool:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One deterministic unit of work. `start`/`end`: bytes (jsonl) or row groups (parquet)."""
+    """One deterministic unit of work. `start`/`end`: bytes (jsonl, json), row groups (parquet) or rows
+    (arrow); `first_line`: the first line's number (jsonl) or the first element's 0-based index (json)."""
 
     index: int
     kind: str
@@ -145,7 +247,8 @@ class SourceFile:
 
 
 def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFile], list[Chunk]]:
-    """Cut the inputs into chunks of about `chunk_bytes`: only `.jsonl` files are read (newlines counted)."""
+    """Cut the inputs into chunks of about `chunk_bytes`: `.jsonl` and `.json` files are scanned (newlines
+    or array elements counted), parquet and Arrow files' metadata and batch headers are read."""
     sources: list[SourceFile] = []
     chunks: list[Chunk] = []
     txt_run: list[SourceFile] = []
@@ -159,6 +262,17 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
 
     for path in paths:
         kind = source_kind(path) or ""
+        if kind == "json" and not starts_as_array(str(path)):
+            kind = "jsonl"  # JSON Lines named .json, as `datasets` reads it
+        if kind == "json":
+            size, ranges = plan_json_array(str(path), chunk_bytes)
+            sources.append(SourceFile(str(path), size))
+            flush_txt()
+            base = len(chunks)
+            chunks.extend(
+                Chunk(base + i, kind, (str(path),), s, e, index, e - s) for i, (s, e, index) in enumerate(ranges)
+            )
+            continue
         if kind == "jsonl":
             source, ranges = _plan_jsonl(path, chunk_bytes)
             sources.append(source)
@@ -178,9 +292,9 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
             txt_run.append(source)
             continue
         flush_txt()
-        if kind == "parquet":
+        if kind in ("parquet", "arrow"):
             base = len(chunks)
-            groups = plan_parquet(path, chunk_bytes)
+            groups = plan_parquet(path, chunk_bytes) if kind == "parquet" else plan_arrow(source.path, chunk_bytes)
             chunks.extend(Chunk(base + i, kind, (source.path,), s, e, n_bytes=b) for i, (s, e, b) in enumerate(groups))
         else:
             chunks.append(Chunk(len(chunks), kind, (source.path,), n_bytes=source.n_bytes))
@@ -234,7 +348,7 @@ def _plan_jsonl(path: Path, chunk_bytes: int) -> tuple[SourceFile, list[tuple[in
 def read_chunk(
     chunk: Chunk, *, separator: str | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 ) -> Iterator[RawRecord]:
-    """Yield the records of a chunk in order: parsed JSON values / parquet rows / texts, or errors.
+    """Yield the records of a chunk in order: parsed JSON values / parquet or Arrow rows / texts, or errors.
 
     A record over `max_record_bytes` is an error record (never read whole into memory); an
     unreadable, truncated or corrupted file raises InputError (a file-level error, even with
@@ -248,8 +362,12 @@ def read_chunk(
     elif chunk.kind in ("jsonl.gz", "jsonl.zst"):
         blocks = gzip_blocks(path) if chunk.kind == "jsonl.gz" else zstd_blocks(path)
         yield from _jsonl_lines(path, split_records(blocks, b"\n", limit), 1, limit)
+    elif chunk.kind == "json":
+        yield from json_array_records(path, chunk.start, chunk.end, chunk.first_line, limit)
     elif chunk.kind == "parquet":
         yield from parquet_rows(path, chunk.start, chunk.end, limit)
+    elif chunk.kind == "arrow":
+        yield from arrow_rows(path, chunk.start, chunk.end, limit)
     elif chunk.kind == "txt":
         for txt in chunk.paths:
             yield from _txt_records(txt, separator, limit)

@@ -1,0 +1,142 @@
+"""Arrow inputs: IPC files and streams (`.arrow`), and `datasets` `save_to_disk` directories.
+
+An `.arrow` file is memory-mapped and read one record batch at a time, in slices of
+`BATCH_ROWS` rows, so memory stays bounded whatever the file's size or its batches' size. Both
+Arrow IPC layouts are read: the file format (`ARROW1` magic, random access to batches) and the
+stream format that `datasets` writes. Rows become records exactly as parquet rows do (the same
+`batch_records`: structs are dicts, lists are lists, row numbers 1-based), so a dataset gives
+the same bytes from parquet, Arrow or jsonl.
+
+Chunks are row ranges cut at about `chunk_bytes` of batch data (a large batch is cut inside),
+found by walking the batches' headers at planning, which also finds a cut or corrupted file
+before any work. A `save_to_disk` directory (`state.json` + `dataset_info.json` +
+`data-XXXXX-of-YYYYY.arrow`) is one dataset: its files in `state.json`'s order. A
+`DatasetDict` directory (`dataset_dict.json`) holds several splits: the user names one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from packtool.errors import InputError
+from packtool.formats.oserrors import reading
+from packtool.stages.tokenize.parquet import batch_records
+from packtool.stages.tokenize.streams import RawRecord
+
+BATCH_ROWS = 4096
+_HINT = "check that the file is a complete Arrow IPC file or stream (re-write or re-download it)"
+_FILE_MAGIC = b"ARROW1"
+STATE = "state.json"
+INFO = "dataset_info.json"
+DICT = "dataset_dict.json"
+
+
+def _batches(source: Any) -> Iterator[Any]:
+    """Record batches of a memory-mapped IPC file or stream, read lazily (zero-copy)."""
+    import pyarrow as pa
+
+    magic = source.read(len(_FILE_MAGIC))
+    source.seek(0)
+    if magic == _FILE_MAGIC:
+        reader = pa.ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+    else:
+        yield from pa.ipc.open_stream(source)
+
+
+def plan_arrow(path: str, chunk_bytes: int) -> list[tuple[int, int, int]]:
+    """Row ranges (start, end, bytes of batch data) of about `chunk_bytes` each; InputError for a broken file."""
+    import pyarrow as pa
+
+    chunks: list[tuple[int, int, int]] = []
+    start, row, size = 0, 0, 0.0
+    with reading(path):
+        mapped = pa.memory_map(path)
+    try:
+        with mapped as source:
+            for batch in _batches(source):
+                n = batch.num_rows
+                per_row = int(batch.nbytes) / n if n else 0.0
+                pos = 0
+                while pos < n:  # a batch larger than a chunk is cut inside
+                    room = chunk_bytes - size
+                    take = n - pos if per_row == 0 else min(n - pos, max(1, math.ceil(room / per_row)))
+                    pos, row, size = pos + take, row + take, size + take * per_row
+                    if size >= chunk_bytes:
+                        chunks.append((start, row, int(size)))
+                        start, size = row, 0.0
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"cannot read Arrow data ({exc})", path, hint=_HINT) from exc
+    if start < row or not chunks:
+        chunks.append((start, row, int(size)))
+    return chunks
+
+
+def arrow_rows(path: str, start: int, end: int, limit: int) -> Iterator[RawRecord]:
+    """RawRecords of rows `start:end` (0-based; numbered from 1 like parquet rows)."""
+    import pyarrow as pa
+
+    with reading(path):
+        mapped = pa.memory_map(path)
+    try:
+        with mapped as source:
+            row = 0
+            for batch in _batches(source):
+                n = batch.num_rows
+                lo, hi = max(start, row), min(end, row + n)
+                for s in range(lo, hi, BATCH_ROWS):
+                    piece = batch.slice(s - row, min(BATCH_ROWS, hi - s))
+                    yield from batch_records(path, piece, s + 1, limit)
+                row += n
+                if row >= end:
+                    return
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"cannot read Arrow data ({exc})", path, hint=_HINT) from exc
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """A `datasets` `save_to_disk` directory (one split) or a `DatasetDict` one (several)."""
+    return ((path / STATE).is_file() and (path / INFO).is_file()) or (path / DICT).is_file()
+
+
+def saved_dataset_files(path: Path, given: str) -> list[Path]:
+    """The Arrow files of a `save_to_disk` directory, in `state.json`'s order."""
+    if (path / DICT).is_file():
+        splits = _dataset_dict_splits(path)
+        raise InputError(
+            f"a DatasetDict directory (splits: {', '.join(splits) or 'none'}) is several datasets",
+            given,
+            hint=f"name one split's directory, e.g. {given.rstrip('/')}/{splits[0] if splits else 'train'}",
+        )
+    with reading(str(path / STATE)):
+        try:
+            state = json.loads((path / STATE).read_text("utf-8"))
+            names = [str(entry["filename"]) for entry in state["_data_files"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(
+                f"cannot read the file list of a save_to_disk directory ({STATE}: {exc!r})",
+                given,
+                hint="re-save the dataset with Dataset.save_to_disk",
+            ) from exc
+    files = [path / name for name in names]
+    for file in files:
+        if file.suffix != ".arrow" or not file.is_file():
+            raise InputError(
+                f"{STATE} lists {file.name} but the directory has no such Arrow file",
+                given,
+                hint="the dataset was copied incompletely; re-save it with Dataset.save_to_disk",
+            )
+    return files
+
+
+def _dataset_dict_splits(path: Path) -> list[str]:
+    try:
+        splits = json.loads((path / DICT).read_text("utf-8")).get("splits", [])
+        return [str(s) for s in splits]
+    except (ValueError, AttributeError, OSError):
+        return sorted(p.name for p in path.iterdir() if p.is_dir() and (p / STATE).is_file())

@@ -1,0 +1,106 @@
+"""The local Hugging Face hub cache: tokenizers by name, datasets as `hf://datasets/ORG/NAME[/PATH]`.
+
+Only the cache on disk is read (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
+`~/.cache/huggingface/hub`; layout `{models,datasets}--ORG--NAME/snapshots/<rev>/`, revision
+from `refs/main`), so nothing ever needs the network nor `huggingface_hub`. A dataset that is
+not there is an error that names the command fetching it.
+
+Which files of a dataset snapshot are data, when no PATH narrows it: the files of the readable
+kinds (jsonl, json, parquet, arrow, txt, and `save_to_disk` directories), hidden paths and
+metadata `.json` files left out as in any directory (`sources.NOT_DATA_JSON`); of those, the
+most common family (parquet, arrow, json/jsonl, txt; a tie prefers that order), as `datasets`
+picks the most common extension; and when their names carry split names the way the hub
+names them (`train`, `validation`/`valid`/`dev`/`val`, `test`/`eval`), the `train` split only.
+A PATH (a file, a directory, or a glob inside the snapshot) takes exactly what it names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from packtool.errors import InputError
+
+PREFIX = "hf://"
+_FAMILIES = {"parquet": 0, "arrow": 1, "json": 2, "jsonl": 2, "jsonl.gz": 2, "jsonl.zst": 2, "txt": 3}
+_SPLITS = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, honouring HF_HUB_CACHE and HF_HOME like huggingface_hub does."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path("~/.cache/huggingface/hub").expanduser()
+
+
+def hub_snapshot(repo_type: str, name: str, usable: Callable[[Path], bool]) -> Path | None:
+    """The cached snapshot of `org/name` (a `models` or `datasets` repo): `refs/main`'s, else the newest usable."""
+    repo = hub_cache_dir() / f"{repo_type}--{name.replace('/', '--')}"
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        candidate = snapshots / ref.read_text().strip()
+        if usable(candidate):
+            return candidate
+    found = sorted((p for p in snapshots.iterdir() if usable(p)), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def is_hub_input(text: str) -> bool:
+    return text.startswith(PREFIX)
+
+
+def hub_dataset_target(text: str) -> tuple[Path, str, str]:
+    """`hf://datasets/ORG/NAME[/PATH]` -> (snapshot directory, `ORG/NAME`, PATH or "")."""
+    parts = text[len(PREFIX) :].strip("/").split("/")
+    if len(parts) < 3 or parts[0] != "datasets" or not parts[1] or not parts[2]:
+        raise InputError(
+            "not a hub dataset name (expected hf://datasets/ORG/NAME, optionally followed by a path or glob)",
+            text,
+            hint="write hf://datasets/ORG/NAME[/PATH]",
+        )
+    name = f"{parts[1]}/{parts[2]}"
+    snapshot = hub_snapshot("datasets", name, Path.is_dir)
+    if snapshot is None:
+        raise InputError(
+            f"dataset {name} is not in the local Hugging Face cache ({hub_cache_dir()}); packtool never downloads",
+            text,
+            hint=f"fetch it with `hf download {name} --repo-type dataset`, or set HF_HUB_CACHE / HF_HOME",
+        )
+    return snapshot.resolve(), name, "/".join(parts[3:])
+
+
+def pick_data_files(found: list[tuple[Path, str]], snapshot: Path) -> list[Path]:
+    """Of a whole snapshot's (file, kind) pairs, the data files users expect (see the module docstring)."""
+    data = [(p, k) for p, k in found if k in _FAMILIES]
+    if not data:
+        return []
+    counts: dict[int, int] = {}
+    for _, kind in data:
+        counts[_FAMILIES[kind]] = counts.get(_FAMILIES[kind], 0) + 1
+    family = min(counts, key=lambda f: (-counts[f], f))
+    files = [p for p, k in data if _FAMILIES[k] == family]
+    by_split = {
+        split: [p for p in files if _split_of(p.relative_to(snapshot).as_posix()) == split] for split in _SPLITS
+    }
+    if by_split["train"] and any(by_split[s] for s in ("validation", "test")):
+        return by_split["train"]
+    return files
+
+
+def _split_of(relative: str) -> str | None:
+    for split, words in _SPLITS.items():
+        for word in words:
+            if re.search(rf"(^|[-._ /0-9]){word}([-._ /0-9]|$)", relative.lower()):
+                return split
+    return None
