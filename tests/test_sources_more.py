@@ -46,6 +46,31 @@ def _text_rows(n: int, seed: int) -> list[dict[str, object]]:
     return [{"text": t, "meta": {"n": i}} for i, t in enumerate(texts)]
 
 
+def _sharegpt_rows(n: int, seed: int) -> list[dict[str, object]]:
+    """ShareGPT records whose optional keys come and go (Arrow and parquet fill the gaps with null)."""
+    texts = zipf_texts(2 * n, seed=seed, max_words=30)
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        row: dict[str, object] = {"conversations": [{"from": "human", "value": texts[2 * i]},
+                                                    {"from": "gpt", "value": texts[2 * i + 1]}]}
+        if i % 3 == 0:
+            row["system"] = f"You are assistant {i}."
+        rows.append(row)
+    return rows
+
+
+def _alpaca_rows(n: int, seed: int) -> list[dict[str, object]]:
+    texts = zipf_texts(3 * n, seed=seed, max_words=30)
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        row: dict[str, object] = {"instruction": texts[3 * i], "input": texts[3 * i + 1] if i % 2 else "",
+                                  "output": texts[3 * i + 2]}
+        if i % 4 == 0:  # the first row holds every key: `Dataset.from_list` takes its columns from it
+            row["history"] = [["earlier question", "earlier answer"]]
+        rows.append(row)
+    return rows
+
+
 def _write_sources(root: Path, rows: list[dict[str, object]]) -> dict[str, Path]:
     """The same records as jsonl, a pretty-printed .json array, parquet, save_to_disk, Arrow file and stream."""
     root.mkdir(parents=True)
@@ -98,7 +123,8 @@ def _same_bytes(a: Path, b: Path) -> None:
 
 @pytest.mark.parametrize(
     ("fmt", "make", "flags"),
-    [("text", _text_rows, ()), ("chat", _chat_rows, ("--format", "chat"))],
+    [("text", _text_rows, ()), ("chat", _chat_rows, ("--format", "chat")),
+     ("sharegpt", _sharegpt_rows, ("--format", "sharegpt")), ("alpaca", _alpaca_rows, ("--format", "alpaca"))],
 )
 def test_every_source_gives_the_same_bytes(tmp_path: Path, bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                            fmt: str, make: object, flags: tuple[str, ...]) -> None:
