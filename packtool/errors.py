@@ -1,7 +1,7 @@
 """The exception hierarchy. Every message says what failed, where, and how to fix it.
 
 The CLI turns any `PacktoolError` into ONE line `error: <message>` on stderr and exit
-code 1; anything else is a bug and keeps its traceback.
+code 1 (2 for a `UsageError`); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ class FormatError(PacktoolError):
 
 class ConfigError(PacktoolError):
     """A flag, config key or combination of options is invalid."""
+
+
+class UsageError(ConfigError):
+    """Flags that contradict each other or a value outside its domain: the CLI exits 2, as for a usage error."""
 
 
 class TokenizerError(PacktoolError):

@@ -116,11 +116,12 @@ def cli(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def cli_error(*args: str) -> str:
-    """Run the CLI, expect exit 1 with exactly one `error:` line on stderr and no traceback; return it."""
-    code, out, err = cli(*args)
+def cli_error(*args: str, code: int = 1) -> str:
+    """Run the CLI, expect exit `code` (1, or 2 for a usage error) with exactly one `error:` line on stderr
+    and no traceback; return it."""
+    got, out, err = cli(*args)
     lines = err.strip().splitlines()
-    assert code == 1, (out, err)
+    assert got == code, (got, out, err)
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
     return lines[0]
 

@@ -30,7 +30,7 @@ from packtool.core.encoding.shapes import (
     parse_role_map,
     sharegpt_conversation,
 )
-from packtool.errors import ConfigError
+from packtool.errors import UsageError
 from packtool.formats.token_store import open_token_store
 
 transformers = pytest.importorskip("transformers")
@@ -351,10 +351,11 @@ def test_bad_records_fail_at_file_line_or_are_rejected_by_reason(
 ])
 def test_contradictory_flags_are_usage_errors(tmp_path: Path, tokenizers: dict[str, Path], flags: list[str], message: str) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [SHAREGPT[0][0]])
-    line = cli_error("tokenize", str(src), "--tokenizer", str(tokenizers["qwen2_5"]), "--output", str(tmp_path / "o"), *flags)
+    line = cli_error("tokenize", str(src), "--tokenizer", str(tokenizers["qwen2_5"]), "--output", str(tmp_path / "o"), *flags,
+                     code=2)
     assert message in line, line
     assert not (tmp_path / "o").exists()
-    with pytest.raises(ConfigError):
+    with pytest.raises(UsageError):
         packtool.TokenizeConfig(inputs=(str(src),), tokenizer="t", output="o",
                                 **_config_kwargs(flags)).validate()
 
@@ -378,7 +379,7 @@ def test_run_config_takes_the_shape_keys(tmp_path: Path, tokenizers: dict[str, P
     (tmp_path / "bad.yaml").write_text(
         f"tokenize: {{inputs: [data.jsonl], tokenizer: {tokenizers['qwen2_5']}, output: t2, format: alpaca,\n"
         "           messages_field: conv}\n")
-    assert "--messages-field does not apply to --format alpaca" in cli_error("run", str(tmp_path / "bad.yaml"), "-q")
+    assert "--messages-field does not apply to --format alpaca" in cli_error("run", str(tmp_path / "bad.yaml"), "-q", code=2)
 
 
 def test_shape_functions_directly() -> None:

@@ -11,7 +11,7 @@ import sys
 import typer
 
 from packtool.cli.commands import app
-from packtool.errors import PacktoolError
+from packtool.errors import PacktoolError, UsageError
 
 
 class Terminated(BaseException):
@@ -37,7 +37,7 @@ def main() -> None:
         app()
     except PacktoolError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(2 if isinstance(exc, UsageError) else 1)
     except Terminated:
         typer.echo(
             "error: terminated (SIGTERM), nothing half-written was kept, re-run the same command to resume", err=True

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from packtool.choices import AssistantTurns, BackendName, ExecutorName, InputFormat, OnError
 from packtool.core.encoding.shapes import parse_role_map
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, UsageError
 from packtool.stages.tokenize.streams import DEFAULT_MAX_RECORD_BYTES
 
 DEFAULT_CHUNK_BYTES = 16 << 20
@@ -135,7 +135,7 @@ class TokenizeConfig:
         for name, formats in uses.items():
             if getattr(self, name) is not None and fmt not in formats:
                 flag = "--" + name.replace("_", "-")
-                raise ConfigError(
+                raise UsageError(
                     f"{flag} does not apply to --format {fmt} (it is for {', '.join(str(f) for f in formats)}), "
                     f"leave {flag} out or pick the format that has it"
                 )
@@ -143,4 +143,4 @@ class TokenizeConfig:
             try:
                 parse_role_map(self.role_map)
             except ValueError as exc:
-                raise ConfigError(f"--role-map {self.role_map!r} is malformed: {exc}") from None
+                raise UsageError(f"--role-map {self.role_map!r} is malformed: {exc}") from None
