@@ -59,7 +59,7 @@ def document_ids(cu_seqlens: torch.Tensor, total_len: int | None = None) -> torc
     return torch.repeat_interleave(torch.arange(lens.numel(), dtype=torch.int32), lens)
 
 
-def _tiles(doc: np.ndarray, block: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _tiles(doc: np.ndarray, block: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
     """(partial, full) bool `[n_blocks, n_blocks]`: tiles the mask cuts, and tiles it keeps whole."""
     total = doc.size
     nb = -(-total // block)
@@ -76,14 +76,25 @@ def _tiles(doc: np.ndarray, block: int, causal: bool) -> tuple[torch.Tensor, tor
     if total % block:  # a short last tile is never full (torch pads it with masked positions)
         full[-1, :] = False
         full[:, -1] = False
-    return torch.from_numpy(live & ~full), torch.from_numpy(full)
+    return live & ~full, full
 
 
-def _ordered(dense: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """BlockMask's (num_blocks, indices) of a tile matrix: live tiles first, ascending (as torch orders them)."""
-    dense = dense.to(torch.int32)[None, None]
-    indices = torch.argsort(dense, dim=-1, descending=True, stable=True)
-    return dense.sum(-1).to(torch.int32).to(device), indices.to(torch.int32).to(device)
+def _ordered(dense: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """BlockMask's (num_blocks, indices) of a tile matrix: each row's live columns first, ascending, then the rest.
+
+    The order torch's stable argsort gives, computed by counting instead of sorting.
+    """
+    rows, cols = dense.shape
+    live = np.cumsum(dense, axis=1, dtype=np.int32)
+    count = live[:, -1].copy() if cols else np.zeros(rows, dtype=np.int32)
+    dead = np.arange(1, cols + 1, dtype=np.int32)[None, :] - live
+    slot = np.where(dense, live - 1, count[:, None] + dead - 1)
+    indices = np.empty_like(slot)
+    np.put_along_axis(indices, slot, np.broadcast_to(np.arange(cols, dtype=np.int32), slot.shape), axis=1)
+    return (
+        torch.from_numpy(count)[None, None].to(device),
+        torch.from_numpy(indices)[None, None].to(device),
+    )
 
 
 def _mask_mod(doc: torch.Tensor, causal: bool) -> Callable[..., torch.Tensor]:
@@ -117,16 +128,22 @@ def _build(
     partial, full = _tiles(doc.numpy(), block, causal)
     kv_num, kv_idx = _ordered(partial, dev)
     full_num, full_idx = _ordered(full, dev)
+    q_num, q_idx = _ordered(np.ascontiguousarray(partial.T), dev)  # the backward pass walks columns
+    full_q_num, full_q_idx = _ordered(np.ascontiguousarray(full.T), dev)
 
     def make(mask_mod: Callable[..., torch.Tensor]) -> BlockMask:
-        return BlockMask.from_kv_blocks(
-            kv_num,
-            kv_idx,
-            full_num,
-            full_idx,
-            BLOCK_SIZE=block,
-            mask_mod=mask_mod,
+        return BlockMask(
             seq_lengths=(total, total),
+            kv_num_blocks=kv_num,
+            kv_indices=kv_idx,
+            full_kv_num_blocks=full_num,
+            full_kv_indices=full_idx,
+            q_num_blocks=q_num,
+            q_indices=q_idx,
+            full_q_num_blocks=full_q_num,
+            full_q_indices=full_q_idx,
+            BLOCK_SIZE=(block, block),
+            mask_mod=mask_mod,
         )
 
     return doc.to(dev), total, make
