@@ -76,12 +76,13 @@ def unusable(name: str, q: torch.Tensor) -> str | None:
     return None
 
 
-def parameters(fn: Callable[..., Any]) -> set[str] | None:
+@cache
+def parameters(fn: Callable[..., Any]) -> frozenset[str] | None:
     """Names `fn` accepts, or None when it takes **kwargs (anything goes)."""
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return {p.name for p in params}
+    return frozenset(p.name for p in params)
 
 
 def run(
@@ -139,7 +140,7 @@ def _native(
 ) -> Any:
     accepted = parameters(fn)
     if accepted is None:  # a wrapper taking **kwargs: assume the current (2.13) keywords
-        accepted = {"window_size", "scale", "enable_gqa"}
+        accepted = frozenset({"window_size", "scale", "enable_gqa"})
     kwargs: dict[str, Any] = {}
     if "window_size" in accepted:  # torch >= 2.11: (-1, 0) is causal, (-1, -1) full
         kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
