@@ -75,3 +75,15 @@ class ExportTarget(StrEnum):
     NEMO = "nemo"
     TRL = "trl"
     OLMO_CORE = "olmo-core"
+
+
+class AttentionBackend(StrEnum):
+    """Which kernel `packtool.attention.varlen_attention` runs (`auto`: the first usable of flash, native, fallback)."""
+
+    AUTO = "auto"
+    FLASH = "flash"
+    FLASH2 = "flash2"
+    FLASH3 = "flash3"
+    FLASH4 = "flash4"
+    NATIVE = "native"
+    FALLBACK = "fallback"

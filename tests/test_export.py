@@ -53,6 +53,8 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "pad8": _make(root, "pad8", [str(SAMPLE / "prompt_completion.jsonl")], tok, "--format", "prompt-completion",
                       pack=("--pad-multiple", "8")),
         "u32": _make(root, "u32", [str(root / "big.jsonl")], str(big), pack=("--overlong", "drop")),
+        # long documents, default --overlong split: head fragments without EOS, each alone in its pack
+        "text_split": _make(root, "text_split", [str(SAMPLE / "text.jsonl")], tok),
     }
 
 
@@ -119,7 +121,7 @@ def test_trl_rows_are_the_loader_items(stores: dict[str, Path], tmp_path: Path, 
         assert [0, *np.cumsum(row["seq_lengths"]).tolist()] == item["cu_seqlens"].tolist()  # tail = one sequence
 
 
-@pytest.mark.parametrize("name", ["text", "u32"])
+@pytest.mark.parametrize("name", ["text", "u32", "text_split"])
 def test_olmo_core_raw_files_and_eos_documents(stores: dict[str, Path], tmp_path: Path, name: str) -> None:
     out = _ok("export", str(stores[name]), "--to", "olmo-core", "--output", str(tmp_path / "olmo"), "-q")
     assert "NumpyFSLDataset(" in out and "generate_doc_lengths=True" in out and "label_mask_paths=" in out
@@ -135,8 +137,24 @@ def test_olmo_core_raw_files_and_eos_documents(stores: dict[str, Path], tmp_path
         assert np.array_equal(tokens[i], item["input_ids"].numpy())
         assert np.array_equal(mask[i], item["labels"].numpy() != -100)
         ends = np.flatnonzero(tokens[i] == eos) + 1  # OLMo-core: a document ends at each EOS, the rest is one more
-        bounds = [0, *ends.tolist()] + ([SIZE] if ends[-1] != SIZE else [])
+        bounds = [0, *ends.tolist()] + ([SIZE] if not ends.size or ends[-1] != SIZE else [])
         assert bounds == item["cu_seqlens"].tolist()
+    if name == "text_split":  # the case the export used to refuse: fragments without EOS (full packs alone)
+        meta = ds.metadata
+        assert meta["overlong"]["policy"] == "split" and meta["overlong"]["count"] > 0
+        assert sum(int(tokens[i, -1] != eos and tokens[i, -1] != meta["pad_id"]) for i in range(len(ds))) > 0
+
+
+def test_olmo_core_refuses_a_fragment_followed_by_another_sequence(stores: dict[str, Path], tmp_path: Path) -> None:
+    """A store tokenized without EOS: the first pack holding two sequences is named, with the fix."""
+    tok = str(SAMPLE / "tokenizer")
+    pack_dir = _make(tmp_path, "noeos", [str(SAMPLE / "text.jsonl")], tok, "--no-eos")
+    counts = np.diff(np.load(build_file(pack_dir, SIZE, "pack_offsets")))
+    first = int(np.flatnonzero(counts >= 2)[0])
+    line = cli_error("export", str(pack_dir), "--to", "olmo-core", "--output", str(tmp_path / "o"))
+    assert f"(first: pack {first}, sequence 0 of it)" in line and "followed by another sequence" in line
+    assert "tokenize with --eos" in line
+    assert not (tmp_path / "o").exists()
 
 
 def test_small_blocks_give_the_same_exports(stores: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
@@ -204,7 +222,7 @@ def test_pad_multiple_store_is_refused(stores: dict[str, Path], tmp_path: Path, 
 
 def test_olmo_core_refuses_sequences_without_eos(stores: dict[str, Path], tmp_path: Path) -> None:
     line = cli_error("export", str(stores["chat"]), "--to", "olmo-core", "--output", str(tmp_path / "o"))
-    assert "do not end with EOS" in line and "--eos" in line
+    assert "do not end with EOS" in line and "followed by another sequence" in line and "--eos" in line
     assert not (tmp_path / "o").exists()  # refused mid-write: the staged files are gone too
 
 

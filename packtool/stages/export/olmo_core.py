@@ -3,9 +3,14 @@
 OLMo-core 3.0 reads headerless arrays (`np.memmap`, the dtype given to the dataset) and cuts them
 into instances of `sequence_length` tokens: with `sequence_length=N` instance i is pack i. It finds
 documents by EOS (`generate_doc_lengths=True`: a document ends at each EOS, and a trailing run
-without EOS is one more document), so the export is exact only when every segment ends with EOS,
-no EOS sits inside one, the tail padding is not EOS, and there is no `--pad-multiple` padding
-(it would join the next document). Anything else is refused with the fix. `label_mask` is
+without EOS is one more document, ended by the instance boundary). So a segment without a final
+EOS is read correctly when it is the last segment of its pack: the head fragments that
+`--overlong split` cuts (and `truncate` keeps) fill a pack alone, so they export as they are; in
+front of tail padding the pad run joins that last document, which changes no real token's
+attention (padding comes after it and is never a target). Refused, with the fix: a segment
+without EOS followed by another segment of the same pack (OLMo-core would join the two), an EOS
+inside a segment (it would split there), a tail pad id equal to EOS, and `--pad-multiple`
+padding (it would join the next document). `label_mask` is
 unshifted (True = this token is a target; OLMo-core masks then shifts), False at every segment's
 first token and on padding: `get_labels` then equals the loader's labels shifted by one.
 """
@@ -47,24 +52,34 @@ def check(store: PackSplit, ids: TokenizerIds) -> None:
 
 
 def check_block(block: PackBlock, eos_id: int, store: PackSplit) -> None:
-    """Every segment ends with EOS and holds no other EOS (vectorised over the block)."""
+    """Refuse what OLMo-core's EOS scan would misread (vectorised over the block's segments).
+
+    A segment that does not end with EOS is fine as the last (non-empty) segment of its pack,
+    never in front of another one; an EOS anywhere but at a segment's last token is refused.
+    """
     flat = block.tokens.reshape(-1)
-    last = block.seg_flat() + block.seg_len - 1
-    bad_end = flat[last] != eos_id
-    if bad_end.any():
-        seg = int(np.flatnonzero(bad_end)[0])
-        pack = block.p0 + int(np.searchsorted(np.cumsum(block.counts), seg, side="right"))
+    rows = np.repeat(np.arange(block.n_packs, dtype=np.int64), block.counts)
+    real = np.flatnonzero(block.seg_len > 0)  # packtool writes no empty segments; be safe anyway
+    ends_eos = flat[(block.seg_flat() + block.seg_len - 1)[real]] == eos_id
+    followed = np.zeros(real.size, dtype=bool)
+    followed[:-1] = rows[real[:-1]] == rows[real[1:]]  # the next segment sits in the same pack
+    bad = ~ends_eos & followed
+    if bad.any():
+        first = int(real[np.flatnonzero(bad)[0]])
+        pack = block.p0 + int(rows[first])
+        in_pack = first - int(np.searchsorted(rows, rows[first]))
         raise ConfigError(
-            f"{int(bad_end.sum())} sequences do not end with EOS ({eos_id}) (first in pack {pack}), {store.directory}, "
-            "OLMo-core finds documents by EOS: tokenize with --eos and pack with --overlong drop "
-            "(split and truncate cut documents before their EOS)"
+            f"{int(bad.sum())} sequences do not end with EOS ({eos_id}) yet are followed by another sequence in the same "
+            f"pack (first: pack {pack}, sequence {in_pack} of it), {store.directory}, OLMo-core finds documents by EOS "
+            "and would join them: tokenize with --eos (a fragment without EOS is read correctly only as the last "
+            "sequence of its pack, as --overlong split and truncate leave it) or train with packtool's loader"
         )
     n_eos = int(np.count_nonzero(block.tokens == eos_id))
-    if n_eos != block.seg_len.size:
+    if n_eos != int(np.count_nonzero(ends_eos)):
         raise ConfigError(
-            f"{n_eos - block.seg_len.size} EOS tokens ({eos_id}) sit inside sequences of packs {block.p0}..{block.p1 - 1}, "
-            f"{store.directory}, OLMo-core would split those documents there: remove EOS from inside documents "
-            "(e.g. a chat template whose end-of-turn is EOS) or train with packtool's loader"
+            f"{n_eos - int(np.count_nonzero(ends_eos))} EOS tokens ({eos_id}) sit inside sequences of packs "
+            f"{block.p0}..{block.p1 - 1}, {store.directory}, OLMo-core would split those documents there: remove EOS "
+            "from inside documents (e.g. a chat template whose end-of-turn is EOS) or train with packtool's loader"
         )
 
 

@@ -1,0 +1,26 @@
+"""Attention over packed sequences: each token attends only within its own document.
+
+- `varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None,
+  backend="auto")` on `(total_tokens, heads, head_dim)`: flash-attn (FA3/FA4/FA2) when installed
+  on CUDA, else torch's native `varlen_attn` (torch >= 2.10, CUDA), else the exact SDPA fallback.
+  `select_backend(q, backend)` names the kernel a call runs (`backends.py` has the table).
+- `document_block_mask(cu_seqlens, total_len)` / `DocumentMaskCache`: a document-causal
+  FlexAttention `BlockMask` built from `cu_seqlens` without a T×T mask;
+  `flex_varlen_attention(q, k, v, cu_seqlens)` runs `flex_attention` with it.
+
+Kernels are imported on first use: importing packtool.attention needs torch only.
+"""
+
+from packtool.attention.flex import DocumentMaskCache, document_block_mask, document_ids, flex_varlen_attention
+from packtool.attention.varlen import flash_available, native_available, select_backend, varlen_attention
+
+__all__ = [
+    "DocumentMaskCache",
+    "document_block_mask",
+    "document_ids",
+    "flash_available",
+    "flex_varlen_attention",
+    "native_available",
+    "select_backend",
+    "varlen_attention",
+]
