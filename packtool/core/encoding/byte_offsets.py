@@ -39,52 +39,81 @@ def _spell(
     byte), whatever the document's check says; a document is bad when a token has no bytes (an id
     outside the vocabulary), when its tokens' byte lengths do not add up to its own, or when a byte
     differs. The byte comparison gathers every good document's token bytes from `flat` in one pass.
+    Positions are int32 when the batch and the vocabulary's bytes allow it (always, in practice).
     """
-    n_docs = token_ends.shape[0]
-    token_starts = token_ends - np.diff(token_ends, prepend=0)
-    byte_starts = byte_ends - np.diff(byte_ends, prepend=0)
-    size = np.int64(lens.shape[0])
-    known = ids < size
-    tl = np.where(known, lens[np.where(known, ids, 0)], 0)  # byte length of every token (0: not a token)
-    cs = np.zeros(ids.shape[0] + 1, np.int64)
-    np.cumsum(tl, out=cs[1:])
+    pos = np.int32 if data.shape[0] + flat.shape[0] < 2**31 - 1 else np.int64
     counts = np.diff(token_ends, prepend=0)
-    start = cs[:-1] + np.repeat(byte_starts - cs[token_starts], counts)
+    token_starts = token_ends - counts
+    byte_starts = byte_ends - np.diff(byte_ends, prepend=0)
+    tl = lens.take(ids, mode="clip").astype(pos, copy=False)  # byte length of every token (0: not a token)
+    if ids.shape[0] and int(ids.max()) >= lens.shape[0]:
+        tl[ids >= lens.shape[0]] = 0
+    cs = np.zeros(ids.shape[0] + 1, pos)
+    np.cumsum(tl, out=cs[1:])
+    start = cs[:-1] + np.repeat((byte_starts - cs[token_starts]).astype(pos), counts)
     end = start + tl
-    empty = np.zeros(ids.shape[0] + 1, np.int64)
-    np.cumsum(tl == 0, out=empty[1:])
-    bad = (cs[token_ends] - cs[token_starts] != byte_ends - byte_starts) | (empty[token_ends] > empty[token_starts])
-    if n_docs == 0 or ids.shape[0] == 0:
+    bad = cs[token_ends] - cs[token_starts] != byte_ends - byte_starts
+    zero = tl == 0
+    if zero.any():
+        empty = np.zeros(ids.shape[0] + 1, np.int64)
+        np.cumsum(zero, out=empty[1:])
+        bad |= empty[token_ends] > empty[token_starts]
+    if token_ends.shape[0] == 0 or ids.shape[0] == 0:
         return start, end, bad
     good_tokens = np.repeat(~bad, counts) if bad.any() else None
     sel_ids = ids if good_tokens is None else ids[good_tokens]
     sel_start = start if good_tokens is None else start[good_tokens]
     sel_len = tl if good_tokens is None else tl[good_tokens]
-    # byte k of the batch is byte (k - start) of its token: flat[starts[id] + k - start] (int32: a batch and
-    # the vocabulary's bytes are far below 2 GiB)
-    source = np.repeat((starts[sel_ids] - sel_start).astype(np.int32), sel_len)
+    # byte k of the batch is byte (k - start) of its token: flat[starts[id] + k - start]
+    source = np.repeat(starts.take(sel_ids).astype(pos, copy=False) - sel_start, sel_len)
     if good_tokens is None:  # every document's tokens tile its bytes: they tile the whole batch
         where = None
-        source += np.arange(source.shape[0], dtype=np.int32)
-        differ = np.flatnonzero(flat[source] != data)
+        source += np.arange(source.shape[0], dtype=pos)
+        differ = np.flatnonzero(flat.take(source) != data)
     else:
         where = np.flatnonzero(np.repeat(~bad, byte_ends - byte_starts))  # the good documents' bytes, in order
-        source += where.astype(np.int32)
-        differ = np.flatnonzero(flat[source] != data[where])
+        source += where.astype(pos)
+        differ = np.flatnonzero(flat.take(source) != data[where])
     if differ.size:
         at = differ if where is None else where[differ]
         bad[np.searchsorted(byte_ends, at, side="right")] = True
     return start, end, bad
 
 
-def _char_to_byte(data: np.ndarray, text_ends: np.ndarray, docs: np.ndarray, chars: np.ndarray) -> np.ndarray:
+def _char_to_byte(
+    data: np.ndarray, byte_ends: np.ndarray, text_ends: np.ndarray, docs: np.ndarray, chars: np.ndarray
+) -> np.ndarray:
     """Byte position of each (document, character) query: a character's first byte is the one that
     is not a UTF-8 continuation byte, so the batch's n-th character starts at the n-th such byte
-    (a lone surrogate, encoded with surrogatepass, is one lead and two continuation bytes too)."""
+    (a lone surrogate, encoded with surrogatepass, is one lead and two continuation bytes too).
+    When the batch is ASCII (as many bytes as characters), a character's position is its byte's."""
+    text_starts = text_ends - np.diff(text_ends, prepend=0)
+    if text_ends.shape[0] and text_ends[-1] == data.shape[0]:
+        return (byte_ends - np.diff(byte_ends, prepend=0))[docs] + chars
     lead = np.flatnonzero((data & 0xC0) != 0x80)
     lead = np.append(lead, data.shape[0])  # the end of the batch: a query at a document's last character + 1
-    text_starts = text_ends - np.diff(text_ends, prepend=0)
     return lead[text_starts[docs] + chars]
+
+
+def _overlaps(start: np.ndarray, end: np.ndarray, span_start: np.ndarray, span_end: np.ndarray, n_bytes: int) -> np.ndarray:
+    """uint8 per token: its byte range [start, end) overlaps one of the (sorted) byte spans.
+
+    Disjoint spans (the renderer's, in order): mark the bytes inside a span, count them cumulatively,
+    and a token overlaps when the count grows over its range (a few passes over the bytes). Spans
+    that overlap or are out of order: the first span ending after the token's start decides.
+    """
+    if span_start.shape[0] and np.all(span_start[1:] >= span_end[:-1]):
+        edge = np.zeros(n_bytes + 1, np.int32)
+        edge[span_start] += 1
+        edge[span_end] -= 1
+        inside = np.zeros(n_bytes + 1, np.int32)
+        np.cumsum(np.cumsum(edge[:-1]) > 0, out=inside[1:])
+        return (inside.take(end) > inside.take(start)).view(np.uint8)
+    mask = np.zeros(start.shape[0], np.uint8)
+    j = np.searchsorted(span_end, start, side="right")
+    inside_j = j < span_end.size
+    mask[inside_j] = span_start[j[inside_j]] < end[inside_j]
+    return mask
 
 
 def byte_alphabet() -> dict[str, int]:
@@ -158,7 +187,7 @@ class ByteTables:
         for i, content in added.items():
             pieces[i] = content.encode("utf-8").decode("latin-1")
         lens = np.fromiter(map(len, pieces), np.int64, count=size)
-        starts = np.zeros(size, np.int64)
+        starts = np.zeros(size, np.int64)  # (the kernels cast to int32 per batch when positions fit)
         np.cumsum(lens[:-1], out=starts[1:])
         # the alphabet maps every character below 256 to itself, so the added tokens' latin-1 text passes as is
         flat = np.frombuffer("".join(pieces).translate(to_latin1).encode("latin-1"), np.uint8)
@@ -216,12 +245,8 @@ class ByteTables:
         if not chars or not ids.size:
             return mask, bad
         text_ends = np.cumsum(np.fromiter(map(len, texts), np.int64, count=len(texts)))
-        at = _char_to_byte(data, text_ends, np.asarray(docs, np.int64), np.asarray(chars, np.int64))
-        span_start, span_end = at[0::2], at[1::2]
-        j = np.searchsorted(span_end, start, side="right")  # first span ending after the token starts
-        inside = j < span_end.size
-        mask[inside] = span_start[j[inside]] < end[inside]
-        return mask, bad
+        at = _char_to_byte(data, byte_ends, text_ends, np.asarray(docs, np.int64), np.asarray(chars, np.int64))
+        return _overlaps(start, end, at[0::2], at[1::2], data.shape[0]), bad
 
     def add_specials(
         self, ids: np.ndarray, lengths: np.ndarray, offsets: np.ndarray
