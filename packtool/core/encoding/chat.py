@@ -39,6 +39,7 @@ from typing import Any
 from packtool.core.encoding.turns import REASONING_FIELDS, ChatRecordError, Spans, calibrate, locate_turns
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+_ALIASED = frozenset(REASONING_FIELDS)
 __all__ = ["ROLES", "ChatRecordError", "ChatTemplate", "Spans", "load_chat_template", "render_with_spans"]
 
 
@@ -228,6 +229,9 @@ def prepare(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What transformers hands the template: None-valued keys dropped, reasoning aliased."""
     out = []
     for message in messages:
+        if _ALIASED.isdisjoint(message) and None not in message.values():
+            out.append(message)  # nothing to drop or alias: the record's own dict (the sandbox cannot change it)
+            continue
         message = {k: v for k, v in message.items() if v is not None}
         reasoning = _reasoning(message)
         if reasoning is not None:
