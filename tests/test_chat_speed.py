@@ -164,3 +164,88 @@ def test_overlapping_spans_take_the_searchsorted_path() -> None:
     assert disjoint.tolist() == [1, 1, 1, 0, 0]
     overlapping = _overlaps(start, end, np.array([1, 3]), np.array([5, 7]), 10)  # not disjoint: searchsorted decides
     assert overlapping.tolist() == [1, 1, 1, 1, 0]
+
+
+def chat_corpus(path: Path, n: int) -> Path:
+    rows = [{"messages": CONVERSATIONS[i % len(CONVERSATIONS)]} for i in range(n)]
+    rows[5] = {"messages": [{"role": "wizard", "content": "x"}]}  # a bad record: rejected (skip) or raised (fail)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    return path
+
+
+def test_prerendered_chunks_give_the_same_result_and_errors(tmp_path: Path) -> None:
+    """Chunks rendered ahead (while the fast engine loads) are taken once by their task: the same ids,
+    loss, counts and rejects as rendering in the task, the same error in fail mode; drop() frees the rest."""
+    from dataclasses import replace
+
+    from test_chat_templates import build_tokenizer, fixture
+
+    import packtool
+    from packtool.errors import InputError
+    from packtool.stages.tokenize import chunks as chunk_mod
+    from packtool.stages.tokenize.pipeline import _settings
+    from packtool.stages.tokenize.sources import plan_chunks
+    from packtool.stages.tokenize.tokenizer import load_tokenizer
+
+    tok_dir = build_tokenizer(tmp_path / "tok", fixture("qwen3"))
+    data = chat_corpus(tmp_path / "chat.jsonl", 60)
+    _, info = load_tokenizer(str(tok_dir))
+    config = packtool.TokenizeConfig(inputs=(str(data),), tokenizer=str(tok_dir), output=str(tmp_path / "o"),
+                                     format="chat", on_error="skip", chunk_bytes=2048)
+    settings = _settings(config, info, tmp_path / "o")
+    _, chunks = plan_chunks([data], 2048)
+    assert len(chunks) >= 3
+    direct = [chunk_mod.tokenize_chunk(c, settings, "k") for c in chunks]
+    seen = []
+    drop = chunk_mod.prerender(chunks, settings, lambda: len(seen.append(1) or seen) <= 2)  # two chunks, then stop
+    assert len(chunk_mod._AHEAD) == 2
+    ahead = [chunk_mod.tokenize_chunk(c, replace(settings, backend="hf"), "k") for c in chunks]
+    assert not chunk_mod._AHEAD  # taken once
+    for a, b in zip(direct, ahead, strict=True):
+        assert (a.n_documents, a.n_tokens, a.sources, a.rejects) == (b.n_documents, b.n_tokens, b.sources, b.rejects)
+        for x, y in zip(a.parts, b.parts, strict=True):
+            assert all(np.array_equal(u, v) for u, v in zip(x, y, strict=True))
+    rejects = [json.loads(line) for r in direct for line in r.rejects.decode().splitlines()]
+    assert any(r["line"] == 6 and "unknown role 'wizard'" in r["reason"] for r in rejects)
+    failing = replace(settings, on_error="fail")
+    drop = chunk_mod.prerender(chunks, failing, lambda: True)
+    with pytest.raises(InputError, match="unknown role 'wizard'") as raised:
+        for c in chunks:
+            chunk_mod.tokenize_chunk(c, failing, "k")
+    assert ":6" in str(raised.value)
+    drop()
+    assert not chunk_mod._AHEAD
+
+
+def test_the_pipeline_renders_ahead_while_the_fast_engine_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow-loading fast engine: chunks are rendered meanwhile, taken by their tasks, and the store's
+    bytes equal the hf backend's; nothing is left behind."""
+    import time
+
+    from test_chat_templates import build_tokenizer, fixture
+
+    import packtool
+    from packtool.stages.tokenize import backend_choice
+    from packtool.stages.tokenize import chunks as chunk_mod
+
+    pytest.importorskip("fastokens")
+    tok_dir = build_tokenizer(tmp_path / "tok", fixture("qwen3"))
+    data = chat_corpus(tmp_path / "chat.jsonl", 200)
+    load = backend_choice.fast_backend
+
+    def slow_load(*args: Any) -> Any:
+        time.sleep(1.0)
+        return load(*args)
+
+    monkeypatch.setattr(backend_choice, "fast_backend", slow_load)
+    taken = []
+    take = chunk_mod._take
+    monkeypatch.setattr(chunk_mod, "_take", lambda c, s: taken.append(got := take(c, s)) or got)
+    for backend in ("fast", "hf"):
+        packtool.tokenize_corpus(packtool.TokenizeConfig(
+            inputs=(str(data),), tokenizer=str(tok_dir), output=str(tmp_path / backend), format="chat",
+            on_error="skip", backend=backend, chunk_bytes=4096, workers=2))
+    assert sum(got is not None for got in taken) >= 2  # the fast run rendered ahead; hf never waits
+    assert not chunk_mod._AHEAD
+    for name in ("tokens.bin", "tokens.boundaries", "tokens.loss", "rejects.jsonl"):
+        assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes(), name

@@ -45,7 +45,7 @@ def _spell(
     counts = np.diff(token_ends, prepend=0)
     token_starts = token_ends - counts
     byte_starts = byte_ends - np.diff(byte_ends, prepend=0)
-    tl = lens.take(ids, mode="clip").astype(pos, copy=False)  # byte length of every token (0: not a token)
+    tl: np.ndarray = lens.take(ids, mode="clip").astype(pos, copy=False)  # byte length of every token (0: not a token)
     if ids.shape[0] and int(ids.max()) >= lens.shape[0]:
         tl[ids >= lens.shape[0]] = 0
     cs = np.zeros(ids.shape[0] + 1, pos)
@@ -63,7 +63,7 @@ def _spell(
     good_tokens = np.repeat(~bad, counts) if bad.any() else None
     sel_ids = ids if good_tokens is None else ids[good_tokens]
     sel_start = start if good_tokens is None else start[good_tokens]
-    sel_len = tl if good_tokens is None else tl[good_tokens]
+    sel_len: np.ndarray = tl if good_tokens is None else tl[good_tokens]
     # byte k of the batch is byte (k - start) of its token: flat[starts[id] + k - start]
     source = np.repeat(starts.take(sel_ids).astype(pos, copy=False) - sel_start, sel_len)
     if good_tokens is None:  # every document's tokens tile its bytes: they tile the whole batch
@@ -95,7 +95,9 @@ def _char_to_byte(
     return lead[text_starts[docs] + chars]
 
 
-def _overlaps(start: np.ndarray, end: np.ndarray, span_start: np.ndarray, span_end: np.ndarray, n_bytes: int) -> np.ndarray:
+def _overlaps(
+    start: np.ndarray, end: np.ndarray, span_start: np.ndarray, span_end: np.ndarray, n_bytes: int
+) -> np.ndarray:
     """uint8 per token: its byte range [start, end) overlaps one of the (sorted) byte spans.
 
     Disjoint spans (the renderer's, in order): mark the bytes inside a span, count them cumulatively,

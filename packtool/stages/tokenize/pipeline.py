@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,7 +51,7 @@ from packtool.stages.tokenize.backend_choice import (
     preload_fast,
     remember_backend,
 )
-from packtool.stages.tokenize.chunks import ChunkTask, worker_env
+from packtool.stages.tokenize.chunks import ChunkTask, prerender, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.output import check_output, guarded_output
@@ -117,6 +118,24 @@ def _tokenize(
     executor: Executor | None,
 ) -> TokenizeResult:
     """The write phase, under the output's lock (`output.guarded_output`)."""
+    drops: list[Callable[[], None]] = []
+    try:
+        return _tokenize_into(config, output, tokenizer, paths, fast, progress, executor, drops)
+    finally:
+        for drop in drops:  # chunks rendered ahead that no task took (resumed, up to date, failed)
+            drop()
+
+
+def _tokenize_into(
+    config: TokenizeConfig,
+    output: Path,
+    tokenizer: tuple[Tokenizer, TokenizerInfo],
+    paths: list[Path],
+    fast: Future[FastBackend] | None,
+    progress: Progress | None,
+    executor: Executor | None,
+    drops: list[Callable[[], None]],
+) -> TokenizeResult:
     tok, info = tokenizer
     workers = config.resolved_workers()
     needs_offsets = InputFormat(config.format) != InputFormat.TEXT
@@ -125,6 +144,11 @@ def _tokenize(
     hashes = hash_sources(sources)
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     settings = _settings(config, info, output)
+
+    def meanwhile(pending: Callable[[], bool]) -> None:  # render chat chunks while the fast engine loads
+        if settings.format == InputFormat.CHAT and executor is None and config.executor == "local":
+            drops.append(prerender(chunks, settings, pending))
+
     choice = choose_backend(
         config.backend,
         tok,
@@ -133,6 +157,7 @@ def _tokenize(
         settings.policy.add_special_tokens,
         needs_offsets,
         fast,
+        meanwhile,
     )
     log.info("tokenizer backend: %s (%s)", choice.name, choice.reason)
     remember_backend(choice.name, info.path, info.sha256, choice.engine or HFBackend(tok))
