@@ -12,6 +12,7 @@ token.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,8 +30,9 @@ from packtool.stages.tokenize.tokenizer import cached_tokenizer
 
 BATCH_CHARS = 2_000_000
 BATCH_DOCS = 8192
-#: at most this many characters of rendered records held by `prerender` (memory stays flat)
-PRERENDER_CHARS = 16_000_000
+#: at most this many bytes of rendered text held by `prerender` (memory stays flat; a text with an emoji
+#: takes 4 bytes a character)
+PRERENDER_BYTES = 32 << 20
 
 Got = tuple[str, Spans | None] | str  # (text, target spans) or the reason the record is bad
 _AHEAD: dict[tuple[Chunk, str], list[tuple[str, int | None, Got]]] = {}
@@ -65,21 +67,21 @@ def prerender(chunks: Sequence[Chunk], settings: ChunkSettings, pending: Callabl
     a core's worth of idle time: the chat template's rendering is the Python-bound part of a chat run).
 
     Each chunk's results wait for its task in this process (`tokenize_chunk` takes them: the same records,
-    so the same bytes); at most PRERENDER_CHARS characters are held. Any error stops it quietly: the
+    so the same bytes); at most PRERENDER_BYTES of text are held. Any error stops it quietly: the
     chunk's task meets the same error itself and reports it. Returns the function that drops what no
     task took (a resumed chunk, another executor's run).
     """
     taken: list[tuple[Chunk, str]] = []
     fingerprint = settings.fingerprint()
-    chars = 0
+    held = 0
     for chunk in chunks:
-        if not pending() or chars >= PRERENDER_CHARS:
+        if not pending() or held >= PRERENDER_BYTES:
             break
         try:
             records = list(chunk_records(chunk, settings))
         except Exception:  # the task reports it, with its own context
             break
-        chars += sum(len(got[0]) for _, _, got in records if not isinstance(got, str))
+        held += sum(sys.getsizeof(got[0]) for _, _, got in records if not isinstance(got, str))
         with _AHEAD_LOCK:
             _AHEAD[(chunk, fingerprint)] = records
         taken.append((chunk, fingerprint))
