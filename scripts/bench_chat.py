@@ -4,12 +4,14 @@ Builds (and caches under bench_out/chat/) a >= 100k-vocabulary byte-level BPE ov
 multilingual lexicon (Latin, Cyrillic, Greek, Arabic, CJK; emoji fall back to bytes) with the Qwen3 chat template and its
 control tokens (tests/fixtures/chat_templates/qwen3.json: reasoning rendered in the last turn only),
 and a generated multi-turn corpus (system prompts, 1-6 user/assistant turns, reasoning, tool calls,
-Zipf-like lengths). Both backends use 1 MiB chunks (many per worker, so the workers stay busy and both corpus sizes run
+Zipf-like lengths; `--shape short`: ShareGPT-like short turns, 1-8 exchanges of a few to ~150 words, so the
+template's per-message work weighs more per token, as in real SFT data). Both backends use 1 MiB chunks (many per worker, so the workers stay busy and both corpus sizes run
 the same way: a process pool with 2+ workers, inline with 1). Each configuration runs in its own process, interleaved, best of --repeats; the
 fast/hf ratio is printed, with peak RSS at two corpus sizes (memory must stay flat as input grows)
 and a byte comparison of the two token stores.
 
-Run: python scripts/bench_chat.py [--tokens 10e6] [--repeats 1] [--workers N]
+Run: python scripts/bench_chat.py [--tokens 10e6] [--shape long|short] [--repeats 1] [--workers N]
+(the machine's load average is printed before and after: the 2-core VM is shared)
 """
 
 from __future__ import annotations
@@ -125,14 +127,37 @@ def conversation(rng: np.random.Generator, words: list[str], probs: np.ndarray) 
     return messages
 
 
-def build_corpus(path: Path, tokens: float, words: list[str], probs: np.ndarray, rng: np.random.Generator) -> None:
+def short_conversation(rng: np.random.Generator, words: list[str], probs: np.ndarray) -> list[dict[str, object]]:
+    """ShareGPT-like: an optional short system prompt, 1-8 exchanges of 3-40 word questions and 10-150 word answers."""
+
+    def text(lo: int, hi: int) -> str:
+        n, out = int(rng.integers(lo, hi)), []
+        while n > 0:
+            k = min(n, int(rng.integers(4, 25)))
+            out.append(sentence(rng, words, probs, k))
+            n -= k
+        return " ".join(out)
+
+    messages: list[dict[str, object]] = []
+    if rng.random() < 0.3:
+        messages.append({"role": "system", "content": text(5, 40)})
+    for _ in range(int(rng.integers(1, 9))):
+        messages.append({"role": "user", "content": text(3, 40)})
+        messages.append({"role": "assistant", "content": text(10, 150)})
+    return messages
+
+
+def build_corpus(
+    path: Path, tokens: float, words: list[str], probs: np.ndarray, rng: np.random.Generator, shape: str = "long"
+) -> None:
     if path.is_file():
         return
     chars = 0
     target = tokens * 1.9  # ~1.9 jsonl characters per token with this tokenizer (measured)
+    make = short_conversation if shape == "short" else conversation
     with open(path.with_suffix(".tmp"), "w", encoding="utf-8") as fh:
         while chars < target:
-            messages = conversation(rng, words, probs)
+            messages = make(rng, words, probs)
             line = json.dumps({"messages": messages}, ensure_ascii=False)
             chars += len(line)
             fh.write(line + "\n")
@@ -169,6 +194,7 @@ def run(data: Path, tok: Path, out: Path, backend: str, workers: int) -> dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=float, default=10e6)
+    ap.add_argument("--shape", choices=("long", "short"), default="long")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
@@ -182,12 +208,14 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     vocab = Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
-    big = CACHE / f"chat_{int(args.tokens)}.jsonl"
-    small = CACHE / f"chat_{int(args.tokens / 4)}.jsonl"
-    build_corpus(big, args.tokens, words, probs, np.random.default_rng(1))
-    build_corpus(small, args.tokens / 4, words, probs, np.random.default_rng(2))
-    print(f"setup {time.perf_counter() - t:.0f} s: tokenizer vocab {vocab}, corpus {big.stat().st_size / 2**20:.0f} MiB, "
-          f"{args.workers} workers, {os.cpu_count()} cores")
+    prefix = "chat" if args.shape == "long" else "chat_short"
+    big = CACHE / f"{prefix}_{int(args.tokens)}.jsonl"
+    small = CACHE / f"{prefix}_{int(args.tokens / 4)}.jsonl"
+    build_corpus(big, args.tokens, words, probs, np.random.default_rng(1), args.shape)
+    build_corpus(small, args.tokens / 4, words, probs, np.random.default_rng(2), args.shape)
+    print(f"setup {time.perf_counter() - t:.0f} s: tokenizer vocab {vocab}, {args.shape} corpus "
+          f"{big.stat().st_size / 2**20:.0f} MiB, {args.workers} workers, {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f}")
     best: dict[str, dict[str, float]] = {}
     for rep in range(args.repeats):
         for backend in ("hf", "fast"):  # interleaved: the machine is shared
@@ -212,6 +240,7 @@ def main() -> None:
     slope = {b: (best[b]["cpu"] - quarter[b]["cpu"]) / (best[b]["tokens"] - quarter[b]["tokens"]) for b in best}
     print(f"marginal CPU per M tokens: hf {slope['hf'] * 1e6:.2f} s, fast {slope['fast'] * 1e6:.2f} s: "
           f"x{slope['hf'] / slope['fast']:.1f} (what a corpus much larger than 10M tokens approaches)")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
     if not same:
         raise SystemExit("fast and hf token stores differ")
 

@@ -144,11 +144,14 @@ def choose_backend(
     add_special_tokens: bool,
     needs_offsets: bool,
     fast: Future[FastBackend] | None = None,
+    meanwhile: Callable[[Callable[[], bool]], None] | None = None,
 ) -> BackendChoice:
     """Resolve --backend: `hf`, `fast` (an error when unusable) or `auto` (fast when verified).
 
     `sample()` gives the verification texts; it is only called when fast is a candidate. `fast` is
-    the engine already being loaded (`preload_fast`); the reference encodes the sample meanwhile.
+    the engine already being loaded (`preload_fast`); the reference encodes the sample meanwhile,
+    then `meanwhile(pending)` may use the rest of the wait (pending() is true until the engine and
+    its byte tables are loaded).
     """
     try:
         requested = BackendName(requested)
@@ -161,6 +164,8 @@ def choose_backend(
     tables = _build_tables(tokenizer) if needs_offsets else None  # in the background, like the fast engine
     texts = verification_sample(sample())
     reference = HFBackend(tokenizer).encode_flat(texts, add_special_tokens)  # while the fast engine loads
+    if meanwhile is not None and fast is not None:
+        meanwhile(lambda: not (fast.done() and (tables is None or tables.done())))
     try:
         backend = fast.result() if fast is not None else fast_backend(tokenizer_path)
     except TokenizerError as exc:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from packtool.choices import InputFormat, OnError
@@ -28,6 +31,13 @@ from packtool.stages.tokenize.tokenizer import cached_tokenizer
 
 BATCH_CHARS = 2_000_000
 BATCH_DOCS = 8192
+#: at most this many bytes of rendered text held by `prerender` (memory stays flat; a text with an emoji
+#: takes 4 bytes a character)
+PRERENDER_BYTES = 32 << 20
+
+Got = tuple[str, Spans | None] | str  # (text, target spans) or the reason the record is bad
+_AHEAD: dict[tuple[Chunk, str], list[tuple[str, int | None, Got]]] = {}
+_AHEAD_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,51 @@ def reason_kind(reason: str) -> str:
     return _NUMBER.sub(lambda m: "N" if m.group(1) else m.group(0), kind).strip() or reason[:80]
 
 
+def chunk_records(chunk: Chunk, settings: ChunkSettings) -> Iterator[tuple[str, int | None, Got]]:
+    """(source, line, text and spans or the reason) of every record of `chunk`, in order."""
+    for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
+        yield record.source, record.line, record.error if record.error is not None else extract(record.value, settings)
+
+
+def prerender(chunks: Sequence[Chunk], settings: ChunkSettings, pending: Callable[[], bool]) -> Callable[[], None]:
+    """Read and render chunks in order while `pending()` (the coordinator waits for the fast engine to load,
+    a core's worth of idle time: the chat template's rendering is the Python-bound part of a chat run).
+
+    Each chunk's results wait for its task in this process (`tokenize_chunk` takes them: the same records,
+    so the same bytes); at most PRERENDER_BYTES of text are held. Any error stops it quietly: the
+    chunk's task meets the same error itself and reports it. Returns the function that drops what no
+    task took (a resumed chunk, another executor's run).
+    """
+    taken: list[tuple[Chunk, str]] = []
+    fingerprint = settings.fingerprint()
+    held = 0
+    for chunk in chunks:
+        if not pending() or held >= PRERENDER_BYTES:
+            break
+        try:
+            records = list(chunk_records(chunk, settings))
+        except Exception:  # the task reports it, with its own context
+            break
+        held += sum(sys.getsizeof(got[0]) for _, _, got in records if not isinstance(got, str))
+        with _AHEAD_LOCK:
+            _AHEAD[(chunk, fingerprint)] = records
+        taken.append((chunk, fingerprint))
+
+    def drop() -> None:
+        with _AHEAD_LOCK:
+            for key in taken:
+                _AHEAD.pop(key, None)
+
+    return drop
+
+
+def _take(chunk: Chunk, settings: ChunkSettings) -> list[tuple[str, int | None, Got]] | None:
+    with _AHEAD_LOCK:
+        if not _AHEAD:
+            return None
+        return _AHEAD.pop((chunk, settings.fingerprint()), None)
+
+
 def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResult:
     """Tokenize every record of `chunk`; raise InputError on a bad record in fail mode."""
     with_loss = settings.format != InputFormat.TEXT
@@ -84,19 +139,18 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
     for path in chunk.paths:
         result.sources[path] = [0, 0, 0]
     indexed = chunk.kind in INDEXED_KINDS  # a .json array: records are addressed by their 0-based index
-    for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
-        counts = result.sources[record.source]
+    for source, line_no, got in _take(chunk, settings) or chunk_records(chunk, settings):
+        counts = result.sources[source]
         counts[0] += 1
-        got = record.error if record.error is not None else extract(record.value, settings)
         if isinstance(got, str):
             if settings.on_error == OnError.FAIL:
                 raise InputError(
-                    f"bad record: {got}" + (f" (record {record.line} of the JSON array, 0-based)" if indexed else ""),
-                    record.source,
-                    record.line,
+                    f"bad record: {got}" + (f" (record {line_no} of the JSON array, 0-based)" if indexed else ""),
+                    source,
+                    line_no,
                     hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
                 )
-            line = {"source": record.source, "record" if indexed else "line": record.line, "reason": got}
+            line = {"source": source, "record" if indexed else "line": line_no, "reason": got}
             rejects.append((json.dumps(line, ensure_ascii=False) + "\n").encode())
             counts[2] += 1
             kind = reason_kind(got)

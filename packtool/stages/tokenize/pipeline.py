@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,7 +52,7 @@ from packtool.stages.tokenize.backend_choice import (
     preload_fast,
     remember_backend,
 )
-from packtool.stages.tokenize.chunks import ChunkTask, worker_env
+from packtool.stages.tokenize.chunks import ChunkTask, prerender, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.output import check_output, guarded_output
@@ -119,6 +120,24 @@ def _tokenize(
     executor: Executor | None,
 ) -> TokenizeResult:
     """The write phase, under the output's lock (`output.guarded_output`)."""
+    drops: list[Callable[[], None]] = []
+    try:
+        return _tokenize_into(config, output, tokenizer, paths, fast, progress, executor, drops)
+    finally:
+        for drop in drops:  # chunks rendered ahead that no task took (resumed, up to date, failed)
+            drop()
+
+
+def _tokenize_into(
+    config: TokenizeConfig,
+    output: Path,
+    tokenizer: tuple[Tokenizer, TokenizerInfo],
+    paths: list[Path],
+    fast: Future[FastBackend] | None,
+    progress: Progress | None,
+    executor: Executor | None,
+    drops: list[Callable[[], None]],
+) -> TokenizeResult:
     tok, info = tokenizer
     workers = config.resolved_workers()
     remember_tokenizer(info.path, info.sha256, tok)
@@ -128,6 +147,11 @@ def _tokenize(
     shape = resolve_shape(config, all_chunks)
     needs_offsets = shape.format != InputFormat.TEXT
     settings = _settings(config, info, output, shape)
+
+    def meanwhile(pending: Callable[[], bool]) -> None:  # render chat-shaped chunks while the fast engine loads
+        if needs_offsets and executor is None and config.executor == "local":
+            drops.append(prerender(chunks, settings, pending))
+
     choice = choose_backend(
         config.backend,
         tok,
@@ -136,6 +160,7 @@ def _tokenize(
         settings.policy.add_special_tokens,
         needs_offsets,
         fast,
+        meanwhile,
     )
     log.info("tokenizer backend: %s (%s)", choice.name, choice.reason)
     remember_backend(choice.name, info.path, info.sha256, choice.engine or HFBackend(tok))
