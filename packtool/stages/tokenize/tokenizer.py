@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 from packtool.errors import TokenizerError
 from packtool.formats.files import sha256_file
+from packtool.formats.hub_cache import hub_cache_dir, resolve_snapshot
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -56,28 +57,9 @@ class TokenizerInfo:
         }
 
 
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, honouring HF_HUB_CACHE and HF_HOME like huggingface_hub does."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path("~/.cache/huggingface/hub").expanduser()
-
-
 def resolve_hub_name(name: str) -> Path | None:
     """The cached snapshot directory holding `tokenizer.json` for `org/name`, or None."""
-    repo = hub_cache_dir() / ("models--" + name.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        candidate = snapshots / ref.read_text().strip()
-        if (candidate / TOKENIZER_JSON).is_file():
-            return candidate
-    found = sorted((p for p in snapshots.iterdir() if (p / TOKENIZER_JSON).is_file()), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+    return resolve_snapshot(name, TOKENIZER_JSON)
 
 
 def locate(spec: str) -> tuple[Path, str]:
