@@ -73,6 +73,9 @@ class AuditReport:
     needs_seq_idx: bool
     advice: str
     keys: list[str] = field(default_factory=list)
+    #: the recommended setup re-run with `use_cache=True` (forward): transformers skips packed-sequence
+    #: detection when it builds a KV cache, so a config left at `use_cache: true` leaks
+    use_cache_check: dict[str, Any] | None = None
 
     @property
     def exact(self) -> bool:
@@ -106,6 +109,12 @@ class AuditReport:
         for i, reason in enumerate(reasons, 1):
             lines.append(f"[{i}] {reason}")
         lines.append("tolerance: max |Δ| <= 1e-6 (float64 runs) / 1e-4 (float32) x the reference's largest |value|")
+        c = self.use_cache_check
+        if c and c.get("max_abs_diff_logits") is not None:
+            lines.append(
+                f"with use_cache=True ({c['style']}, {c['attn_implementation']}): max |Δ| logits "
+                f"{c['max_abs_diff_logits']:.2e}, {c['verdict']}"
+            )
         if self.recommended:
             lines.append(
                 f"recommended: {self.recommended['style']} with attn_implementation={self.recommended['attn_implementation']!r}; "
@@ -135,6 +144,7 @@ def audit_model(config: AuditConfig) -> AuditReport:
     )
     recommended = _recommend(results)
     needs = _needs_seq_idx(results)
+    cache = _use_cache_check(models, docs, recommended)
     summary = {k: tiny_dict.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in tiny_dict}
     return AuditReport(
         model=config.model,
@@ -145,9 +155,29 @@ def audit_model(config: AuditConfig) -> AuditReport:
         results=results,
         recommended=recommended,
         needs_seq_idx=needs,
-        advice=_advice(recommended, needs, results, kinds),
+        advice=_advice(recommended, needs, results, kinds, cache),
         keys=list(probe.STYLES[recommended["style"]][1]) if recommended else [],
+        use_cache_check=cache,
     )
+
+
+def _use_cache_check(
+    models: dict[str, Any], docs: list[torch.Tensor], recommended: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The recommended setup with `use_cache=True` passed, forward only: exact or leaking?"""
+    if recommended is None or recommended["attn_implementation"] not in models:
+        return None
+    style, impl = recommended["style"], recommended["attn_implementation"]
+    model = models[impl]
+    dtype = next(model.parameters()).dtype
+    out: dict[str, Any] = {"use_cache": True, "style": style, "attn_implementation": impl}
+    try:
+        ref = probe.reference(model, docs, backward=False)
+        got = probe.packed(model, docs, {**probe.build_batch(docs, style), "use_cache": True}, backward=False)
+    except Exception as exc:  # noqa: BLE001
+        return {**out, "max_abs_diff_logits": None, "verdict": "unsupported", "reason": probe.first_line(exc)}
+    d_logits, _, _, _, verdict, _ = probe.compare(ref, got, dtype)
+    return {**out, "max_abs_diff_logits": d_logits, "verdict": verdict}
 
 
 def _run_implementation(
@@ -258,14 +288,27 @@ def _needs_seq_idx(results: list[probe.Measurement]) -> bool:
     return False
 
 
-def _advice(recommended: dict[str, Any] | None, needs: bool, results: list[probe.Measurement], kinds: list[str]) -> str:
+def _advice(
+    recommended: dict[str, Any] | None,
+    needs: bool,
+    results: list[probe.Measurement],
+    kinds: list[str],
+    cache: dict[str, Any] | None = None,
+) -> str:
     if recommended is not None:
         style, impl = recommended["style"], recommended["attn_implementation"]
         flat = probe.STYLES[style][0]
         keys = probe.STYLES[style][1]
         call = f"PackedCollator(flatten={flat}{', seq_idx=True' if 'seq_idx' in keys else ''}, keys={keys})"
         extra = " (this model needs seq_idx)" if needs else ""
-        return f"packing is exact with {style} under attn_implementation={impl!r}{extra}: build batches with {call}"
+        text = f"packing is exact with {style} under attn_implementation={impl!r}{extra}: build batches with {call}"
+        if cache is not None and cache["verdict"] == "leaks":
+            text += (
+                f"; and turn the KV cache off (model.config.use_cache = False, or model(**batch, use_cache=False)): "
+                f"with use_cache=True transformers skips packed-sequence detection and the documents leak "
+                f"(max |Δ| logits {cache['max_abs_diff_logits']:.1e})"
+            )
+        return text
     named = sorted({m.group(1) for r in results if r.reason for m in [re.search(r"without `([^`]+)`", r.reason)] if m})
     kernels = sorted({v for k, v in KERNELS.items() if any(k in kind for kind in kinds)})
     need = ", ".join(named) or " / ".join(kernels) or "kernels that honour cu_seqlens or seq_idx"

@@ -3,7 +3,9 @@
 The batches are the ones packtool emits (`PackedCollator` over one-document items, or two-document
 rows), so the audit checks the keys a training loop will really pass. Gradients are those of the
 sum of the per-document losses (summed next-token cross-entropy inside each document), packed vs
-each document alone, over every parameter.
+each document alone, over every parameter. Packed batches run with `use_cache=False` (what a
+training step needs: transformers detects packed `position_ids` only without a KV cache); the audit
+re-runs its recommendation with `use_cache=True` to show what a config left at its default does.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def packed(
 ) -> Outputs:
     """The packed batch: logits `[T, V]` in document order and the gradients of the same summed losses."""
     with torch.set_grad_enabled(backward):
-        logits = model(**batch).logits
+        logits = model(**{"use_cache": False, **batch}).logits  # a KV cache turns packed detection off
     logits = logits.reshape(-1, logits.shape[-1])
     if not backward:
         return logits, None
