@@ -145,7 +145,9 @@ def audit_model(config: AuditConfig) -> AuditReport:
     recommended = _recommend(results)
     needs = _needs_seq_idx(results)
     cache = _use_cache_check(models, docs, recommended)
-    summary = {k: tiny_dict.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in tiny_dict}
+    summary: dict[str, Any] = {
+        k: tiny_dict.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in tiny_dict
+    }
     return AuditReport(
         model=config.model,
         model_type=str(text_config.model_type),

@@ -232,7 +232,7 @@ def audit(
     from packtool.audit.source import require_transformers
 
     require_transformers()  # one line naming the extra, before torch is imported
-    from packtool.audit import AuditConfig, audit_model
+    from packtool.audit.audit import AuditConfig, audit_model
 
     config = AuditConfig(model, trust_remote_code, tuple(attn_implementation or ()), seed).validate()
     report = audit_model(config)

@@ -10,7 +10,6 @@ be plain strings or `{"content": ...}` dicts, as transformers writes them.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
