@@ -34,7 +34,9 @@ def save_config(directory: Path, model_type: str, **overrides: object) -> Path:
 def independent_leak(config: object, impl: str = "sdpa", use_cache: bool = False) -> float:
     """max |Δ| of logits (relative), documents packed by DataCollatorWithFlattening vs each alone (float64)."""
     torch.manual_seed(1)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl, dtype=torch.float64).eval()
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=impl, experts_implementation="eager", dtype=torch.float64
+    ).eval()  # (eager experts: torch's grouped_mm has no float64)
     gen = torch.Generator().manual_seed(2)
     docs = [torch.randint(0, config.vocab_size, (n,), generator=gen) for n in LENGTHS]
     batch = transformers.DataCollatorWithFlattening()([{"input_ids": d.tolist()} for d in docs])
@@ -191,6 +193,7 @@ HYBRID = {
     "jamba": {},
     "falcon_h1": {},
     "lfm2": {"num_hidden_layers": 16, "full_attn_idxs": [2, 5, 8, 10, 12, 14]},
+    "nemotron_h": {},
     "granitemoehybrid": {"num_hidden_layers": 8, "layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 2},
 }
 
