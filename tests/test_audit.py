@@ -99,6 +99,8 @@ def test_qwen35_hybrid_leaks_and_is_never_reported_exact(tmp_path) -> None:
             assert results[(style, impl)]["verdict"] == "unsupported"
             assert "can't keep packed sequences apart" in results[(style, impl)]["reason"]
     assert "padded=True" in report["advice"] and "PaddedCollator" in report["advice"]
+    # the fallback it names is measured: PaddedCollator batches (right padding) are exact
+    assert report["padded_check"]["verdict"] == "exact" and report["padded_check"]["max_abs_diff_grads"] < 1e-6
     assert "causal_conv1d" in report["advice"] or "causal-conv1d" in report["advice"]
     # cross-check with an independently built tiny Qwen3.5 (one linear-attention and one attention layer)
     tiny = transformers.AutoConfig.for_model(

@@ -27,11 +27,13 @@ from packtool.errors import ConfigError
 #: simplest keys first: the recommendation is the first exact (style, implementation)
 STYLE_ORDER = tuple(probe.STYLES)
 IMPL_ORDER = ("flash_attention_3", "flash_attention_2", "sdpa", "flex_attention", "eager")
-#: layer kinds -> the CUDA kernels that keep packed documents apart in them
+#: a config field that marks a mixer -> the CUDA kernels that keep packed documents apart in it
 KERNELS = {
-    "linear_attention": "flash-linear-attention and causal-conv1d",
-    "mamba": "mamba-ssm and causal-conv1d",
-    "conv": "causal-conv1d",
+    "linear_num_key_heads": "flash-linear-attention and causal-conv1d",  # gated delta net
+    "mamba_d_state": "mamba-ssm and causal-conv1d",
+    "ssm_state_size": "mamba-ssm and causal-conv1d",
+    "state_size": "mamba-ssm and causal-conv1d",
+    "conv_L_cache": "causal-conv1d",  # LFM2 short convolutions
 }
 
 
@@ -76,6 +78,8 @@ class AuditReport:
     #: the recommended setup re-run with `use_cache=True` (forward): transformers skips packed-sequence
     #: detection when it builds a KV cache, so a config left at `use_cache: true` leaks
     use_cache_check: dict[str, Any] | None = None
+    #: the fallback measured: `PaddedCollator` batches (right padding + attention_mask), first implementation
+    padded_check: dict[str, Any] | None = None
 
     @property
     def exact(self) -> bool:
@@ -115,6 +119,12 @@ class AuditReport:
                 f"with use_cache=True ({c['style']}, {c['attn_implementation']}): max |Δ| logits "
                 f"{c['max_abs_diff_logits']:.2e}, {c['verdict']}"
             )
+        pc = self.padded_check
+        if pc and pc.get("max_abs_diff_logits") is not None:
+            lines.append(
+                f"padded fallback (PaddedCollator, {pc['attn_implementation']}): max |Δ| logits "
+                f"{pc['max_abs_diff_logits']:.2e}, grads {pc['max_abs_diff_grads']:.2e}, {pc['verdict']}"
+            )
         if self.recommended:
             lines.append(
                 f"recommended: {self.recommended['style']} with attn_implementation={self.recommended['attn_implementation']!r}; "
@@ -145,6 +155,7 @@ def audit_model(config: AuditConfig) -> AuditReport:
     recommended = _recommend(results)
     needs = _needs_seq_idx(results)
     cache = _use_cache_check(models, docs, recommended)
+    padded = _padded_check(models, docs)
     summary: dict[str, Any] = {
         k: tiny_dict.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in tiny_dict
     }
@@ -157,10 +168,28 @@ def audit_model(config: AuditConfig) -> AuditReport:
         results=results,
         recommended=recommended,
         needs_seq_idx=needs,
-        advice=_advice(recommended, needs, results, kinds, cache),
+        advice=_advice(recommended, needs, results, tiny_dict, cache, padded),
         keys=list(probe.STYLES[recommended["style"]][1]) if recommended else [],
         use_cache_check=cache,
+        padded_check=padded,
     )
+
+
+def _padded_check(models: dict[str, Any], docs: list[torch.Tensor]) -> dict[str, Any] | None:
+    """The padded fallback under the first implementation that ran (sdpa before eager)."""
+    impl = next((i for i in IMPL_ORDER if i in models and i not in probe.FORWARD_ONLY), None)
+    if impl is None:
+        return None
+    model = models[impl]
+    dtype = next(model.parameters()).dtype
+    out: dict[str, Any] = {"style": "padded", "attn_implementation": impl}
+    try:
+        ref = probe.reference(model, docs)
+        got = probe.packed(model, docs, probe.build_padded(docs))
+    except Exception as exc:  # noqa: BLE001
+        return {**out, "verdict": "unsupported", "reason": probe.first_line(exc)}
+    dl, dg, _, _, verdict, _ = probe.compare(ref, got, dtype)
+    return {**out, "max_abs_diff_logits": dl, "max_abs_diff_grads": dg, "verdict": verdict}
 
 
 def _use_cache_check(
@@ -294,8 +323,9 @@ def _advice(
     recommended: dict[str, Any] | None,
     needs: bool,
     results: list[probe.Measurement],
-    kinds: list[str],
+    tiny_config: dict[str, Any],
     cache: dict[str, Any] | None = None,
+    padded: dict[str, Any] | None = None,
 ) -> str:
     if recommended is not None:
         style, impl = recommended["style"], recommended["attn_implementation"]
@@ -312,10 +342,13 @@ def _advice(
             )
         return text
     named = sorted({m.group(1) for r in results if r.reason for m in [re.search(r"without `([^`]+)`", r.reason)] if m})
-    kernels = sorted({v for k, v in KERNELS.items() if any(k in kind for kind in kinds)})
-    need = ", ".join(named) or " / ".join(kernels) or "kernels that honour cu_seqlens or seq_idx"
+    kernels = sorted({v for k, v in KERNELS.items() if tiny_config.get(k) is not None})
+    need = " / ".join(kernels) or ", ".join(named) or "kernels that honour cu_seqlens or seq_idx"
+    measured = ""
+    if padded is not None and padded.get("max_abs_diff_logits") is not None:
+        measured = f" ({padded['verdict']} under {padded['attn_implementation']}: max |Δ| logits {padded['max_abs_diff_logits']:.1e})"
     return (
         "this model cannot be packed exactly on the kernels present (packed documents leak into each other): "
         "train with padded dynamic batches, packtool.loader.DynamicBatchSampler(ds, max_tokens, padded=True) + "
-        f"PaddedCollator, or install the CUDA kernels it needs ({need}) and re-run the audit"
+        f"PaddedCollator{measured}, or install the CUDA kernels it needs ({need}) and re-run the audit"
     )

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from packtool.loader.collator import PackedCollator
+from packtool.loader.padded import PaddedCollator
 
 #: the probe's documents: longer than the tiny sliding window (4) and straddling SSM chunks (8)
 DOC_LENGTHS = (9, 7, 12, 4)
@@ -102,6 +103,13 @@ def build_batch(docs: Sequence[torch.Tensor], style: str) -> dict[str, Any]:
     return PackedCollator(flatten=flat, seq_idx=True, keys=keys)(items)
 
 
+def build_padded(docs: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """The fallback: `PaddedCollator`'s right-padded `[B, L]` batch (one document per row, attention_mask)."""
+    items = [{"input_ids": d, "labels": d.clone()} for d in docs]
+    batch = PaddedCollator(pad_id=0)(items)
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+
+
 def _doc_loss(logits: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:-1].to(torch.float64), doc[1:], reduction="sum")
 
@@ -135,6 +143,8 @@ def packed(
     with torch.set_grad_enabled(backward):
         logits = model(**{"use_cache": False, **batch}).logits  # a KV cache turns packed detection off
     logits = logits.reshape(-1, logits.shape[-1])
+    if "attention_mask" in batch:  # padded rows: the real tokens, in document order
+        logits = logits[batch["attention_mask"].reshape(-1).bool()]
     if not backward:
         return logits, None
     bounds = np.concatenate([[0], np.cumsum([int(d.numel()) for d in docs])])
