@@ -221,6 +221,7 @@ def test_hybrid_families_are_never_reported_exact_where_they_leak(tmp_path, mode
     assert report.recommended is None
     by = {(r.style, r.attn_implementation): r for r in report.results}
     assert by[("flat_position_ids", "sdpa")].verdict == "leaks"
+    assert report.padded_check is not None and report.padded_check["verdict"] == "exact"  # the fallback it names
     text = transformers.AutoConfig.for_model(model_type, **HYBRID[model_type])
     tiny = type(text).from_dict(tiny_config_dict(text.to_dict())[0])
     assert independent_leak(tiny) > 1e-6  # the same architecture, packed by transformers' collator, leaks too
