@@ -146,8 +146,9 @@ def audit_model(config: AuditConfig) -> AuditReport:
     docs = probe.documents(int(tiny.vocab_size), config.seed)
     results: list[probe.Measurement] = []
     models: dict[str, Any] = {}
-    with _flex_mask_reference():
-        for impl in config.implementations or tuple(probe.IMPLEMENTATIONS):
+    impls = config.implementations or tuple(probe.IMPLEMENTATIONS)
+    with _flex_mask_reference() if "flex_attention" in impls else contextlib.nullcontext():
+        for impl in impls:
             _run_implementation(transformers, tiny, impl, docs, config, results, models)
     kinds = sorted(
         {str(k) for k in getattr(tiny, "layer_types", None) or getattr(tiny, "layers_block_type", None) or []}
