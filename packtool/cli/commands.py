@@ -223,11 +223,11 @@ def audit(
         list[str] | None,
         typer.Option("--attn-implementation", help="Try only these (repeatable; default: every one present)."),
     ] = None,
-    seed: Seed = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights and documents.")] = 0,
 ) -> None:
     """Packed vs separate documents through MODEL's architecture (tiny, random weights, CPU): exact or leaking?
 
-    Exit 0 when a recommended packed setup is exact, 1 when none is. Needs `pip install 'packtool[audit]'`.
+    Exit 0 when a recommended packed setup is exact, 1 when none is. Needs the audit extra (torch, transformers).
     """
     from packtool.audit.source import require_transformers
 
