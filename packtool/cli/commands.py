@@ -231,3 +231,32 @@ def run(
         progress = None if update is None else (lambda stage, done, total: update(done, total))
         for line in describe(run_pipeline(config, progress)):
             typer.echo(line)
+
+
+@app.command()
+def audit(
+    model: Annotated[str, typer.Argument(help="A transformers model directory, a config.json, or a cached hub name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Allow the model's own code (from disk only).")
+    ] = False,
+    attn_implementation: Annotated[
+        list[str] | None,
+        typer.Option("--attn-implementation", help="Try only these (repeatable; default: every one present)."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights and documents.")] = 0,
+) -> None:
+    """Packed vs separate documents through MODEL's architecture (tiny, random weights, CPU): exact or leaking?
+
+    Exit 0 when a recommended packed setup is exact, 1 when none is. Needs the audit extra (torch, transformers).
+    """
+    from packtool.audit.source import require_transformers
+
+    require_transformers()  # one line naming the extra, before torch is imported
+    from packtool.audit.audit import AuditConfig, audit_model
+
+    config = AuditConfig(model, trust_remote_code, tuple(attn_implementation or ()), seed).validate()
+    report = audit_model(config)
+    typer.echo(summaries.audit_text(report, as_json))
+    if not report.exact:
+        raise typer.Exit(1)

@@ -46,3 +46,7 @@ def verify_line(report: Any) -> str:
 def export_lines(result: Any) -> list[str]:
     files = ", ".join(str(f) for f in result.files)
     return [f"exported {result.n_packs} packs of {result.size} tokens for {result.target} -> {files}", *result.lines]
+
+
+def audit_text(report: Any, as_json: bool) -> str:
+    return json.dumps(report.to_dict(), sort_keys=True) if as_json else report.to_text()

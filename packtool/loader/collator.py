@@ -12,6 +12,10 @@ Keys emitted (filter them with `keys=`, e.g. `HF_KEYS` for `model(**batch)`):
   `cu_seqlens_q_padded/_kv_padded` (offsets incl. `--pad-multiple` padding) when the store
   was packed with padding (THD format with context parallelism);
 - `n_target_tokens` (int): labels that count, to normalise a summed loss across ranks;
+- with `seq_idx=True`: `seq_idx` (int32, shaped like `input_ids`): the index of each token's
+  segment in the batch (0, 1, ... row after row; tail padding and `pad_to_length` padding are
+  segments too), what transformers' `DataCollatorWithFlattening(return_seq_idx=True)` and
+  Megatron's Mamba layers pass to state-space and linear-attention kernels;
 - with `cp_size=C > 1` (context parallelism, `context_parallel.py`): rank `cp_rank`'s `[1, T/C]`
   `input_ids`, `labels`, `position_ids` (of the unsharded sequence) and `shift_labels`, plus
   `cu_seqlens_local`; every `cu_seqlens*` key stays global and unsharded, `*_padded` always present,
@@ -95,6 +99,7 @@ class PackedCollator:
         keys: Collection[str] | None = None,
         cp_size: int = 1,
         cp_rank: int = 0,
+        seq_idx: bool = False,
     ) -> None:
         if static_segments is not None and static_segments < 1:
             raise ConfigError(
@@ -109,6 +114,7 @@ class PackedCollator:
         self.pad_to_length = pad_to_length
         self.pad_id = int(pad_id)
         self.keys = None if keys is None else frozenset(keys)
+        self.seq_idx = bool(seq_idx)
         self._pool: BufferPool | None = None  # context-parallel output buffers, process-local
 
     def __getstate__(self) -> dict[str, Any]:
@@ -157,6 +163,7 @@ class PackedCollator:
             cu_t, cu_real_t = torch.from_numpy(cu), torch.from_numpy(cu_real)
         row = ids.shape[1]
         _validate(cu, total, max_seqlen)
+        seq = segment_index(cu).reshape(ids.shape) if self.seq_idx else None
         cp: dict[str, torch.Tensor] = {}
         if self.cp_size > 1:
             if docs is not None and np.any(np.diff(cu) % (2 * self.cp_size)):
@@ -168,6 +175,8 @@ class PackedCollator:
                 self._pool = BufferPool()
             cp = context_parallel.shard(ids, labels, pos, cu, self.cp_size, self.cp_rank, self._pool)
             ids, labels, pos = cp.pop("input_ids"), cp.pop("labels"), cp.pop("position_ids")
+            if seq is not None:
+                seq = seq.reshape(-1)[context_parallel.partition_indices(cu, self.cp_size, self.cp_rank)][None]
             padded_keys = True  # Transformer Engine's THD + CP path always takes the padded offsets
         if self.static_segments is not None:
             cus = torch.from_numpy(_pad_cu(np.stack([cu, cu_real]), self.static_segments))
@@ -190,6 +199,8 @@ class PackedCollator:
             "n_target_tokens": n_target,
             **cp,
         }
+        if seq is not None:
+            out["seq_idx"] = torch.from_numpy(seq)
         if padded_keys:
             out["cu_seqlens_q_padded"] = cu_t
             out["cu_seqlens_kv_padded"] = cu_t
@@ -292,6 +303,11 @@ def _views_of_one_storage(buffer: np.ndarray, shape: tuple[int, ...], n_cu: int)
     cu = t32.as_strided((n_cu,), (1,), 6 * total)
     cu_real = t32.as_strided((n_cu,), (1,), 6 * total + width)
     return ids, labels, pos, cu, cu_real
+
+
+def segment_index(cu: np.ndarray) -> np.ndarray:
+    """int32 `[cu[-1]]`: the segment of every token (zero-length segments take a number, hold no token)."""
+    return np.repeat(np.arange(cu.size - 1, dtype=np.int32), np.diff(cu))
 
 
 def _cumsum32(lens: np.ndarray) -> np.ndarray:

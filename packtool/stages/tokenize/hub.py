@@ -16,12 +16,11 @@ A PATH (a file, a directory, or a glob inside the snapshot) takes exactly what i
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from packtool.errors import InputError
+from packtool.formats.hub_cache import hub_cache_dir, hub_snapshot
 
 PREFIX = "hf://"
 _FAMILIES = {"parquet": 0, "arrow": 1, "json": 2, "jsonl": 2, "jsonl.gz": 2, "jsonl.zst": 2, "txt": 3}
@@ -30,30 +29,6 @@ _SPLITS = {
     "validation": ("validation", "valid", "dev", "val"),
     "test": ("test", "testing", "eval", "evaluation"),
 }
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, honouring HF_HUB_CACHE and HF_HOME like huggingface_hub does."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path("~/.cache/huggingface/hub").expanduser()
-
-
-def hub_snapshot(repo_type: str, name: str, usable: Callable[[Path], bool]) -> Path | None:
-    """The cached snapshot of `org/name` (a `models` or `datasets` repo): `refs/main`'s, else the newest usable."""
-    repo = hub_cache_dir() / f"{repo_type}--{name.replace('/', '--')}"
-    snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        candidate = snapshots / ref.read_text().strip()
-        if usable(candidate):
-            return candidate
-    found = sorted((p for p in snapshots.iterdir() if usable(p)), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
 
 
 def is_hub_input(text: str) -> bool:

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from packtool.errors import TokenizerError
 from packtool.formats.files import sha256_file
-from packtool.stages.tokenize.hub import hub_cache_dir, hub_snapshot
+from packtool.formats.hub_cache import hub_cache_dir, resolve_snapshot
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -58,7 +58,7 @@ class TokenizerInfo:
 
 def resolve_hub_name(name: str) -> Path | None:
     """The cached snapshot directory holding `tokenizer.json` for `org/name`, or None."""
-    return hub_snapshot("models", name, lambda p: (p / TOKENIZER_JSON).is_file())
+    return resolve_snapshot(name, TOKENIZER_JSON)
 
 
 def locate(spec: str) -> tuple[Path, str]:
