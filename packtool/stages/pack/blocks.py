@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from packtool.formats.pack_writer import PackSplitWriter
+from packtool.formats.store_set import StoreSet
 from packtool.formats.token_store import MANIFEST, TokenStore, open_token_store
 from packtool.signals import signals_deferred
 from packtool.stages.pack.layout import Layout
@@ -42,6 +43,28 @@ def gather_segments(
     out[cursor:] = fill
 
 
+@njit(nogil=True, cache=True)
+def fill_gaps(real: np.ndarray, dst: np.ndarray, out: np.ndarray, fill: int) -> None:
+    """`fill` everywhere outside the segments' real tokens (a mixture's first pass; sources copy after)."""
+    cursor = 0
+    for j in range(dst.size):
+        out[cursor : dst[j]] = fill
+        cursor = dst[j] + real[j]
+    out[cursor:] = fill
+
+
+@njit(nogil=True, cache=True)
+def copy_runs(source: np.ndarray, src: np.ndarray, real: np.ndarray, dst: np.ndarray, out: np.ndarray) -> None:
+    for j in range(src.size):
+        out[dst[j] : dst[j] + real[j]] = source[src[j] : src[j] + real[j]]
+
+
+@njit(nogil=True, cache=True)
+def fill_runs(real: np.ndarray, dst: np.ndarray, out: np.ndarray, value: int) -> None:
+    for j in range(dst.size):
+        out[dst[j] : dst[j] + real[j]] = value
+
+
 @dataclass(frozen=True)
 class PackBlockTask:
     """Write rows [p0, p1) of the pack matrices: a pure, picklable unit of work.
@@ -62,12 +85,46 @@ class PackBlockTask:
     out_tokens: str
     out_loss: str | None = None
     sync: bool = False  # flush the maps before returning (another node's page cache: Ray)
+    more_dirs: tuple[str, ...] = ()  # a mixture's other stores; `src` is then global (store_set.StoreSet)
+    token_offsets: tuple[int, ...] = ()  # global first token of each store, with the total last
 
     def run(self) -> tuple[int, int]:
+        if self.more_dirs:
+            return self._run_mixture()
         store = _open_source(self.tokens_dir)
         _write_rows(self.out_tokens, self.p0, self.p1, store.tokens, self, self.pad_id)
         if self.out_loss is not None and store.loss is not None:
             _write_rows(self.out_loss, self.p0, self.p1, store.loss, self, 0)
+        return self.p0, self.p1
+
+
+    def _run_mixture(self) -> tuple[int, int]:
+        """Gaps first, then each store's segments from its own tokens.bin (loss: 1s for a store without one)."""
+        stores = [_open_source(d) for d in (self.tokens_dir, *self.more_dirs)]
+        offsets = np.asarray(self.token_offsets, np.int64)
+        which = np.searchsorted(offsets, self.src, side="right") - 1
+        picks = [np.flatnonzero(which == s) for s in range(len(stores))]
+        outputs = [(self.out_tokens, [s.tokens for s in stores], self.pad_id)]
+        if self.out_loss is not None:
+            outputs.append((self.out_loss, [s.loss for s in stores], 0))
+        for path, sources, fill in outputs:
+            matrix = np.lib.format.open_memmap(path, mode="r+")
+            try:
+                rows = matrix[self.p0 : self.p1].reshape(-1)
+                with signals_deferred():
+                    fill_gaps(self.real, self.dst, rows, fill)
+                    for s, source in enumerate(sources):
+                        k = picks[s]
+                        if not k.size:
+                            continue
+                        if source is None:
+                            fill_runs(self.real[k], self.dst[k], rows, 1)
+                        else:
+                            copy_runs(source, self.src[k] - offsets[s], self.real[k], self.dst[k], rows)
+                if self.sync:
+                    matrix.flush()
+            finally:
+                del matrix
         return self.p0, self.p1
 
 
@@ -97,7 +154,7 @@ def _open_source(tokens_dir: str) -> TokenStore:
     with _SOURCES_LOCK:
         store = _SOURCES.get(key)
         if store is None:
-            if len(_SOURCES) >= 4:
+            if len(_SOURCES) >= 32:
                 _SOURCES.clear()
             store = _SOURCES[key] = open_token_store(tokens_dir)
         return store
@@ -105,7 +162,7 @@ def _open_source(tokens_dir: str) -> TokenStore:
 
 def block_tasks(
     layout: Layout,
-    store: TokenStore,
+    stores: StoreSet,
     writer: PackSplitWriter,
     size: int,
     pad_id: int,
@@ -116,13 +173,15 @@ def block_tasks(
     rows = max(1, (block_tokens or BLOCK_TOKENS) // size)
     out_tokens = str(writer.tokens.filename)  # type: ignore[union-attr]  # a np.memmap when n_packs > 0
     out_loss = str(writer.loss.filename) if writer.loss is not None else None  # type: ignore[attr-defined]
+    more = tuple(str(s.path) for s in stores.stores[1:])
+    offsets = tuple(int(o) for o in stores.token_offsets) if more else ()
     tasks = []
     for p0 in range(0, layout.n_packs, rows):
         p1 = min(layout.n_packs, p0 + rows)
         s0, s1 = int(layout.pack_offsets[p0]), int(layout.pack_offsets[p1])
         tasks.append(
             PackBlockTask(
-                str(store.path),
+                str(stores.first.path),
                 p0,
                 p1,
                 size,
@@ -133,6 +192,8 @@ def block_tasks(
                 out_tokens,
                 out_loss,
                 sync,
+                more,
+                offsets,
             )
         )
     return tasks
