@@ -172,14 +172,18 @@ def stats(
 @app.command()
 def verify(
     path: StorePath,
-    source: Annotated[Path | None, typer.Option("--source", help="Token store the packs came from.")] = None,
+    source: Annotated[
+        list[Path] | None,
+        typer.Option("--source", help="Token store the packs came from (repeat it for each store of a mixture)."),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Check every invariant and checksum of a store; with --source, every document packed once, unchanged."""
     from packtool.stages.verify import VerifyConfig, verify_path
 
+    sources = tuple(source) if source and len(source) > 1 else (source[0] if source else None)
     with progress_bar(quiet, "verify", "tok") as progress:
-        typer.echo(summaries.verify_line(verify_path(VerifyConfig(path, source), progress)))
+        typer.echo(summaries.verify_line(verify_path(VerifyConfig(path, sources), progress)))
 
 
 @app.command()

@@ -104,7 +104,9 @@ class PackBlockTask:
         offsets = np.asarray(self.token_offsets, np.int64)
         which = np.searchsorted(offsets, self.src, side="right") - 1
         picks = [np.flatnonzero(which == s) for s in range(len(stores))]
-        outputs = [(self.out_tokens, [s.tokens for s in stores], self.pad_id)]
+        outputs: list[tuple[str, list[np.ndarray | None], int]] = [
+            (self.out_tokens, [s.tokens for s in stores], self.pad_id)
+        ]
         if self.out_loss is not None:
             outputs.append((self.out_loss, [s.loss for s in stores], 0))
         for path, sources, fill in outputs:
