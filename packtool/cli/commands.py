@@ -108,7 +108,7 @@ def pack(
     tokens_dir: Annotated[
         list[str],
         typer.Argument(
-            metavar="STORE[:WEIGHT]...",
+            metavar="STORE[:WEIGHT]",
             help="Token store(s) made by `packtool tokenize`, each STORE[:WEIGHT] (epochs; a mixture of one tokenizer).",
         ),
     ],
@@ -129,7 +129,7 @@ def pack(
     ] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Bin-pack a token store into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
+    """Bin-pack token store(s) into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
     from packtool.core.mixture import check_fraction
     from packtool.errors import ConfigError
     from packtool.stages.pack import PackConfig, mixture_args, pack_store

@@ -16,7 +16,8 @@ them the same stores to re-derive what the packs must hold.
   held-out document is never in training, and validation holds it once per occurrence in the
   un-repeated stores, whatever the store's weight.
 
-The hash is one compiled pass over the tokens (~1 ns per token, scripts/bench_pack.py).
+The hash is one compiled pass over the tokens: ~600M tokens/s on one core (1.6 ns per token, uint32,
+50M tokens, measured on the shared 2-core dev machine), a read pass next to the copy packing does anyway.
 """
 
 from __future__ import annotations
