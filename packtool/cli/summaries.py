@@ -33,7 +33,9 @@ def _mixture_lines(result: Any) -> str:
         if not isinstance(sources, list):
             continue
         if m is not result.metadata:
-            lines.append(f"{m['split']}_{m['pack_size']}: {m['n_segments']} segments ({m['n_tokens']} tokens) in {m['n_packs']} packs")
+            lines.append(
+                f"{m['split']}_{m['pack_size']}: {m['n_segments']} segments ({m['n_tokens']} tokens) in {m['n_packs']} packs"
+            )
         for s in sources:
             lines.append(
                 f"  {m['split']} <- {s['path']} (weight {s['weight']:g}): {s['documents']} documents, "

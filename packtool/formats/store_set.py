@@ -47,7 +47,8 @@ class StoreSet:
     def starts(self) -> np.ndarray:
         """int64 global start offset of every global document."""
         return np.concatenate(
-            [s.starts + int(o) for s, o in zip(self.stores, self.token_offsets, strict=False)] or [np.zeros(0, np.int64)]
+            [s.starts + int(o) for s, o in zip(self.stores, self.token_offsets, strict=False)]
+            or [np.zeros(0, np.int64)]
         )
 
     @property
@@ -80,7 +81,12 @@ class StoreSet:
 
 def open_store_set(paths: list[str | os.PathLike[str]] | tuple[Path, ...], *, check_hashes: bool = False) -> StoreSet:
     """Open every store and check they can be mixed: one tokenizer (sha256 of tokenizer.json), one dtype."""
-    stores = tuple(open_token_store(p, check_hashes=check_hashes) for p in paths)
+    opened: dict[Path, TokenStore] = {}  # a store named twice (A:1 A:0.5) is opened and hashed once
+    for p in paths:
+        key = Path(p).resolve()
+        if key not in opened:
+            opened[key] = open_token_store(p, check_hashes=check_hashes)
+    stores = tuple(opened[Path(p).resolve()] for p in paths)
     if not stores:
         raise FormatError("no token store given, pass at least one STORE")
     first = stores[0]

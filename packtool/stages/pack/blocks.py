@@ -44,25 +44,31 @@ def gather_segments(
 
 
 @njit(nogil=True, cache=True)
-def fill_gaps(real: np.ndarray, dst: np.ndarray, out: np.ndarray, fill: int) -> None:
-    """`fill` everywhere outside the segments' real tokens (a mixture's first pass; sources copy after)."""
+def gather_mixture(
+    sources: tuple[np.ndarray, ...],
+    has: np.ndarray,
+    which: np.ndarray,
+    src: np.ndarray,
+    real: np.ndarray,
+    dst: np.ndarray,
+    out: np.ndarray,
+    fill: int,
+) -> None:
+    """`gather_segments` over several stores: segment j copies from `sources[which[j]]` (local `src[j]`),
+    or is all 1s where `has[which[j]]` is False (a loss matrix over a store without tokens.loss).
+
+    Still one pass over `out`; compiled once per number of stores (a homogeneous tuple).
+    """
     cursor = 0
-    for j in range(dst.size):
-        out[cursor : dst[j]] = fill
-        cursor = dst[j] + real[j]
-    out[cursor:] = fill
-
-
-@njit(nogil=True, cache=True)
-def copy_runs(source: np.ndarray, src: np.ndarray, real: np.ndarray, dst: np.ndarray, out: np.ndarray) -> None:
     for j in range(src.size):
-        out[dst[j] : dst[j] + real[j]] = source[src[j] : src[j] + real[j]]
-
-
-@njit(nogil=True, cache=True)
-def fill_runs(real: np.ndarray, dst: np.ndarray, out: np.ndarray, value: int) -> None:
-    for j in range(dst.size):
-        out[dst[j] : dst[j] + real[j]] = value
+        d, s, n, k = dst[j], src[j], real[j], which[j]
+        out[cursor:d] = fill
+        if has[k]:
+            out[d : d + n] = sources[k][s : s + n]
+        else:
+            out[d : d + n] = 1
+        cursor = d + n
+    out[cursor:] = fill
 
 
 @dataclass(frozen=True)
@@ -97,37 +103,35 @@ class PackBlockTask:
             _write_rows(self.out_loss, self.p0, self.p1, store.loss, self, 0)
         return self.p0, self.p1
 
-
     def _run_mixture(self) -> tuple[int, int]:
-        """Gaps first, then each store's segments from its own tokens.bin (loss: 1s for a store without one)."""
+        """Each segment from its own store's tokens.bin (loss: 1s for a store without tokens.loss)."""
         stores = [_open_source(d) for d in (self.tokens_dir, *self.more_dirs)]
         offsets = np.asarray(self.token_offsets, np.int64)
         which = np.searchsorted(offsets, self.src, side="right") - 1
-        picks = [np.flatnonzero(which == s) for s in range(len(stores))]
-        outputs: list[tuple[str, list[np.ndarray | None], int]] = [
-            (self.out_tokens, [s.tokens for s in stores], self.pad_id)
-        ]
+        local = self.src - offsets[which]
+        outputs = [(self.out_tokens, [s.tokens for s in stores], self.pad_id)]
         if self.out_loss is not None:
-            outputs.append((self.out_loss, [s.loss for s in stores], 0))
+            none = np.zeros(0, np.uint8)
+            outputs.append((self.out_loss, [none if s.loss is None else s.loss for s in stores], 0))
         for path, sources, fill in outputs:
+            has = np.array([a.size > 0 or st.n_tokens == 0 for a, st in zip(sources, stores, strict=True)])
             matrix = np.lib.format.open_memmap(path, mode="r+")
             try:
                 rows = matrix[self.p0 : self.p1].reshape(-1)
                 with signals_deferred():
-                    fill_gaps(self.real, self.dst, rows, fill)
-                    for s, source in enumerate(sources):
-                        k = picks[s]
-                        if not k.size:
-                            continue
-                        if source is None:
-                            fill_runs(self.real[k], self.dst[k], rows, 1)
-                        else:
-                            copy_runs(source, self.src[k] - offsets[s], self.real[k], self.dst[k], rows)
+                    gather_mixture(tuple(map(_readonly, sources)), has, which, local, self.real, self.dst, rows, fill)
                 if self.sync:
                     matrix.flush()
             finally:
                 del matrix
         return self.p0, self.p1
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    """A read-only plain-ndarray view: numba indexes a tuple of arrays only when all have one type."""
+    view = arr.view(np.ndarray)
+    view.flags.writeable = False
+    return view
 
 
 def _write_rows(path: str, p0: int, p1: int, source: np.ndarray, task: PackBlockTask, fill: int) -> None:

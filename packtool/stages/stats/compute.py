@@ -152,7 +152,9 @@ def _sources(meta: dict[str, Any]) -> list[dict[str, Any]]:
     keys = ("path", "manifest_sha256", "weight", "documents", "tokens", "share")
     recs = metadata_sources(meta)
     if len(recs) == 1 and "documents" not in recs[0]:
-        recs = [{**recs[0], "weight": 1, "documents": meta.get("n_documents"), "tokens": meta.get("n_tokens"), "share": 1.0}]
+        recs = [
+            {**recs[0], "weight": 1, "documents": meta.get("n_documents"), "tokens": meta.get("n_tokens"), "share": 1.0}
+        ]
     return [{k: r.get(k) for k in keys} for r in recs]
 
 
