@@ -26,6 +26,13 @@ class StoreSet:
     doc_offsets: np.ndarray  # int64 [n_stores + 1]
     token_offsets: np.ndarray  # int64 [n_stores + 1]
 
+    @classmethod
+    def of(cls, store: TokenStore | StoreSet) -> StoreSet:
+        """A store set of one token store (or the set itself)."""
+        if isinstance(store, StoreSet):
+            return store
+        return cls((store,), np.array([0, store.n_documents], np.int64), np.array([0, store.n_tokens], np.int64))
+
     @property
     def first(self) -> TokenStore:
         return self.stores[0]

@@ -168,7 +168,7 @@ def _open_source(tokens_dir: str) -> TokenStore:
 
 def block_tasks(
     layout: Layout,
-    stores: StoreSet,
+    stores: StoreSet | TokenStore,
     writer: PackSplitWriter,
     size: int,
     pad_id: int,
@@ -179,6 +179,7 @@ def block_tasks(
     rows = max(1, (block_tokens or BLOCK_TOKENS) // size)
     out_tokens = str(writer.tokens.filename)  # type: ignore[union-attr]  # a np.memmap when n_packs > 0
     out_loss = str(writer.loss.filename) if writer.loss is not None else None  # type: ignore[attr-defined]
+    stores = StoreSet.of(stores)
     more = tuple(str(s.path) for s in stores.stores[1:])
     offsets = tuple(int(o) for o in stores.token_offsets) if more else ()
     tasks = []

@@ -285,8 +285,8 @@ def verify_pack_split(
     `store`: the source token store, or a mixture's sources in metadata order; `occurrences`: how many
     times each (global) document must be packed (None: once each).
     """
-    if isinstance(store, TokenStore):
-        store = StoreSet((store,), np.array([0, store.n_documents]), np.array([0, store.n_tokens]))
+    if store is not None:
+        store = StoreSet.of(store)
     _check_dtype(ps)
     g = _geometry(ps)
     _check_counts(ps, g)
