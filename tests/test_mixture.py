@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import (
     check_mixture_packs,
+    check_packs,
     cli,
     cli_error,
     make_store,
@@ -223,3 +224,12 @@ def test_property_mixture_invariants(
         k, f = math.floor(w), w - math.floor(w)
         assert set(np.unique(c)) <= {k, k + 1}
         assert int(c.sum()) == k * c.size + math.floor(f * c.size + 0.5)
+
+
+def test_weight_one_is_the_plain_pack(stores: dict[str, Path], tmp_path: Path) -> None:
+    """`B:1` is no mixture: version 2, the plain checker accepts it, the bytes of `B`."""
+    flags = ("--pad-multiple", "8", "--algorithm", "ffs")
+    _pack(tmp_path / "w", f"{stores['b']}:1.0", flags=flags)
+    _pack(tmp_path / "p", str(stores["b"]), flags=flags)
+    meta = check_packs(stores["b"], tmp_path / "w" / "packed" / TOK, "training", N)
+    assert meta["format_version"] == 2 and _files(tmp_path / "w") == _files(tmp_path / "p")
