@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import check_mixture_packs, cli, cli_error, make_store, write_store
 
 from packtool.core.mixture import content_hashes, validation_threshold
 from packtool.formats.pack_store import metadata_for
 from packtool.formats.token_store import open_token_store
 from packtool.loader import PackedDataset
+from packtool.stages.pack import PackConfig, pack_store
 
 
 def _flat(err: str) -> str:
@@ -150,3 +153,24 @@ def test_content_hash_does_not_depend_on_dtype(tmp_path) -> None:
     hm = content_hashes(one.tokens, one.starts, one.lengths)
     assert hm[2] == hm[3] and hm[0] != hm[1]  # empty documents agree; random ids differ
     assert validation_threshold(0.5) == np.uint64(2**63)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    fraction=st.floats(0.01, 0.9),
+    weights=st.tuples(st.floats(0.1, 2.5), st.floats(0.1, 2.5)),
+    seed=st.integers(0, 3),
+)
+def test_property_validation_invariants(
+    corpus: dict, tmp_path_factory: pytest.TempPathFactory, fraction: float, weights: tuple[float, float], seed: int
+) -> None:
+    """Every document in exactly one split; validation once, training k or k+1 times; same content, same split."""
+    out = tmp_path_factory.mktemp("vprop")
+    pack_store(PackConfig((corpus["b"], corpus["c"]), N, out, weights=weights, validation=fraction, seed=seed, workers=1))
+    train, val = _splits(corpus, out, ["b", "c"])
+    for t, v, w in zip(train, val, weights, strict=True):
+        k = int(np.floor(w))
+        assert set(np.unique(v)) <= {0, 1} and set(np.unique(t[v == 0])) <= {k, k + 1} and not t[v == 1].any()
+        if k >= 1:
+            assert np.all((t > 0) | (v > 0))
+    assert not _contents(corpus, ["b", "c"], train) & _contents(corpus, ["b", "c"], val)
