@@ -5,7 +5,10 @@
 1. Builds a token store of ~--gb GB (uint16 random ids, lognormal(6, 1) document lengths) with
    TokenStoreWriter, then writes its packs (N = 4096, ffd) with the block writer:
    thread pool with 1 and 2 workers, a 2-process pool over the same PackBlockTasks, the numpy
-   fancy-index gather the writer used before, and (--ray) Ray with 2 workers. Baseline: a raw
+   fancy-index gather the writer used before, a two-store mixture (the store twice at weight 0.5:
+   the mixture writer's gap fill + per-store copies), `--validation 0.01` (both splits; total s
+   includes hashing every document),
+   and (--ray) Ray with 2 workers. Baseline: a raw
    copy of the same number of bytes from tokens.bin into a fresh .npy memmap (page cache, no
    gather). Every run is a fresh subprocess, so peak RSS (ru_maxrss) is that run's own; it
    counts the touched pages of the memory-mapped files, shared with the page cache.
@@ -65,7 +68,7 @@ def child_pack(store: str, out: str, mode: str, workers: int) -> dict[str, float
         t0 = time.perf_counter()
         if mode == "numpy":  # the previous writer: per-token int64 indices + fancy-index gather
             rows = max(1, blocks.BLOCK_TOKENS // config.size)
-            tokens = np.asarray(st.tokens)
+            tokens = np.asarray(st.first.tokens)  # a StoreSet of one store
             from packtool.core.packing.segments import expand_runs
             for p0 in range(0, layout.n_packs, rows):
                 p1 = min(layout.n_packs, p0 + rows)
@@ -82,13 +85,18 @@ def child_pack(store: str, out: str, mode: str, workers: int) -> dict[str, float
                 list(pool.map(blocks.PackBlockTask.run, tasks, chunksize=1))
         else:
             original(layout, st, w, config, pad_id, progress)
-        timing["write_s"] = time.perf_counter() - t0
-        timing["bytes"] = float(w.tokens.nbytes)
+        timing["write_s"] = timing.get("write_s", 0.0) + time.perf_counter() - t0  # summed over splits
+        timing["bytes"] = timing.get("bytes", 0.0) + float(w.tokens.nbytes)
 
     stage._write_matrices = timed  # type: ignore[assignment]
     executor = "ray" if mode == "ray" else "local"
+    config = PackConfig(Path(store), SIZE, Path(out), workers=workers, executor=executor)
+    if mode == "mixture":  # the same store twice at weight 0.5: a two-store mixture of the same size
+        config = PackConfig((Path(store), Path(store)), SIZE, Path(out), workers=workers, weights=(0.5, 0.5))
+    elif mode == "validation":  # + the content hash of every document, two splits
+        config = PackConfig(Path(store), SIZE, Path(out), workers=workers, validation=0.01)
     t0 = time.perf_counter()
-    pack_store(PackConfig(Path(store), SIZE, Path(out), workers=workers, executor=executor))
+    pack_store(config)
     timing["total_s"] = time.perf_counter() - t0
     timing["rss_mb"] = rss_mb()
     return timing
@@ -134,6 +142,36 @@ def child_plan(n_docs: int) -> dict[str, float]:
             "total_bytes_per_doc": peak * 2**20 / n_docs}
 
 
+def child_kernel() -> dict[str, float]:
+    """The copy kernels alone, in memory: one store vs the same tokens as two stores (best of 3 each)."""
+    from packtool.stages.pack.blocks import _readonly, gather_mixture, gather_segments
+
+    rng = np.random.default_rng(0)
+    tok = _readonly(rng.integers(0, 60_000, size=100_000_000).astype(np.uint16))
+    lengths = np.maximum(1, rng.lognormal(6, 1, size=200_000).astype(np.int64))
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), tok.size - 5000))]
+    starts = np.cumsum(lengths) - lengths
+    half = int(starts[starts.size // 2])  # the second "store" starts at a document
+    perm = rng.permutation(lengths.size)
+    real, src = lengths[perm], starts[perm]
+    dst = np.cumsum(real) - real
+    out = np.empty(int(real.sum()), np.uint16)
+    which = (src >= half).astype(np.int64)
+    local = src - which * half
+    sources, has = (_readonly(tok[:half]), _readonly(tok[half:])), np.ones(2, bool)
+    gather_segments(tok, src[:5], real[:5], dst[:5], out, 1)  # compile outside the timings
+    gather_mixture(sources, has, which[:5], local[:5], real[:5], dst[:5], out, 1)
+    single, mixed = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        gather_segments(tok, src, real, dst, out, 1)
+        t1 = time.perf_counter()
+        gather_mixture(sources, has, which, local, real, dst, out, 1)
+        single.append(t1 - t0)
+        mixed.append(time.perf_counter() - t1)
+    return {"tokens": float(out.size), "single_s": min(single), "mixture_s": min(mixed)}
+
+
 def run_child(*args: str) -> dict[str, float]:
     out = subprocess.run([sys.executable, __file__, "--child", *args], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -152,6 +190,8 @@ def main() -> None:
             res = child_pack(rest[0], rest[1], rest[2], int(rest[3]))
         elif kind == "memcpy":
             res = child_memcpy(rest[0], rest[1], int(rest[2]))
+        elif kind == "kernel":
+            res = child_kernel()
         else:
             res = child_plan(int(rest[0]))
         print(json.dumps(res))
@@ -164,7 +204,8 @@ def main() -> None:
         print(f"token store: {n_tokens / 1e6:.0f} M tokens, {n_tokens * 2 / 1e9:.2f} GB uint16 "
               f"(built in {time.perf_counter() - t0:.0f} s); packs of N={SIZE}, ffd, {os.cpu_count()} cores")
         runs = [("threads, 1 worker", "threads", 1), ("threads, 2 workers", "threads", 2),
-                ("process pool, 2 workers", "process", 2), ("numpy fancy-index (old writer)", "numpy", 1)]
+                ("process pool, 2 workers", "process", 2), ("numpy fancy-index (old writer)", "numpy", 1),
+                ("mixture 2 x 0.5, 2 workers", "mixture", 2), ("--validation 0.01, 2 workers", "validation", 2)]
         if a.ray:
             runs.append(("ray, 2 workers", "ray", 2))
         results = {}
@@ -172,7 +213,7 @@ def main() -> None:
             out = tmp / f"out_{mode}_{workers}"
             results[label] = run_child("pack", str(tmp / "tokens"), str(out), mode, str(workers))
             shutil.rmtree(out)
-        n_bytes = int(next(iter(results.values()))["bytes"])
+        n_bytes = int(results["threads, 1 worker"]["bytes"])
         (tmp / "mc").mkdir()
         base = run_child("memcpy", str(tmp / "tokens"), str(tmp / "mc"), str(n_bytes))
         shutil.rmtree(tmp / "mc")
@@ -183,6 +224,9 @@ def main() -> None:
             gbs = r["bytes"] / r["write_s"] / 1e9
             print(f"{label:<34}{r['write_s']:>9.2f}{gbs:>8.2f}{gbs / base_gbs:>10.2f}{r['total_s']:>9.2f}{r['rss_mb']:>13.0f}")
         print(f"output: {n_bytes / 1e9:.2f} GB of packs")
+        k = run_child("kernel")
+        print(f"copy kernel, {k['tokens'] / 1e6:.0f} M tokens in memory: one store {k['single_s']:.3f} s, "
+              f"the same as a 2-store mixture {k['mixture_s']:.3f} s (x{k['mixture_s'] / k['single_s']:.2f})")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     plan = run_child("plan", str(a.docs))

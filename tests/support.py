@@ -306,3 +306,76 @@ def build_file(directory: Path, size: int, role: str = "data", split: str = "tra
     """The committed build's file of `role` (`data`, `loss` or a companion), as the metadata names it."""
     build = metadata_for(directory, split, size)["build"]
     return directory / (data_name(split, size, build) if role == "data" else companion_name(split, size, role, build))
+
+
+# ---- mixtures (several token stores in one pack store) ----
+
+
+def write_store(path: Path, docs: list[np.ndarray], *, vocab: int = 600, tokenizer_sha: str = "0" * 64,
+                loss: list[np.ndarray] | None = None) -> Path:
+    """A token store holding exactly `docs` (token id arrays), written with the format module."""
+    path.mkdir(parents=True, exist_ok=True)
+    writer = TokenStoreWriter(path, dtype_for_max_id(vocab - 1))
+    lengths = np.array([d.size for d in docs], np.int64)
+    ids = np.concatenate(docs) if docs else np.zeros(0, np.int64)
+    writer.append(ids, lengths, None if loss is None else np.concatenate(loss).astype(np.uint8))
+    writer.finish({"packtool_version": "test", "tokenizer": {"name": "org/tiny-tok", "sha256": tokenizer_sha,
+                   "vocab_size": vocab, "bos_id": None, "eos_id": EOS, "pad_id": PAD}})
+    return path
+
+
+def check_mixture_packs(store_dirs: list[Path], pack_dir: Path, split: str, size: int) -> tuple[dict, list[np.ndarray]]:
+    """The shared invariant checker for packs of a mixture (or with a validation split), independent of the packer.
+
+    Every segment's tokens (and loss bits; 1 for a store without tokens.loss) equal its source's, found
+    through the global token space of the stores in the order given; pad elsewhere; no pack over size;
+    each occurrence of a document is its complete fragments. Returns the metadata and, per store, how
+    many times each document occurs in the split (0 for empty documents, which are never packed)."""
+    stores = [open_token_store(d) for d in store_dirs]
+    tok_off = np.concatenate([[0], np.cumsum([s.n_tokens for s in stores])])
+    doc_off = np.concatenate([[0], np.cumsum([s.n_documents for s in stores])])
+    ps = open_pack_split(pack_dir, split, size, check_hashes=True)
+    meta = ps.metadata
+    pad_id = meta["pad_id"]
+    po = np.asarray(ps.pack_offsets)
+    lens = np.asarray(ps.seg_lens, np.int64)
+    real = lens - np.asarray(ps.seg_pad, np.int64)
+    per_pack = np.add.reduceat(lens, po[:-1]) if ps.n_packs else np.zeros(0)
+    assert np.all(per_pack <= size)
+    flat = np.asarray(ps.tokens).reshape(-1)
+    lf = None if ps.loss is None else np.asarray(ps.loss).reshape(-1)
+    row = np.repeat(np.arange(ps.n_packs), np.diff(po))
+    within = np.cumsum(lens) - lens - np.repeat((np.cumsum(lens) - lens)[po[:-1]], np.diff(po))
+    dst = row * size + within
+    covered = np.zeros(flat.size, bool)
+    fragments: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for i in range(lens.size):  # test code: clarity over speed
+        g = int(ps.seg_src[i])
+        s = int(np.searchsorted(tok_off, g, side="right")) - 1
+        store, local = stores[s], g - int(tok_off[s])
+        d, r = int(dst[i]), int(real[i])
+        doc = int(ps.seg_doc[i]) - int(doc_off[s])
+        assert 0 <= doc < store.n_documents and store.starts[doc] <= local < store.starts[doc] + store.lengths[doc]
+        np.testing.assert_array_equal(flat[d:d + r], store.tokens[local:local + r])
+        assert np.all(flat[d + r:d + lens[i]] == pad_id)
+        covered[d:d + lens[i]] = True
+        if lf is not None:
+            want = store.loss[local:local + r] if store.loss is not None else np.ones(r, np.uint8)
+            np.testing.assert_array_equal(lf[d:d + r], want)
+            assert not lf[d + r:d + lens[i]].any()
+        fragments.setdefault((s, doc), []).append((local - int(store.starts[doc]), r))
+    assert np.all(flat[~covered] == pad_id)
+    if lf is not None:
+        assert not lf[~covered].any()
+    counts = [np.zeros(s.n_documents, np.int64) for s in stores]
+    for (s, doc), frags in fragments.items():
+        starts = sorted(o for o, _ in frags)
+        n = starts.count(0)  # one first fragment per occurrence
+        assert n >= 1
+        total = sum(r for _, r in frags)
+        assert total % n == 0 and total // n <= stores[s].lengths[doc]
+        for o in set(starts):  # every fragment as often as the document occurs
+            assert starts.count(o) == n
+        counts[s][doc] = n
+    assert meta["n_tokens"] == int(real.sum()) and meta["n_packs"] == ps.n_packs >= meta["lower_bound_packs"]
+    return meta, counts

@@ -120,7 +120,13 @@ def tokenize(
 
 @app.command()
 def pack(
-    tokens_dir: Annotated[Path, typer.Argument(help="Token store made by `packtool tokenize`.")],
+    tokens_dir: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="STORE[:WEIGHT]",
+            help="Token store(s) made by `packtool tokenize`, each STORE[:WEIGHT] (epochs; a mixture of one tokenizer).",
+        ),
+    ],
     size: Annotated[int, typer.Option("--size", help="Pack size N in tokens.")],
     output: Annotated[Path, typer.Option("--output", help="Pack ROOT; files go to ROOT/packed/{tokenizer}/.")],
     algorithm: Annotated[Algorithm, typer.Option("--algorithm", help="Bin-packing algorithm.")] = Algorithm.BFD,
@@ -133,12 +139,24 @@ def pack(
     workers: Workers = None,
     executor: Executor = ExecutorName.LOCAL,
     ray_address: RayAddress = None,
+    validation: Annotated[
+        float | None, typer.Option("--validation", help="Hold out this fraction of documents as validation_N.")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Bin-pack a token store into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
-    from packtool.stages.pack import PackConfig, pack_store
+    """Bin-pack token store(s) into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
+    from packtool.core.mixture import check_fraction
+    from packtool.errors import ConfigError
+    from packtool.stages.pack import PackConfig, mixture_args, pack_store
 
-    args = {k: v for k, v in locals().items() if k not in ("quiet", "PackConfig", "pack_store")}
+    args = {k: v for k, v in locals().items() if k not in ("quiet", "PackConfig", "pack_store", "mixture_args")}
+    del args["check_fraction"], args["ConfigError"]
+    try:  # a weight <= 0 or a fraction outside (0, 1) is a usage error (exit 2)
+        args["tokens_dir"], args["weights"] = mixture_args(tokens_dir)
+        if validation is not None:
+            check_fraction(validation)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
     config = PackConfig(**args).validate()
     with progress_bar(quiet, "pack", "pack") as progress:
         typer.echo(summaries.pack_line(pack_store(config, progress)))
@@ -175,14 +193,18 @@ def stats(
 @app.command()
 def verify(
     path: StorePath,
-    source: Annotated[Path | None, typer.Option("--source", help="Token store the packs came from.")] = None,
+    source: Annotated[
+        list[Path] | None,
+        typer.Option("--source", help="Token store the packs came from (repeat it for each store of a mixture)."),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Check every invariant and checksum of a store; with --source, every document packed once, unchanged."""
     from packtool.stages.verify import VerifyConfig, verify_path
 
+    sources = tuple(source) if source and len(source) > 1 else (source[0] if source else None)
     with progress_bar(quiet, "verify", "tok") as progress:
-        typer.echo(summaries.verify_line(verify_path(VerifyConfig(path, source), progress)))
+        typer.echo(summaries.verify_line(verify_path(VerifyConfig(path, sources), progress)))
 
 
 @app.command()

@@ -236,6 +236,11 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
                 f"key {norm!r} given twice in section {section!r} (dashes and underscores are the same key), "
                 f"{_at(file, body, key)}, keep one"
             )
+        if section == "pack" and norm == "tokens_dir":  # a store, or a mixture: [a:2, {path: b, weight: 0.5}]
+            out[norm], weights = _mixture(value, base, f"{section}.{key}, {_at(file, body, key)}")
+            if weights is not None:
+                out["weights"] = weights
+            continue
         out[norm] = _coerce(value, types_[norm], norm, base, f"{section}.{key}, {_at(file, body, key)}")
     required = [
         n
@@ -253,6 +258,33 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
     return out
 
 
+def _mixture(value: Any, base: Path, where: str) -> tuple[Path | tuple[Path, ...], tuple[float, ...] | None]:
+    """`tokens_dir` of a pack section: `STORE[:WEIGHT]`, or a list of those and of `{path, weight}` mappings."""
+    from packtool.stages.pack import mixture_args
+
+    items = value if isinstance(value, list) else [value]
+    specs = []
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("path"), str) and set(item) <= {"path", "weight"}:
+            weight = item.get("weight", 1)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ConfigError(f"{where}: weight {weight!r} of {item['path']!r} is not a number, write `weight: 2`")
+            specs.append(f"{_resolve(item['path'], base, 'tokens_dir')}:{weight!r}")
+        elif isinstance(item, str) and item:
+            specs.append(_resolve(item, base, "tokens_dir"))
+        else:
+            raise ConfigError(
+                f"{where}: expected a token store, STORE:WEIGHT, or a list of those or of {{path, weight}}, "
+                f"got {item!r}, write e.g. `tokens_dir: [out/a:2, out/b:0.5]`"
+            )
+    if not specs:
+        raise ConfigError(f"{where}: the list of token stores is empty, name at least one")
+    try:
+        return mixture_args(specs)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
     """`value` as type `tp` (Path, int, str, bool, StrEnum, tuple[str, ...], X | None) or ConfigError."""
     args = typing.get_args(tp)
@@ -260,7 +292,8 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key, base, where)
+        listed = [a for a in inner if typing.get_origin(a) is tuple]  # verify.source: one store or a list
+        return _coerce(value, listed[0] if listed and isinstance(value, list) else inner[0], key, base, where)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -269,6 +302,13 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise ConfigError(f"{where}: expected an integer, got {value!r}, write e.g. `{key}: 4096`")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected a number, got {value!r}, write e.g. `{key}: 0.01`")
+    if typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is float:  # weights
+        items = value if isinstance(value, list) else [value]
+        return tuple(_coerce(v, float, key, base, where) for v in items)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(value)
@@ -334,7 +374,7 @@ def _run_step(step: Step, progress: RunProgress | None) -> StepResult:
         out.tokenize = tokenize_corpus(step.tokenize, _stage(progress, f"{step.name}: tokenize"))
     if step.pack is not None:
         out.pack = pack_store(step.pack, _stage(progress, f"{step.name}: pack"))
-        packed, tokens_dir = out.pack.directory, Path(step.pack.tokens_dir)
+        packed, tokens_dir = out.pack.directory, step.pack.tokens_dir  # type: ignore[assignment]  # a mixture: a tuple
     if step.stats is not None:
         keys = dict(step.stats)
         out.plot, out.stats_json = keys.pop("plot", None), bool(keys.pop("json", False))

@@ -27,7 +27,26 @@ def pack_line(result: Any) -> str:
         f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
         f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% (real tokens {real:.2f}%), "
         f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}"
-    )
+    ) + _mixture_lines(result)
+
+
+def _mixture_lines(result: Any) -> str:
+    """A mixture's sources (documents, tokens, share) and a `--validation` run's second split, one line each."""
+    lines = []
+    for m in [result.metadata, *([result.validation] if getattr(result, "validation", None) else [])]:
+        sources = m.get("source")
+        if not isinstance(sources, list):
+            continue
+        if m is not result.metadata:
+            lines.append(
+                f"{m['split']}_{m['pack_size']}: {m['n_segments']} segments ({m['n_tokens']} tokens) in {m['n_packs']} packs"
+            )
+        for s in sources:
+            lines.append(
+                f"  {m['split']} <- {s['path']} (weight {s['weight']:g}): {s['documents']} documents, "
+                f"{s['tokens']} tokens, share {s['share']:.2%}"
+            )
+    return "".join("\n" + line for line in lines)
 
 
 def merge_line(result: Any) -> str:

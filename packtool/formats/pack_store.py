@@ -23,7 +23,11 @@ from packtool.formats.files import file_records as file_records  # re-exported f
 from packtool.formats.token_store import parse_dtype
 
 FORMAT_NAME = "packtool.packs"
-FORMAT_VERSION = 2  # 2: files of a build carry its id, the metadata line is the commit point
+FORMAT_VERSION = 3  # the newest this packtool reads and writes (docs/FORMAT.md, "Versioning")
+#: 2: files of a build carry its id, the metadata line is the commit point (every single-store pack)
+SINGLE_SOURCE_VERSION = 2
+#: 3: `source` is a LIST (a mixture, weights or --validation); seg_doc/seg_src address the sources' global space
+MIXTURE_VERSION = 3
 SPLITS = ("training", "validation", "test")
 
 #: companion arrays: suffix -> dtype (the comment says what each holds)
@@ -85,9 +89,14 @@ def file_names(split: str, size: int, with_loss: bool, build: str | None = None)
     return names + ([loss_name(split, size, build)] if with_loss else [])
 
 
-def build_id(sha256_by_name: dict[str, str]) -> str:
-    """A build's id: 16 hex digits of the sha256 over its files' hashes (same bytes, same id, same names)."""
+def build_id(sha256_by_name: dict[str, str], salt: str | None = None) -> str:
+    """A build's id: 16 hex digits of the sha256 over its files' hashes (same bytes, same id, same names).
+
+    `salt` (a mixture's spec: sources, weights, validation fraction) is hashed in too when given.
+    """
     text = "".join(f"{name} {digest}\n" for name, digest in sorted(sha256_by_name.items()))
+    if salt is not None:
+        text += f"spec {salt}\n"
     return sha256_bytes(text.encode())[:16]
 
 
@@ -101,6 +110,14 @@ def metadata_build(meta: dict[str, Any], where: str) -> str | None:
             f"metadata build {build!r} of split {meta.get('split')!r} is not 16 hex digits, {where}, re-run `packtool pack`"
         )
     return build
+
+
+def metadata_sources(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The source records of a metadata line as a list: version 3 writes a list, 1 and 2 one object."""
+    source = meta.get("source")
+    if isinstance(source, list):
+        return [s for s in source if isinstance(s, dict)]
+    return [source] if isinstance(source, dict) else []
 
 
 def read_metadata(directory: Path, size: int) -> list[dict[str, Any]]:

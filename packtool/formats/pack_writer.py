@@ -38,9 +38,9 @@ from packtool.formats.pack_store import (
     BUILD_FILE,
     COMPANIONS,
     FORMAT_NAME,
-    FORMAT_VERSION,
     LEGACY_FILE,
     LOSS_DTYPE,
+    SINGLE_SOURCE_VERSION,
     build_id,
     companion_name,
     data_name,
@@ -246,8 +246,12 @@ class PackSplitWriter:
         except OSError as exc:
             raise _write_error(tmp, exc) from exc
 
-    def commit(self, metadata: dict[str, Any]) -> dict[str, Any]:
-        """Fsync and hash the temps, rename them to the new build's names, then write its metadata line."""
+    def commit(self, metadata: dict[str, Any], salt: str | None = None) -> dict[str, Any]:
+        """Fsync and hash the temps, rename them to the new build's names, then write its metadata line.
+
+        `metadata` may set `format_version` (a mixture writes 3); a single-store pack is version 2.
+        `salt` goes into the build id (`build_id`).
+        """
         for arr in (self.tokens, self.loss):
             if isinstance(arr, np.memmap):
                 arr.flush()
@@ -263,7 +267,7 @@ class PackSplitWriter:
                 with open(self._temps[name], "rb+") as fh:
                     os.fsync(fh.fileno())
                 digests[name] = sha256_file(self._temps[name])
-            build = build_id(digests)
+            build = build_id(digests, salt)
             final = file_names(self.split, self.size, self.with_loss, build)
             files: dict[str, dict[str, Any]] = {}
             for name, target in zip(plain, final, strict=True):
@@ -278,7 +282,7 @@ class PackSplitWriter:
             record = {
                 **metadata,
                 "format": FORMAT_NAME,
-                "format_version": FORMAT_VERSION,
+                "format_version": int(metadata.get("format_version", SINGLE_SOURCE_VERSION)),
                 "build": build,
                 "files": files,
             }

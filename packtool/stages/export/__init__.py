@@ -23,7 +23,14 @@ from typing import Any
 from packtool.errors import ConfigError
 from packtool.formats.exports import StagedExport
 from packtool.formats.locks import exclusive_output
-from packtool.formats.pack_store import PackSplit, find_pack_dir, open_pack_split, parse_data_name, sizes_in
+from packtool.formats.pack_store import (
+    PackSplit,
+    find_pack_dir,
+    metadata_sources,
+    open_pack_split,
+    parse_data_name,
+    sizes_in,
+)
 from packtool.formats.token_store import MANIFEST
 from packtool.progress import Progress
 from packtool.stages.export import megatron_bridge, nemo, olmo_core, trl
@@ -109,7 +116,8 @@ def _tokenizer_ids(store: PackSplit, eos_override: int | None) -> TokenizerIds:
     meta = store.metadata
     pad_id = int(meta.get("pad_id", 0))
     manifest: dict[str, Any] = {}
-    source = meta.get("source") or {}
+    sources = metadata_sources(meta)
+    source = sources[0] if sources else {}  # a mixture's stores share the tokenizer: the first one's ids
     mpath = Path(str(source.get("path", ""))) / MANIFEST
     if source.get("path") and mpath.is_file():
         raw = mpath.read_bytes()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from packtool.choices import Algorithm, ExecutorName, Overlong, Split
+from packtool.core.mixture import check_fraction, check_weight
 from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 
@@ -14,8 +17,8 @@ from packtool.errors import ConfigError
 class PackConfig:
     """Everything `packtool pack` needs; `pack_store(config)` is the library call."""
 
-    tokens_dir: Path
-    """The token store to pack (a `packtool tokenize` output directory)."""
+    tokens_dir: Path | tuple[Path, ...]
+    """The token store to pack (a `packtool tokenize` output directory), or several of one tokenizer (a mixture)."""
     size: int
     """Pack size N in tokens: every row of `{split}_{N}.npy` has exactly N positions."""
     output: Path
@@ -41,6 +44,23 @@ class PackConfig:
     """Where pack blocks are written: local (a thread pool) or ray (Ray tasks, shared file system)."""
     ray_address: str | None = None
     """Ray cluster to join with executor ray; None starts a local Ray with num_cpus = workers."""
+    weights: tuple[float, ...] | None = None
+    """Epochs of each store of `tokens_dir`, in order (None: 1 each): integer part repeats every document,
+    fractional part adds a seeded subset (`packtool.core.mixture`). `STORE:WEIGHT` on the command line."""
+    validation: float | None = None
+    """Fraction of documents held out by a hash of their tokens into `validation_N` (same run, own line)."""
+
+    def stores(self) -> list[tuple[Path, float]]:
+        """(token store, weight) of every source, in the order given."""
+        paths = [self.tokens_dir] if isinstance(self.tokens_dir, (str, os.PathLike)) else list(self.tokens_dir)
+        weights = list(self.weights) if self.weights is not None else [1.0] * len(paths)
+        return [(Path(p), float(w)) for p, w in zip(paths, weights, strict=False)]
+
+    @property
+    def is_mixture(self) -> bool:
+        """Several stores, a weight other than 1 or a validation split: written as pack store format 3."""
+        stores = self.stores()
+        return len(stores) > 1 or any(w != 1 for _, w in stores) or self.validation is not None
 
     def validate(self) -> PackConfig:
         """Check every value range before any work; returns self so callers can chain."""
@@ -60,6 +80,23 @@ class PackConfig:
             raise ConfigError(
                 f"--max-docs-per-pack must be >= 1, got {self.max_docs_per_pack}, leave it out for no cap"
             )
+        paths = [self.tokens_dir] if isinstance(self.tokens_dir, (str, os.PathLike)) else list(self.tokens_dir)
+        if not paths:
+            raise ConfigError("no token store given, pass at least one STORE[:WEIGHT]")
+        if self.weights is not None:
+            if len(self.weights) != len(paths):
+                raise ConfigError(
+                    f"{len(self.weights)} weights for {len(paths)} token stores, give one weight per store"
+                )
+            for p, w in zip(paths, self.weights, strict=True):
+                check_weight(w, str(p))
+        if self.validation is not None:
+            check_fraction(self.validation)
+            if str(self.split) == "validation":
+                raise ConfigError(
+                    "--validation writes the split `validation` itself, so --split validation cannot name the "
+                    "training part, leave --split out (training) or pass --split test"
+                )
         from packtool.exec import parse_executor
 
         parse_executor(self.executor, self.ray_address)
@@ -72,3 +109,26 @@ def validate_pack_size(size: int, flag: str = "--size") -> None:
         raise ConfigError(f"{flag} must be a positive integer, got {size!r}, pass e.g. {flag} 4096")
     if size > MAX_CAPACITY:
         raise ConfigError(f"{flag} {size} is over the supported maximum {MAX_CAPACITY}, use a smaller {flag}")
+
+
+_WEIGHT = re.compile(r"^(?P<path>.+):(?P<weight>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)$")
+
+
+def parse_store_spec(spec: str) -> tuple[Path, float | None]:
+    """`PATH[:WEIGHT]` -> (path, weight or None). Only a trailing `:NUMBER` is a weight (paths may hold ':');
+    a whole spec that names an existing directory, when the part before the colon does not, is a path."""
+    m = _WEIGHT.match(spec)
+    if m is None or (os.path.isdir(spec) and not os.path.isdir(m["path"])):
+        return Path(spec), None
+    weight = float(m["weight"])
+    check_weight(weight, m["path"])
+    return Path(m["path"]), weight
+
+
+def mixture_args(specs: list[str]) -> tuple[Path | tuple[Path, ...], tuple[float, ...] | None]:
+    """`tokens_dir` and `weights` of a `PackConfig` from `PATH[:WEIGHT]` specs (one bare path stays a Path)."""
+    parsed = [parse_store_spec(s) for s in specs]
+    if len(parsed) == 1 and parsed[0][1] is None:
+        return parsed[0][0], None
+    weights = tuple(1.0 if w is None else w for _, w in parsed)
+    return tuple(p for p, _ in parsed), (None if all(w is None for _, w in parsed) else weights)

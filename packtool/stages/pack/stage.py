@@ -8,9 +8,11 @@ seed -> byte-identical files for every `--workers` and executor.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +25,16 @@ from packtool.exec import make_executor
 from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
-from packtool.formats.pack_store import pack_dir
+from packtool.formats.pack_store import MIXTURE_VERSION, pack_dir
 from packtool.formats.pack_writer import PackSplitWriter, prepare_pack_dir
+from packtool.formats.store_set import StoreSet, open_store_set
 from packtool.formats.token_store import TokenStore, dtype_name, open_token_store
 from packtool.progress import Progress
 from packtool.signals import signals_deferred
 from packtool.stages.pack.blocks import block_tasks
 from packtool.stages.pack.config import PackConfig
 from packtool.stages.pack.layout import Layout, pad_id_for, plan_layout
+from packtool.stages.pack.mixture import SplitSelection, mixture_record, select_splits, source_records
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +45,12 @@ class PackResult:
 
     directory: Path
     metadata: dict[str, Any]
+    validation: dict[str, Any] | None = None  # the validation split's line of a `--validation` run
 
 
 def _write_matrices(
     layout: Layout,
-    store: TokenStore,
+    stores: StoreSet,
     writer: PackSplitWriter,
     config: PackConfig,
     pad_id: int,
@@ -56,7 +61,7 @@ def _write_matrices(
         return
     workers = max(1, config.workers if config.workers else (os.cpu_count() or 1))
     execute = make_executor(config.executor, workers, ray_address=config.ray_address)
-    tasks = block_tasks(layout, store, writer, config.size, pad_id, sync=str(config.executor) == "ray")
+    tasks = block_tasks(layout, stores, writer, config.size, pad_id, sync=str(config.executor) == "ray")
     done = 0
     for p0, p1 in execute(tasks):
         done += p1 - p0
@@ -108,40 +113,72 @@ def _metadata(config: PackConfig, store: TokenStore, segments: Segments, layout:
 
 
 def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResult:
-    """Pack a token store into `ROOT/packed/{tokenizer}/{split}_{N}.*`; metadata line written last.
+    """Pack a token store (or a mixture of several) into `ROOT/packed/{tokenizer}/{split}_{N}.*`.
 
-    Refuses a token store whose manifest, sizes or sha256 do not check out (FormatError).
+    With `validation`, the held-out documents go to `validation_N` in the same run (its own build and
+    metadata line, committed after the training split's). Refuses a token store whose manifest, sizes
+    or sha256 do not check out (FormatError), and stores of different tokenizers (TokenizerError).
     """
     config.validate()
-    directory = pack_dir(config.output, open_token_store(config.tokens_dir).tokenizer_name)
+    specs = config.stores()
+    directory = pack_dir(config.output, open_token_store(specs[0][0]).tokenizer_name)
     with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
-        store = open_token_store(config.tokens_dir, check_hashes=True)
-        with signals_deferred():  # compiled planning: signals land after it, never in numba's return path
+        stores = open_store_set([p for p, _ in specs], check_hashes=True)
+        if not config.is_mixture:
+            return PackResult(directory, _pack_split(config, stores, None, progress))
+        weights = [w for _, w in specs]
+        with signals_deferred():
+            selections = select_splits(stores, weights, config.seed, config.validation, str(config.split))
+        records = [_pack_split(config, stores, sel, progress) for sel in selections]
+    return PackResult(directory, records[0], records[1] if len(records) > 1 else None)
+
+
+def _pack_split(
+    config: PackConfig, stores: StoreSet, selection: SplitSelection | None, progress: Progress | None
+) -> dict[str, Any]:
+    """Segments -> layout -> matrices -> commit of one split: the stores' documents, or a selection of them."""
+    directory = pack_dir(config.output, stores.first.tokenizer_name)
+    store = stores.first
+    split = str(config.split) if selection is None else selection.split
+    with signals_deferred():  # compiled planning: signals land after it, never in numba's return path
+        if selection is None:
             segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
-            layout = plan_layout(segments, config)
-        pad_id = pad_id_for(store)
-        log.info(
-            "packing %d segments of %s into %d packs of %d", len(segments), store.path, layout.n_packs, config.size
+        else:
+            docs, starts, lengths = selection.docs, stores.starts, stores.lengths
+            segments = build_segments(starts[docs], lengths[docs], config.size, config.overlong, config.pad_multiple)
+            segments = replace(segments, doc=docs[segments.doc])
+        layout = plan_layout(segments, config)
+    pad_id = pad_id_for(store)
+    log.info("packing %d segments of %s into %d packs of %d", len(segments), split, layout.n_packs, config.size)
+    with PackSplitWriter(
+        directory, split, config.size, store.dtype, layout.n_packs, stores.has_loss, n_segments=len(segments)
+    ) as writer:
+        _write_matrices(layout, stores, writer, config, pad_id, progress)
+        fault_point("pack.fill.after")
+        companions = {
+            "pack_offsets": layout.pack_offsets,
+            "seg_lens": layout.lengths,
+            "seg_pad": layout.pad,
+            "seg_doc": layout.doc,
+            "seg_src": layout.src,
+        }
+        for what, values in companions.items():
+            writer.write_companion(what, values)
+        meta = _metadata(config, store, segments, layout, pad_id)
+        if selection is None:
+            return writer.commit(meta)
+        weights = [w for _, w in config.stores()]
+        sources = source_records(stores, weights, selection, config.validation)
+        mixture = mixture_record(selection, config.validation)
+        meta.update(
+            split=split,
+            source=sources,
+            mixture=mixture,
+            n_documents=int(selection.docs.size),
+            format_version=MIXTURE_VERSION,
         )
-        with PackSplitWriter(
-            directory,
-            str(config.split),
-            config.size,
-            store.dtype,
-            layout.n_packs,
-            store.loss is not None,
-            n_segments=len(segments),
-        ) as writer:
-            _write_matrices(layout, store, writer, config, pad_id, progress)
-            fault_point("pack.fill.after")
-            companions = {
-                "pack_offsets": layout.pack_offsets,
-                "seg_lens": layout.lengths,
-                "seg_pad": layout.pad,
-                "seg_doc": layout.doc,
-                "seg_src": layout.src,
-            }
-            for what, values in companions.items():
-                writer.write_companion(what, values)
-            record = writer.commit(_metadata(config, store, segments, layout, pad_id))
-    return PackResult(directory, record)
+        spec = json.dumps(
+            {"sources": [[s["manifest_sha256"], s["weight"]] for s in sources], "mixture": mixture},
+            sort_keys=True,
+        )
+        return writer.commit(meta, salt=hashlib.sha256(spec.encode()).hexdigest())

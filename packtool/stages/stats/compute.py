@@ -24,7 +24,7 @@ from packtool.core.batching import dynamic_waste
 from packtool.core.packing import ALGORITHMS, pack_lengths
 from packtool.core.packing.segments import build_segments
 from packtool.errors import ConfigError
-from packtool.formats.pack_store import find_pack_dir, open_pack_split, parse_data_name, sizes_in
+from packtool.formats.pack_store import find_pack_dir, metadata_sources, open_pack_split, parse_data_name, sizes_in
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
 from packtool.stages.stats.balance import cost_model, step_balance, step_balance_text
@@ -139,6 +139,7 @@ class PackStoreStats:
     _seg_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     step_efficiency: dict[str, Any] | None = None  # with --world-size: plain vs balanced steps (balance.py)
     _step_eff: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    sources: list[dict[str, Any]] = field(default_factory=list)  # each source: path, weight, documents, tokens, share
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -152,9 +153,30 @@ class PackStoreStats:
                 f"  tokens {self.n_tokens}, efficiency {self.efficiency:.2%}, pad share {self.pad_share:.2%}",
                 f"  docs per pack mean {self.docs_per_pack_mean:.2f}, max {self.docs_per_pack_max}",
                 f"  over-long: {self.overlong['count']} ({self.overlong['policy']})",
+                *_source_lines(self.sources),
                 *(step_balance_text(self.step_efficiency) if self.step_efficiency else []),
             ]
         )
+
+
+def _source_lines(sources: list[dict[str, Any]]) -> list[str]:
+    """One line per source of the split (a mixture's stores in order)."""
+    return [
+        f"  source {s.get('path')} (weight {s.get('weight', 1):g}): {s.get('documents')} documents, "
+        f"{s.get('tokens')} tokens, share {float(s.get('share', 0)):.2%}"
+        for s in sources
+    ]
+
+
+def _sources(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The split's sources with documents, tokens and share (a single store: all of the split)."""
+    keys = ("path", "manifest_sha256", "weight", "documents", "tokens", "share")
+    recs = metadata_sources(meta)
+    if len(recs) == 1 and "documents" not in recs[0]:
+        recs = [
+            {**recs[0], "weight": 1, "documents": meta.get("n_documents"), "tokens": meta.get("n_tokens"), "share": 1.0}
+        ]
+    return [{k: r.get(k) for k in keys} for r in recs]
 
 
 def _padded_batches(lengths: np.ndarray, batch: int, cap: int) -> tuple[int, int]:
@@ -251,6 +273,7 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
         overlong=dict(meta["overlong"]),
         n_empty_documents=int(meta.get("n_empty_documents", 0)),
         _seg_lens=np.asarray(ps.seg_lens),
+        sources=_sources(meta),
     )
 
 

@@ -8,20 +8,28 @@ packs hold every source document exactly once with identical tokens and loss bit
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from packtool.errors import ConfigError, FormatError
 from packtool.formats.pack_store import (
+    PackSplit,
     find_pack_dir,
     metadata_name,
+    metadata_sources,
     open_pack_split,
     parse_data_name,
     read_metadata,
     sizes_in,
 )
-from packtool.formats.token_store import MANIFEST
+from packtool.formats.store_set import StoreSet
+from packtool.formats.token_store import MANIFEST, TokenStore
 from packtool.progress import Progress
+from packtool.stages.pack.mixture import occurrences, select_splits
 from packtool.stages.verify.packs import verify_pack_split
 from packtool.stages.verify.tokens import verify_token_store
 
@@ -34,8 +42,16 @@ class VerifyConfig:
 
     path: Path
     """A token store or a pack store (ROOT, `packed/{tok}` dir or `.npy` file)."""
-    source: Path | None = None
-    """The token store a pack store was made from: check every document's tokens round-trip."""
+    source: Path | tuple[Path, ...] | None = None
+    """The token store a pack store was made from (a mixture: every one of its stores, any order):
+    check every document's tokens round-trip, as often as the mixture's weights and split say."""
+
+    def sources(self) -> list[Path]:
+        if self.source is None:
+            return []
+        if isinstance(self.source, (str, os.PathLike)):
+            return [Path(self.source)]
+        return [Path(p) for p in self.source]
 
 
 @dataclass(frozen=True)
@@ -77,24 +93,67 @@ def verify_path(config: VerifyConfig, progress: Progress | None = None) -> Verif
         _, line = verify_token_store(path, progress)
         return VerifyReport("token", str(path), [line], n_bytes=_store_bytes(path))
     directory = find_pack_dir(path)
-    store = None
-    if config.source is not None:
-        store, _ = verify_token_store(Path(config.source))
-        manifest_sha = store.manifest_sha256
+    given = [verify_token_store(p)[0] for p in config.sources()]
     lines = []
     for split, size in _splits(path, directory):
         ps = open_pack_split(directory, split, size, check_hashes=True)
-        if store is not None:
-            recorded = (ps.metadata.get("source") or {}).get("manifest_sha256")
-            if recorded != manifest_sha:
-                raise FormatError(
-                    f"packs were made from another token store: {split}_{size} records source manifest sha256 "
-                    f"{str(recorded)[:12]}..., {store.path / MANIFEST} has {manifest_sha[:12]}..., "
-                    f"{directory / metadata_name(size)}, pass the right --source or re-run `packtool pack` on it"
-                )
-        lines.append(verify_pack_split(ps, store, progress))
+        if not given:
+            lines.append(verify_pack_split(ps, None, progress))
+            continue
+        stores = _sources_of(ps, given, directory / metadata_name(size))
+        lines.append(verify_pack_split(ps, stores, progress, expected_occurrences(ps.metadata, stores)))
     n_bytes = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
-    return VerifyReport("pack", str(directory), lines, None if store is None else str(store.path), n_bytes)
+    named = ", ".join(str(s.path) for s in given) if given else None
+    return VerifyReport("pack", str(directory), lines, named, n_bytes)
+
+
+def _sources_of(ps: PackSplit, given: list[TokenStore], where: Path) -> StoreSet:
+    """The given stores in the order the metadata lists the split's sources (matched by manifest sha256)."""
+    recorded = metadata_sources(ps.metadata)
+    by_sha: dict[str, list[TokenStore]] = {}
+    for store in given:
+        by_sha.setdefault(store.manifest_sha256, []).append(store)
+    picked = []
+    for rec in recorded:
+        sha = str(rec.get("manifest_sha256"))
+        if not by_sha.get(sha):
+            if len(recorded) == 1 and len(given) == 1:
+                raise FormatError(
+                    f"packs were made from another token store: {ps.split}_{ps.size} records source manifest sha256 "
+                    f"{sha[:12]}..., {given[0].path / MANIFEST} has {given[0].manifest_sha256[:12]}..., "
+                    f"{where}, pass the right --source or re-run `packtool pack` on it"
+                )
+            raise FormatError(
+                f"packs were made from a token store not given: {ps.split}_{ps.size} records source {rec.get('path')} "
+                f"(manifest sha256 {sha[:12]}...), {where}, pass one --source per store of the mixture"
+            )
+        picked.append(by_sha[sha].pop(0) if len(by_sha[sha]) > 1 else by_sha[sha][0])
+    unused = [s for s in given if s.manifest_sha256 not in {str(r.get("manifest_sha256")) for r in recorded}]
+    if unused:
+        raise FormatError(
+            f"packs were made from another token store: {unused[0].path} is not a source of {ps.split}_{ps.size}, "
+            f"{where}, pass the right --source or re-run `packtool pack` on it"
+        )
+    docs = np.zeros(len(picked) + 1, np.int64)
+    toks = np.zeros(len(picked) + 1, np.int64)
+    docs[1:] = np.cumsum([s.n_documents for s in picked])
+    toks[1:] = np.cumsum([s.n_tokens for s in picked])
+    return StoreSet(tuple(picked), docs, toks)
+
+
+def expected_occurrences(meta: dict[str, Any], stores: StoreSet) -> np.ndarray | None:
+    """How many times each global document must be in the split, re-derived from its `mixture` record."""
+    mixture = meta.get("mixture")
+    if not isinstance(mixture, dict):
+        return None
+    weights = [float(r.get("weight", 1)) for r in metadata_sources(meta)]
+    fraction = (mixture.get("validation") or {}).get("fraction")
+    part = mixture.get("part", "training")
+    selections = select_splits(stores, weights, int(meta.get("seed", 0)), fraction, str(meta["split"]))
+    chosen = [s for s in selections if s.part == part]
+    if not chosen:
+        raise FormatError(f"metadata mixture part {part!r} is unknown, split {meta['split']!r}, re-run `packtool pack`")
+    return occurrences(stores, chosen[0].docs)
 
 
 def _store_bytes(path: Path) -> int:

@@ -15,6 +15,7 @@ from packtool.choices import Overlong
 from packtool.core.packing.segments import expand_runs, usable_capacity
 from packtool.errors import ConfigError, FormatError
 from packtool.formats.pack_store import PackSplit, metadata_name
+from packtool.formats.store_set import StoreSet
 from packtool.formats.token_store import TOKEN_DTYPES, TokenStore
 from packtool.progress import Progress
 from packtool.stages.verify.tokens import BLOCK_TOKENS
@@ -125,15 +126,20 @@ def _check_dtype(ps: PackSplit) -> np.dtype:
 # ---------------------------------------------------------------- pack store: source coverage
 
 
-def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
-    """Every source document exactly once, as contiguous fragments from its start covering what the policy keeps."""
+def _check_coverage(ps: PackSplit, g: _Geometry, stores: StoreSet, mult: np.ndarray | None = None) -> None:
+    """Every source document `mult[d]` times (1 without a mixture), each time as its fragments from its start
+    covering what the overlong policy keeps; the metadata's document counts are the occurrences'."""
     meta, size = ps.metadata, ps.size
     doc, src = np.asarray(ps.seg_doc, np.int64), np.asarray(ps.seg_src, np.int64)
-    n_docs, lengths, starts = store.n_documents, store.lengths, store.starts
+    n_docs, lengths, starts = stores.n_documents, stores.lengths, stores.starts
+    mult = np.ones(n_docs, np.int64) if mult is None else np.asarray(mult, np.int64)
     fname = ps.file_name("seg_doc")
-    if int(meta.get("n_documents", -1)) != n_docs:
+    if int(meta.get("n_documents", -1)) != int(mult.sum()):
         raise _fail(
-            ps, metadata_name(size), f"metadata n_documents is {meta.get('n_documents')!r}, the source has {n_docs}"
+            ps,
+            metadata_name(size),
+            f"metadata n_documents is {meta.get('n_documents')!r}, the source"
+            + (f" has {n_docs}" if n_docs == int(mult.sum()) else f"s give {int(mult.sum())} document occurrences"),
         )
     bad = (doc < 0) | (doc >= n_docs)
     if bad.any():
@@ -146,8 +152,8 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
         raise _fail(ps, metadata_name(size), f"metadata overlong policy or pad_multiple is invalid ({exc})") from exc
     long_docs = lengths > cap
     expect = {
-        "overlong count": (int((meta.get("overlong") or {}).get("count", -1)), int(np.count_nonzero(long_docs))),
-        "n_empty_documents": (int(meta.get("n_empty_documents", -1)), int(np.count_nonzero(lengths == 0))),
+        "overlong count": (int((meta.get("overlong") or {}).get("count", -1)), int(mult[long_docs].sum())),
+        "n_empty_documents": (int(meta.get("n_empty_documents", -1)), int(mult[lengths == 0].sum())),
     }
     for key, (got_v, want) in expect.items():
         if got_v != want:
@@ -158,41 +164,58 @@ def _check_coverage(ps: PackSplit, g: _Geometry, store: TokenStore) -> None:
         keep = np.where(long_docs, 0, lengths)
     else:  # truncate (and error, where no document is over-long)
         keep = np.minimum(lengths, cap)
-    order = np.lexsort((src, doc))
-    d, s, r = doc[order], src[order], g.real[order]
-    first = np.ones(d.size, bool)
-    first[1:] = d[1:] != d[:-1]
-    expected_start = np.where(first, starts[d], np.concatenate(([0], s[:-1] + r[:-1])))
-    bad = s != expected_start
-    if policy is not Overlong.SPLIT:
-        bad |= ~first
-    if bad.any():
-        i = int(np.argmax(bad))
-        j, dd = int(order[i]), int(d[i])
+    # each segment must be one of its document's fragments: at k * cap from the start, min(cap, rest) tokens
+    off = src - starts[doc]
+    rest = keep[doc] - off
+    if policy is Overlong.SPLIT:
+        valid = (off >= 0) & (off % cap == 0) & (rest > 0) & (g.real == np.minimum(cap, rest))
+        n_frag = -(-keep // cap)
+    else:
+        valid = (off == 0) & (rest > 0) & (g.real == rest)
+        n_frag = (keep > 0).astype(np.int64)
+    if not valid.all():
+        j = int(np.argmax(~valid))
+        dd = int(doc[j])
         raise _fail(
             ps,
             ps.file_name("seg_src"),
-            f"document {dd}: segment {j} (pack {_pack_of(g.po, j)}) starts at "
-            f"token {int(s[i])}, expected {int(expected_start[i])} (duplicated, overlapping or missing fragment)",
+            f"document {dd}: segment {j} (pack {_pack_of(g.po, j)}) holds tokens {int(off[j])}..{int(off[j] + g.real[j])} "
+            f"of its {int(lengths[dd])}, expected a fragment starting at a multiple of {cap} and running to "
+            f"min(+{cap}, {int(keep[dd])}) (--overlong {policy}; duplicated, overlapping or missing fragment)",
         )
-    covered = np.zeros(n_docs, np.int64)
-    if d.size:
-        covered[d[first]] = np.add.reduceat(r, np.flatnonzero(first))
-    bad = covered != keep
+    # each fragment exactly mult[d] times: then the fragments of every occurrence are all there
+    order = np.lexsort((off, doc))
+    d, o = doc[order], off[order]
+    new_run = np.ones(d.size, bool)
+    new_run[1:] = (d[1:] != d[:-1]) | (o[1:] != o[:-1])
+    run_start = np.flatnonzero(new_run)
+    run_count = np.diff(np.append(run_start, d.size))
+    bad_run = run_count != mult[d[run_start]]
+    if bad_run.any():
+        r = int(np.argmax(bad_run))
+        dd, j = int(d[run_start[r]]), int(order[run_start[r]])
+        raise _fail(
+            ps,
+            ps.file_name("seg_src"),
+            f"document {dd}: its fragment at token {int(o[run_start[r]])} is packed {int(run_count[r])} times "
+            f"(segment {j}, pack {_pack_of(g.po, j)}), expected {int(mult[dd])} (duplicated or missing fragment)",
+        )
+    per_doc = np.bincount(doc, minlength=n_docs)
+    bad = per_doc != mult * n_frag
     if bad.any():
         dd = int(np.argmax(bad))
         raise _fail(
             ps,
             fname,
-            f"document {dd} ({int(lengths[dd])} tokens, --overlong {policy}) is covered by {int(covered[dd])} "
-            f"packed tokens, expected {int(keep[dd])}",
+            f"document {dd} ({int(lengths[dd])} tokens, --overlong {policy}) is covered by {int(per_doc[dd])} "
+            f"segments, expected {int(n_frag[dd])} fragment(s) x {int(mult[dd])} occurrence(s) (missing document)",
         )
 
 
 # ---------------------------------------------------------------- pack store: token data, block by block
 
 
-def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, store: TokenStore | None) -> None:
+def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, store: StoreSet | None) -> None:
     """Packs [p0, p1): padding is the pad id (loss 0), loss bits in {0,1}, and with a source identical tokens."""
     size = ps.size
     blk = np.asarray(ps.tokens[p0:p1]).reshape(-1)
@@ -227,29 +250,43 @@ def _check_block(ps: PackSplit, g: _Geometry, p0: int, p1: int, pad_id: int, sto
     run_begin = np.cumsum(g.real[s0:s1]) - g.real[s0:s1]
     src_idx, dst_idx = expand_runs(g.real[s0:s1], np.asarray(ps.seg_src[s0:s1], np.int64), g.dst[s0:s1] - base)
     for what, packed, source, fname in (
-        ("token", blk, store.tokens, ps.file_name()),
-        ("loss bit", loss, store.loss, ps.file_name("loss")),
+        ("token", blk, "tokens", ps.file_name()),
+        ("loss bit", loss, "loss", ps.file_name("loss")),
     ):
         if packed is None:
             continue  # no loss matrix (the source has none either: checked before)
         got = packed[dst_idx]
-        want = np.asarray(source[src_idx]) if source is not None else np.ones(src_idx.size, np.uint8)
+        want = store.gather(src_idx, source)  # a store without tokens.loss: all targets
         diff = got != want
         if diff.any():
             k = int(np.argmax(diff))
             j = s0 + int(np.searchsorted(run_begin, k, side="right")) - 1
             doc, t = int(ps.seg_doc[j]), int(src_idx[k])
             pos = t - int(store.starts[doc])
+            s_i = int(store.store_of_docs(np.asarray([doc]))[0])
+            local = f"document {doc - int(store.doc_offsets[s_i])}" if len(store.stores) > 1 else f"document {doc}"
+            t_local = t - int(store.token_offsets[s_i])
             raise _fail(
                 ps,
                 fname,
-                f"pack {_pack_of(g.po, j)} segment {j} (document {doc}, its token {pos}, tokens.bin offset {t}) "
-                f"holds {what} {int(got[k])}, the source {store.path} has {int(want[k])}",
+                f"pack {_pack_of(g.po, j)} segment {j} ({local}, its token {pos}, tokens.bin offset {t_local}) "
+                f"holds {what} {int(got[k])}, the source {store.stores[s_i].path} has {int(want[k])}",
             )
 
 
-def verify_pack_split(ps: PackSplit, store: TokenStore | None, progress: Progress | None = None) -> str:
-    """All checks of one split at one size (opened with hashes checked); returns a one-line summary."""
+def verify_pack_split(
+    ps: PackSplit,
+    store: StoreSet | TokenStore | None,
+    progress: Progress | None = None,
+    occurrences: np.ndarray | None = None,
+) -> str:
+    """All checks of one split at one size (opened with hashes checked); returns a one-line summary.
+
+    `store`: the source token store, or a mixture's sources in metadata order; `occurrences`: how many
+    times each (global) document must be packed (None: once each).
+    """
+    if store is not None:
+        store = StoreSet.of(store)
     _check_dtype(ps)
     g = _geometry(ps)
     _check_counts(ps, g)
@@ -259,16 +296,16 @@ def verify_pack_split(ps: PackSplit, store: TokenStore | None, progress: Progres
             ps, metadata_name(ps.size), f"metadata pad_id {pad_id!r} is not a token id of dtype {ps.tokens.dtype.name}"
         )
     if store is not None:
-        if (store.loss is None) != (ps.loss is None):
+        if store.has_loss != (ps.loss is not None):
             raise _fail(
                 ps,
                 ps.file_name("loss"),
-                f"the source {'has' if store.loss is not None else 'has no'} tokens.loss "
+                f"the source {'has' if store.has_loss else 'has no'} tokens.loss "
                 f"but the packs {'have' if ps.loss is not None else 'have no'} a loss matrix",
             )
         if store.dtype != ps.tokens.dtype:
             raise _fail(ps, ps.file_name(), f"packs are {ps.tokens.dtype.name}, the source is {store.dtype.name}")
-        _check_coverage(ps, g, store)
+        _check_coverage(ps, g, store, occurrences)
     rows = max(1, BLOCK_TOKENS // ps.size)
     for p0 in range(0, ps.n_packs, rows):
         p1 = min(ps.n_packs, p0 + rows)
