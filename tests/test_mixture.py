@@ -139,8 +139,8 @@ def test_tokenizer_and_dtype_mismatch_name_both_stores(stores: dict[str, Path], 
 
 @pytest.mark.parametrize("weight", ["0", "-1", "0.0", "-0.5"])
 def test_weight_not_above_zero_is_a_usage_error(stores: dict[str, Path], tmp_path: Path, weight: str) -> None:
-    code, _, err = cli("pack", f"{stores['a']}:{weight}", "--size", str(N), "--output", str(tmp_path / "o"))
-    assert code == 2 and "must be a finite number > 0" in _flat(err)
+    line = cli_error("pack", f"{stores['a']}:{weight}", "--size", str(N), "--output", str(tmp_path / "o"), code=2)
+    assert "must be a finite number > 0" in line
     assert not (tmp_path / "o").exists()
 
 

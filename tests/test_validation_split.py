@@ -132,11 +132,12 @@ def test_training_split_name_and_bad_fractions(corpus: dict, tmp_path) -> None:
     assert metadata_for(d, "test", N)["mixture"]["part"] == "training"
     assert metadata_for(d, "validation", N)["n_documents"] > 0
     line = cli_error("pack", str(corpus["c"]), "--validation", "0.3", "--split", "validation", "--size", str(N),
-                     "--output", str(tmp_path / "x"))
+                     "--output", str(tmp_path / "x"), code=2)
     assert "--split validation" in line
     for bad in ("0", "1", "1.5", "-0.1"):
-        code, _, err = cli("pack", str(corpus["c"]), "--validation", bad, "--size", str(N), "--output", str(tmp_path / "x"))
-        assert code == 2 and "strictly between 0 and 1" in _flat(err)
+        line = cli_error("pack", str(corpus["c"]), "--validation", bad, "--size", str(N), "--output",
+                         str(tmp_path / "x"), code=2)
+        assert "strictly between 0 and 1" in line
     assert not (tmp_path / "x").exists()
 
 

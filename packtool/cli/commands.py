@@ -145,18 +145,10 @@ def pack(
     quiet: Quiet = False,
 ) -> None:
     """Bin-pack token store(s) into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
-    from packtool.core.mixture import check_fraction
-    from packtool.errors import ConfigError
     from packtool.stages.pack import PackConfig, mixture_args, pack_store
 
     args = {k: v for k, v in locals().items() if k not in ("quiet", "PackConfig", "pack_store", "mixture_args")}
-    del args["check_fraction"], args["ConfigError"]
-    try:  # a weight <= 0 or a fraction outside (0, 1) is a usage error (exit 2)
-        args["tokens_dir"], args["weights"] = mixture_args(tokens_dir)
-        if validation is not None:
-            check_fraction(validation)
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    args["tokens_dir"], args["weights"] = mixture_args(tokens_dir)  # a weight <= 0: UsageError, exit 2
     config = PackConfig(**args).validate()
     with progress_bar(quiet, "pack", "pack") as progress:
         typer.echo(summaries.pack_line(pack_store(config, progress)))

@@ -27,7 +27,7 @@ import math
 import numpy as np
 from numba import njit
 
-from packtool.errors import ConfigError
+from packtool.errors import UsageError
 
 #: the name of the content hash, recorded in the metadata: a change of the function is a new name
 CONTENT_HASH = "packtool-content-v1"
@@ -69,14 +69,14 @@ def validation_threshold(fraction: float) -> np.uint64:
 
 def check_fraction(fraction: float) -> None:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
-        raise ConfigError(
+        raise UsageError(
             f"--validation must be a fraction of documents strictly between 0 and 1, got {fraction!r}, pass e.g. 0.01"
         )
 
 
 def check_weight(weight: float, where: str) -> None:
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight > 0):
-        raise ConfigError(
+        raise UsageError(
             f"mixture weight {weight!r} of {where} must be a finite number > 0 (epochs of that store), "
             "write STORE:2 (twice), STORE:0.5 (a seeded half) or leave the weight out for 1"
         )

@@ -10,7 +10,7 @@ from pathlib import Path
 from packtool.choices import Algorithm, ExecutorName, Overlong, Split
 from packtool.core.mixture import check_fraction, check_weight
 from packtool.core.packing import MAX_CAPACITY
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, UsageError
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class PackConfig:
         if self.validation is not None:
             check_fraction(self.validation)
             if str(self.split) == "validation":
-                raise ConfigError(
+                raise UsageError(
                     "--validation writes the split `validation` itself, so --split validation cannot name the "
                     "training part, leave --split out (training) or pass --split test"
                 )
