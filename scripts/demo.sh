@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole pipeline on the shipped sample (data/sample), run by `make demo`.
-# tokenize (chat + text) -> pack (two sizes) -> stats (+ plot) -> verify -> 3 training steps
-# on CPU, then the same pipeline again from one config file (`packtool run`).
+# tokenize (chat, text, prompt-completion, ShareGPT, Alpaca) -> pack (two sizes, a mixture with a
+# validation split) -> stats (+ plot, step balance) -> verify -> 3 training steps on CPU -> audit of a
+# model config, then the same pipeline again from one config file (`packtool run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -19,6 +20,10 @@ $PT tokenize data/sample/text.jsonl data/sample/docs --tokenizer "$TOK" --output
 step "tokenize: prompt-completion (loss on completions only)"
 $PT tokenize data/sample/prompt_completion.jsonl --format prompt-completion --tokenizer "$TOK" --output "$OUT/tokens/pc"
 
+step "tokenize: ShareGPT and Alpaca records, shape detected (--format auto), loss on assistant turns"
+$PT tokenize data/sample/sharegpt.jsonl --format auto --tokenizer "$TOK" --output "$OUT/tokens/sharegpt"
+$PT tokenize data/sample/alpaca.jsonl --format auto --tokenizer "$TOK" --output "$OUT/tokens/alpaca"
+
 step "stats: waste of every strategy before packing (N=4096)"
 $PT stats "$OUT/tokens/text" --size 4096 --batch-size 8 --plot "$OUT/stats.png"
 
@@ -26,16 +31,26 @@ step "pack: text at 4096 (training), chat at 2048 with --pad-multiple 8 (loss ma
 $PT pack "$OUT/tokens/text" --size 4096 --output "$OUT/packs/text" --algorithm bfd --seed 0
 $PT pack "$OUT/tokens/chat" --size 2048 --output "$OUT/packs/chat" --algorithm bfd --seed 0 --pad-multiple 8
 
-step "stats of the pack stores"
-$PT stats "$OUT/packs/text"
+step "pack: a mixture (text once, ShareGPT twice, Alpaca a seeded half) with 5% held out as validation"
+$PT pack "$OUT/tokens/text" "$OUT/tokens/sharegpt:2" "$OUT/tokens/alpaca:0.5" --size 4096 \
+    --output "$OUT/packs/mix" --validation 0.05
+
+step "stats of the pack stores (and the step balance of 8 data-parallel ranks, 7B-shaped cost)"
+$PT stats "$OUT/packs/text" --world-size 8 --hidden-size 4096
 $PT stats "$OUT/packs/chat"
+$PT stats "$OUT/packs/mix"
 
 step "verify: invariants, checksums, every document exactly once with identical tokens"
 $PT verify "$OUT/packs/text" --source "$OUT/tokens/text"
 $PT verify "$OUT/packs/chat" --source "$OUT/tokens/chat"
+$PT verify "$OUT/packs/mix" --source "$OUT/tokens/text" --source "$OUT/tokens/sharegpt" --source "$OUT/tokens/alpaca"
 
 step "train: 3 steps of a tiny model on the chat packs (CPU, varlen attention fallback)"
 $PY scripts/train_plain.py "$OUT/packs/chat" --steps 3 --batch-size 2
+
+step "audit: is packing exact on a Llama-shaped model? (config only, tiny random weights, CPU)"
+$PY -c "from transformers import LlamaConfig; LlamaConfig().save_pretrained('$OUT/llama')"
+$PT audit "$OUT/llama"
 
 step "run: the same pipeline from one config file"
 $PT run configs/demo.yaml
