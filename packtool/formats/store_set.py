@@ -33,6 +33,15 @@ class StoreSet:
             return store
         return cls((store,), np.array([0, store.n_documents], np.int64), np.array([0, store.n_tokens], np.int64))
 
+    @classmethod
+    def ordered(cls, stores: tuple[TokenStore, ...] | list[TokenStore]) -> StoreSet:
+        """Stores in the given order with their document and token offsets (no compatibility check)."""
+        docs = np.zeros(len(stores) + 1, np.int64)
+        toks = np.zeros(len(stores) + 1, np.int64)
+        docs[1:] = np.cumsum([s.n_documents for s in stores])
+        toks[1:] = np.cumsum([s.n_tokens for s in stores])
+        return cls(tuple(stores), docs, toks)
+
     @property
     def first(self) -> TokenStore:
         return self.stores[0]
@@ -112,8 +121,4 @@ def open_store_set(paths: list[str | os.PathLike[str]] | tuple[Path, ...], *, ch
                 f"token stores of different dtypes cannot be mixed: {first.path} is {dtype_name(first.dtype)}, "
                 f"{store.path} is {dtype_name(store.dtype)}, {store.path / MANIFEST}, re-tokenize them with one packtool version"
             )
-    docs = np.zeros(len(stores) + 1, np.int64)
-    toks = np.zeros(len(stores) + 1, np.int64)
-    docs[1:] = np.cumsum([s.n_documents for s in stores])
-    toks[1:] = np.cumsum([s.n_tokens for s in stores])
-    return StoreSet(stores, docs, toks)
+    return StoreSet.ordered(stores)

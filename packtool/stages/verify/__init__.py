@@ -134,11 +134,7 @@ def _sources_of(ps: PackSplit, given: list[TokenStore], where: Path) -> StoreSet
             f"packs were made from another token store: {unused[0].path} is not a source of {ps.split}_{ps.size}, "
             f"{where}, pass the right --source or re-run `packtool pack` on it"
         )
-    docs = np.zeros(len(picked) + 1, np.int64)
-    toks = np.zeros(len(picked) + 1, np.int64)
-    docs[1:] = np.cumsum([s.n_documents for s in picked])
-    toks[1:] = np.cumsum([s.n_tokens for s in picked])
-    return StoreSet(tuple(picked), docs, toks)
+    return StoreSet.ordered(picked)
 
 
 def expected_occurrences(meta: dict[str, Any], stores: StoreSet) -> np.ndarray | None:
