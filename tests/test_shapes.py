@@ -288,7 +288,7 @@ def test_role_map_extends_and_overrides(tmp_path: Path, tokenizers: dict[str, Pa
 
 BAD_SHAREGPT = [
     ({"conversations": [{"from": "human", "value": "x"}, {"from": "robot", "value": "y"}]}, "turn 1 has unknown role 'robot' with no mapping"),
-    ({"conversations": [{"from": "human"}, {"from": "gpt", "value": "y"}]}, "turn 0 (human) has no 'value'"),
+    ({"conversations": [{"from": "human"}, {"from": "gpt", "value": "y"}]}, "turn 0 has no 'value' (from 'human')"),
     ({"conversations": [{"from": "human", "value": ["x"]}, {"from": "gpt", "value": "y"}]}, "turn 0 (human) 'value' is not a string"),
     ({"conversations": [{"from": "human", "value": None}, {"from": "gpt", "value": "y"}]}, "turn 0 (human) 'value' is not a string"),
     ({"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "{get_weather(Paris)"}]},
@@ -471,3 +471,21 @@ def test_sharded_run_merges_rejects_by_reason(tmp_path: Path, tokenizers: dict[s
         "empty conversation": 6, "turn N has unknown role 'robot' with no mapping": 3}
     assert merged["input_shape"] == whole["input_shape"] == {"name": "sharegpt", "detected": True}
     assert (tmp_path / "merged" / "tokens.bin").read_bytes() == (single / "tokens.bin").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("turn 0 has no 'value' (from 'human')", "turn N has no 'value'"),
+        ("turn 0 (human) 'value' is not a string (got int)", "turn N 'value' is not a string"),
+        ("turn 12 has unknown role 'bing2' with no mapping (pass --role-map bing2=assistant)",
+         "turn N has unknown role 'bing2' with no mapping"),
+        ("chat template cannot render this conversation (TemplateError: roles must alternate (u/a))",
+         "chat template cannot render this conversation"),
+        ("invalid JSON: Expecting value at 3", "invalid JSON"),
+    ],
+)
+def test_rejects_are_counted_by_the_kind_of_reason(reason: str, kind: str) -> None:
+    from packtool.stages.tokenize.chunks import reason_kind
+
+    assert reason_kind(reason) == kind

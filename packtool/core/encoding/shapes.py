@@ -198,7 +198,7 @@ def _sharegpt_turn(turn: Any, i: int, table: dict[str, str]) -> dict[str, Any]:
         hint = f"--role-map {name}=assistant" if isinstance(name, str) and name else "--role-map NAME=ROLE"
         raise ShapeError(f"turn {i} has unknown role {name!r} with no mapping (pass {hint})")
     if "value" not in turn:
-        raise ShapeError(f"turn {i} ({name}) has no 'value'")
+        raise ShapeError(f"turn {i} has no 'value' (from {name!r})")
     value = _text(turn["value"], f"turn {i} ({name}) 'value'")
     extra = {k: v for k, v in turn.items() if k not in ("from", "value") and v is not None}  # null = absent (Arrow)
     clash = sorted(k for k in extra if k in ("role", "content") or (role == FUNCTION_CALL and k == "tool_calls"))

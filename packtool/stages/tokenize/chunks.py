@@ -57,14 +57,18 @@ def worker_env(threads: int) -> dict[str, str]:
     return {"RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true" if threads > 1 else "false"}
 
 
+_PARENS = re.compile(r"\s*\([^()]*\)")  # a parenthesised detail, wherever it stands
 _NUMBER = re.compile(r"'[^']*'|(\d+)")  # a number outside quotes (a quoted name is kept whole)
 
 
 def reason_kind(reason: str) -> str:
-    """A reject reason without its particulars, for counting by reason: details in parentheses or after a
-    colon dropped, numbers generalised ("turn 3 has unknown role 'bing2' with no mapping (pass ...)" ->
+    """A reject reason without its particulars, for counting by reason: details in parentheses (anywhere) or
+    after a colon dropped, numbers generalised ("turn 3 has unknown role 'bing2' with no mapping (pass ...)" ->
     "turn N has unknown role 'bing2' with no mapping")."""
-    kind = reason.split(" (", 1)[0].split(": ", 1)[0]
+    kind, n = reason, 1
+    while n:  # innermost first, so nested parentheses go too
+        kind, n = _PARENS.subn("", kind)
+    kind = kind.split(": ", 1)[0]
     return _NUMBER.sub(lambda m: "N" if m.group(1) else m.group(0), kind).strip() or reason[:80]
 
 
