@@ -45,7 +45,11 @@ def _spell(
     counts = np.diff(token_ends, prepend=0)
     token_starts = token_ends - counts
     byte_starts = byte_ends - np.diff(byte_ends, prepend=0)
-    tl: np.ndarray = lens.take(ids, mode="clip").astype(pos, copy=False)  # byte length of every token (0: not a token)
+    # the tables (one entry per vocabulary id) take the positions' type, not the per-token arrays; the ids
+    # become indices once (`take` would convert the uint32 ids again for every table)
+    lens, starts = lens.astype(pos, copy=False), starts.astype(pos, copy=False)
+    index = ids.astype(np.intp, copy=False)
+    tl: np.ndarray = lens.take(index, mode="clip")  # byte length of every token (0: not a token)
     if ids.shape[0] and int(ids.max()) >= lens.shape[0]:
         tl[ids >= lens.shape[0]] = 0
     cs = np.zeros(ids.shape[0] + 1, pos)
@@ -61,11 +65,11 @@ def _spell(
     if token_ends.shape[0] == 0 or ids.shape[0] == 0:
         return start, end, bad
     good_tokens = np.repeat(~bad, counts) if bad.any() else None
-    sel_ids = ids if good_tokens is None else ids[good_tokens]
+    sel_ids = index if good_tokens is None else index[good_tokens]
     sel_start = start if good_tokens is None else start[good_tokens]
     sel_len: np.ndarray = tl if good_tokens is None else tl[good_tokens]
     # byte k of the batch is byte (k - start) of its token: flat[starts[id] + k - start]
-    source = np.repeat(starts.take(sel_ids).astype(pos, copy=False) - sel_start, sel_len)
+    source = np.repeat(starts.take(sel_ids) - sel_start, sel_len)
     if good_tokens is None:  # every document's tokens tile its bytes: they tile the whole batch
         where = None
         source += np.arange(source.shape[0], dtype=pos)
