@@ -166,6 +166,26 @@ def test_overlapping_spans_take_the_searchsorted_path() -> None:
     assert overlapping.tolist() == [1, 1, 1, 1, 0]
 
 
+def test_overlaps_marks_exactly_the_tokens_sharing_a_byte_with_a_span() -> None:
+    """Token runs per span (two binary searches each) against the definition, with spans that touch
+    (a token two spans share), spans inside one token, and tokens outside every span."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        lens = rng.integers(1, 5, size=int(rng.integers(1, 40)))
+        end = np.cumsum(lens)
+        start = end - lens
+        cuts = np.unique(rng.integers(0, int(end[-1]) + 1, size=2 * int(rng.integers(1, 6))))
+        pairs = cuts[: cuts.size // 2 * 2].reshape(-1, 2)
+        if rng.random() < 0.5 and pairs.shape[0] > 1:  # make neighbours touch: [a, b) then [b, c)
+            pairs[1:, 0] = pairs[:-1, 1]
+        pairs = pairs[pairs[:, 1] > pairs[:, 0]]
+        if not pairs.shape[0]:
+            continue
+        got = _overlaps(start, end, pairs[:, 0], pairs[:, 1], int(end[-1]))
+        want = [int(any(s < e2 and e > s2 for s2, e2 in pairs)) for s, e in zip(start, end, strict=True)]
+        assert got.dtype == np.uint8 and got.tolist() == want
+
+
 def chat_corpus(path: Path, n: int) -> Path:
     rows = [{"messages": CONVERSATIONS[i % len(CONVERSATIONS)]} for i in range(n)]
     rows[5] = {"messages": [{"role": "wizard", "content": "x"}]}  # a bad record: rejected (skip) or raised (fail)

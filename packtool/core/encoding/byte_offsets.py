@@ -45,7 +45,11 @@ def _spell(
     counts = np.diff(token_ends, prepend=0)
     token_starts = token_ends - counts
     byte_starts = byte_ends - np.diff(byte_ends, prepend=0)
-    tl: np.ndarray = lens.take(ids, mode="clip").astype(pos, copy=False)  # byte length of every token (0: not a token)
+    # the tables (one entry per vocabulary id) take the positions' type, not the per-token arrays; the ids
+    # become indices once (`take` would convert the uint32 ids again for every table)
+    lens, starts = lens.astype(pos, copy=False), starts.astype(pos, copy=False)
+    index = ids.astype(np.intp, copy=False)
+    tl: np.ndarray = lens.take(index, mode="clip")  # byte length of every token (0: not a token)
     if ids.shape[0] and int(ids.max()) >= lens.shape[0]:
         tl[ids >= lens.shape[0]] = 0
     cs = np.zeros(ids.shape[0] + 1, pos)
@@ -61,11 +65,11 @@ def _spell(
     if token_ends.shape[0] == 0 or ids.shape[0] == 0:
         return start, end, bad
     good_tokens = np.repeat(~bad, counts) if bad.any() else None
-    sel_ids = ids if good_tokens is None else ids[good_tokens]
+    sel_ids = index if good_tokens is None else index[good_tokens]
     sel_start = start if good_tokens is None else start[good_tokens]
     sel_len: np.ndarray = tl if good_tokens is None else tl[good_tokens]
     # byte k of the batch is byte (k - start) of its token: flat[starts[id] + k - start]
-    source = np.repeat(starts.take(sel_ids).astype(pos, copy=False) - sel_start, sel_len)
+    source = np.repeat(starts.take(sel_ids) - sel_start, sel_len)
     if good_tokens is None:  # every document's tokens tile its bytes: they tile the whole batch
         where = None
         source += np.arange(source.shape[0], dtype=pos)
@@ -100,18 +104,25 @@ def _overlaps(
 ) -> np.ndarray:
     """uint8 per token: its byte range [start, end) overlaps one of the (sorted) byte spans.
 
-    Disjoint spans (the renderer's, in order): mark the bytes inside a span, count them cumulatively,
-    and a token overlaps when the count grows over its range (a few passes over the bytes). Spans
-    that overlap or are out of order: the first span ending after the token's start decides.
+    Disjoint spans in order (the renderer's) over tokens in byte order (`start` and `end`
+    nondecreasing, as `targets` gives them): the tokens a span overlaps are one run, from the first
+    token ending after the span starts to the last one starting before it ends (two binary searches
+    per span), and the mask is those runs written by one `np.repeat` (a pass over the tokens, not
+    over the bytes). Spans that overlap or are out of order: the first span ending after the token's
+    start decides. (`n_bytes` is the batch's byte count: every position is below it.)
     """
+    n = start.shape[0]
     if span_start.shape[0] and np.all(span_start[1:] >= span_end[:-1]):
-        edge = np.zeros(n_bytes + 1, np.int32)
-        edge[span_start] += 1
-        edge[span_end] -= 1
-        inside = np.zeros(n_bytes + 1, np.int32)
-        np.cumsum(np.cumsum(edge[:-1]) > 0, out=inside[1:])
-        return (inside.take(end) > inside.take(start)).view(np.uint8)
-    mask = np.zeros(start.shape[0], np.uint8)
+        first = np.searchsorted(end, span_start, side="right")  # tokens before it end at or before the span
+        last = np.searchsorted(start, span_end, side="left")  # tokens from it on start at or after its end
+        np.maximum(first[1:], last[:-1], out=first[1:])  # a token two spans share: the runs must not overlap
+        bounds = np.empty(2 * first.shape[0] + 2, np.int64)
+        bounds[0], bounds[-1] = 0, n
+        bounds[1:-1:2], bounds[2:-1:2] = first, last
+        values = np.zeros(bounds.shape[0] - 1, np.uint8)
+        values[1::2] = 1
+        return values.repeat(np.diff(bounds))
+    mask = np.zeros(n, np.uint8)
     j = np.searchsorted(span_end, start, side="right")
     inside_j = j < span_end.size
     mask[inside_j] = span_start[j[inside_j]] < end[inside_j]
@@ -248,6 +259,11 @@ class ByteTables:
             return mask, bad
         text_ends = np.cumsum(np.fromiter(map(len, texts), np.int64, count=len(texts)))
         at = _char_to_byte(data, byte_ends, text_ends, np.asarray(docs, np.int64), np.asarray(chars, np.int64))
+        if bad.any():  # a bad document's tokens may run past its bytes: keep every token inside its document's
+            # bytes, so tokens stay in byte order for `_overlaps` (a bad document's mask is not used: it is redone)
+            low = np.repeat(byte_ends - np.diff(byte_ends, prepend=0), lengths)
+            high = np.repeat(byte_ends, lengths)
+            start, end = np.clip(start, low, high), np.clip(end, low, high)
         return _overlaps(start, end, at[0::2], at[1::2], data.shape[0]), bad
 
     def add_specials(
