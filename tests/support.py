@@ -11,8 +11,10 @@ import contextlib
 import io
 import json
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -379,3 +381,15 @@ def check_mixture_packs(store_dirs: list[Path], pack_dir: Path, split: str, size
         counts[s][doc] = n
     assert meta["n_tokens"] == int(real.sum()) and meta["n_packs"] == ps.n_packs >= meta["lower_bound_packs"]
     return meta, counts
+
+
+def crashing_executor(after: int) -> Callable[[Sequence[Any]], Iterator[Any]]:
+    """An executor that runs `after` tasks in order, then raises KeyboardInterrupt (a crash mid-run)."""
+
+    def run(tasks: Sequence[Any]) -> Iterator[Any]:
+        for i, task in enumerate(tasks):
+            if i == after:
+                raise KeyboardInterrupt
+            yield task.run()
+
+    return run

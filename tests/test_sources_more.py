@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
@@ -17,14 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import cli, cli_error, write_jsonl, zipf_texts
+from support import cli, cli_error, crashing_executor, write_jsonl, zipf_texts
 
 import packtool
 from packtool.errors import InputError
 from packtool.exec.local import thread_executor
 from packtool.stages.tokenize import jsonarray, streams
-from packtool.stages.tokenize.chunks import ChunkTask
-from packtool.stages.tokenize.journal import ChunkResult
 from packtool.stages.tokenize.sources import expand_inputs, plan_chunks, read_chunk
 
 STORE_FILES = ("tokens.bin", "tokens.boundaries", "tokens.loss")
@@ -366,14 +364,8 @@ def test_interrupted_run_resumes_with_the_same_bytes(tmp_path: Path, bpe_tokeniz
     reference = packtool.tokenize_corpus(cfg("ref"))
     assert reference.n_chunks > 6
 
-    def crashing(tasks: Sequence[ChunkTask]) -> Iterator[ChunkResult]:
-        for i, task in enumerate(tasks):
-            if i == 4:
-                raise KeyboardInterrupt
-            yield task.run()
-
     with pytest.raises(KeyboardInterrupt):
-        packtool.tokenize_corpus(cfg("s"), executor=crashing)
+        packtool.tokenize_corpus(cfg("s"), executor=crashing_executor(4))
     resumed = packtool.tokenize_corpus(cfg("s"), executor=thread_executor(2))
     assert resumed.reused_chunks == 4
     _same_bytes(tmp_path / "ref", tmp_path / "s")

@@ -8,17 +8,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from support import cli, write_jsonl, zipf_texts
+from support import cli, crashing_executor, write_jsonl, zipf_texts
 
 import packtool
 from packtool.exec.local import process_executor as local_executor
 from packtool.formats.token_store import open_token_store
-from packtool.stages.tokenize.chunks import ChunkTask
-from packtool.stages.tokenize.journal import ChunkResult
 
 BAD_RECORDS = [
     (b'{"text": "ok"}\n{"text": "unterminated\n', 2, "malformed JSON"),
@@ -112,14 +109,8 @@ def test_crash_mid_run_resumes_from_journal_with_same_bytes(tmp_path: Path, bpe_
     reference = packtool.tokenize_corpus(cfg("ref"))
     assert reference.n_chunks > 10
 
-    def crashing(tasks: Sequence[ChunkTask]) -> Iterator[ChunkResult]:
-        for i, task in enumerate(tasks):
-            if i == 4:
-                raise KeyboardInterrupt
-            yield task.run()
-
     with pytest.raises(KeyboardInterrupt):
-        packtool.tokenize_corpus(cfg("s"), executor=crashing)
+        packtool.tokenize_corpus(cfg("s"), executor=crashing_executor(4))
     assert not (tmp_path / "s").exists() and (tmp_path / ".s.partial" / "journal.jsonl").is_file()
     resumed = packtool.tokenize_corpus(cfg("s"), executor=local_executor(2))
     assert resumed.reused_chunks == 4
@@ -180,14 +171,8 @@ def test_resume_redoes_chunks_whose_staged_bytes_were_damaged(tmp_path: Path, bp
 
     reference = packtool.tokenize_corpus(cfg("ref"))
 
-    def crashing(tasks: Sequence[ChunkTask]) -> Iterator[ChunkResult]:
-        for i, task in enumerate(tasks):
-            if i == 6:
-                raise KeyboardInterrupt
-            yield task.run()
-
     with pytest.raises(KeyboardInterrupt):
-        packtool.tokenize_corpus(cfg("s"), executor=crashing)
+        packtool.tokenize_corpus(cfg("s"), executor=crashing_executor(6))
     staged = tmp_path / ".s.partial" / "store" / "tokens.bin"
     data = bytearray(staged.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a byte in the middle of the six chunks written
