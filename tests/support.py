@@ -326,6 +326,12 @@ def write_store(path: Path, docs: list[np.ndarray], *, vocab: int = 600, tokeniz
     return path
 
 
+def write_random_store(path: Path, lengths: list[int], vocab: int = 600, seed: int = 0) -> Path:
+    """A token store of random ids (2..vocab-1) with the given document lengths."""
+    rng = np.random.default_rng(seed)
+    return write_store(path, [rng.integers(2, vocab, size=int(n)) for n in lengths], vocab=vocab)
+
+
 def check_mixture_packs(store_dirs: list[Path], pack_dir: Path, split: str, size: int) -> tuple[dict, list[np.ndarray]]:
     """The shared invariant checker for packs of a mixture (or with a validation split), independent of the packer.
 

@@ -9,25 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import cli, cli_error
+from support import cli, cli_error, write_random_store
 
 from packtool import CostModel
 from packtool.core.balance import DEFAULT_WINDOW, step_costs
-from packtool.formats.token_store import TokenStoreWriter, dtype_for_max_id
 from packtool.loader import PackedDataset, PackedSampler
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-
-def write_store(path: Path, lengths: list[int], vocab: int = 600) -> Path:
-    """A token store of random ids with the given document lengths (format module writer)."""
-    rng = np.random.default_rng(0)
-    path.mkdir(parents=True)
-    writer = TokenStoreWriter(path, dtype_for_max_id(vocab - 1))
-    writer.append(rng.integers(2, vocab, size=sum(lengths)), np.array(lengths, np.int64))
-    writer.finish({"packtool_version": "test", "tokenizer": {"name": "tiny", "sha256": "0" * 64, "vocab_size": vocab,
-                                                             "bos_id": None, "eos_id": 0, "pad_id": 1}})
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +26,7 @@ def packs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(7)
     n = 1500
     lens = np.where(rng.random(n) < 0.85, rng.lognormal(np.log(120), 1.0, n), rng.lognormal(np.log(900), 1.2, n))
-    store = write_store(d / "tokens", np.clip(lens, 1, 5000).astype(int).tolist())
+    store = write_random_store(d / "tokens", np.clip(lens, 1, 5000).astype(int).tolist())
     code, _, err = cli("pack", str(store), "--size", "2048", "--output", str(d / "out"), "--quiet")
     assert code == 0, err
     return d / "out"

@@ -95,8 +95,13 @@ def tokenize_corpus(
         fast = _preload_fast(config)
         tokenizer = load_tokenizer(config.tokenizer)
         paths = expand_inputs(config.inputs)
-        with guarded_output(output):
-            return _tokenize(config, output, tokenizer, paths, fast, progress, executor)
+        drops: list[Callable[[], None]] = []
+        try:
+            with guarded_output(output):
+                return _tokenize(config, output, tokenizer, paths, fast, progress, executor, drops)
+        finally:
+            for drop in drops:  # chunks rendered ahead that no task took (resumed, up to date, failed)
+                drop()
 
 
 def _preload_fast(config: TokenizeConfig) -> Future[FastBackend] | None:
@@ -118,26 +123,9 @@ def _tokenize(
     fast: Future[FastBackend] | None,
     progress: Progress | None,
     executor: Executor | None,
-) -> TokenizeResult:
-    """The write phase, under the output's lock (`output.guarded_output`)."""
-    drops: list[Callable[[], None]] = []
-    try:
-        return _tokenize_into(config, output, tokenizer, paths, fast, progress, executor, drops)
-    finally:
-        for drop in drops:  # chunks rendered ahead that no task took (resumed, up to date, failed)
-            drop()
-
-
-def _tokenize_into(
-    config: TokenizeConfig,
-    output: Path,
-    tokenizer: tuple[Tokenizer, TokenizerInfo],
-    paths: list[Path],
-    fast: Future[FastBackend] | None,
-    progress: Progress | None,
-    executor: Executor | None,
     drops: list[Callable[[], None]],
 ) -> TokenizeResult:
+    """The write phase, under the output's lock (`output.guarded_output`); `drops` collects what to free after."""
     tok, info = tokenizer
     workers = config.resolved_workers()
     remember_tokenizer(info.path, info.sha256, tok)
