@@ -179,6 +179,32 @@ def test_pack_every_fault_point(pack_scene: tuple[Scene, Path], mode: str) -> No
     assert check_every_point(scene, base, mode) >= 20
 
 
+@pytest.fixture(scope="module")
+def validation_scene(tmp_path_factory: pytest.TempPathFactory) -> tuple[Scene, Path]:
+    """`pack --validation` writes two splits; both metadata lines are committed by one rewrite."""
+    base = tmp_path_factory.mktemp("validation-faults")
+    store = make_store(base / "tok", zipf_lengths(300, seed=5), with_loss=True)
+    before = base / "before"
+    code, _, err = cli("pack", str(store), "--size", str(N), "--output", str(before / "out"), "-q", "--validation", "0.3")
+    assert code == 0, err
+
+    def args(work: Path) -> list[str]:
+        return ["pack", str(store), "--size", str(N), "--output", str(work / "out"), "-q", "--validation", "0.5",
+                "--seed", "1"]
+
+    window = ("pack.metadata.after", "pack.alias.before")
+    return make_scene(base, before, args, lambda root: pack_view(root / "out"), window), base
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_pack_validation_never_mixes_an_old_and_a_new_split(validation_scene: tuple[Scene, Path], mode: str) -> None:
+    """Interrupted anywhere, readers see the old training AND validation splits or both new ones: never a new
+    training split beside a validation split drawn by another run (its documents could be in training)."""
+    scene, base = validation_scene
+    assert sum(p.startswith("pack.rename.before:validation") for p in scene.points) >= 5
+    assert check_every_point(scene, base, mode) >= 20
+
+
 def test_pack_rerun_cleans_what_a_killed_run_left(pack_scene: tuple[Scene, Path]) -> None:
     """Temps of a dead pid and files of an uncommitted build go; a live pid's temp and foreign files stay."""
     scene, base = pack_scene

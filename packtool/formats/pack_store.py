@@ -162,15 +162,19 @@ def metadata_for(directory: Path, split: str, size: int) -> dict[str, Any]:
     )
 
 
-def write_metadata_line(directory: Path, record: dict[str, Any]) -> None:
-    """Insert or replace the line of `record['split']` in `{N}_metadata.jsonl`, atomically.
+def write_metadata_line(directory: Path, *records: dict[str, Any]) -> None:
+    """Insert or replace the line of each record's `split` in `{N}_metadata.jsonl`, in ONE atomic rewrite
+    (so the splits of one `--validation` run are committed together, never one without the other).
 
     Read-modify-write: writers hold the pack directory's lock (`formats.locks.exclusive_output`).
     The rename of this file is the commit point of a version-2 build.
     """
-    size = int(record["pack_size"])
-    kept = [r for r in read_metadata(directory, size) if r["split"] != record["split"]]
-    kept.append(record)
+    size = int(records[0]["pack_size"])
+    if any(int(r["pack_size"]) != size for r in records):
+        raise ValueError("records of one metadata rewrite must share a pack size")
+    splits = {r["split"] for r in records}
+    kept = [r for r in read_metadata(directory, size) if r["split"] not in splits]
+    kept.extend(records)
     kept.sort(key=lambda r: (SPLITS.index(r["split"]) if r["split"] in SPLITS else len(SPLITS), str(r["split"])))
     text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in kept)
     with atomic_file(Path(directory) / metadata_name(size), "wb") as fh:

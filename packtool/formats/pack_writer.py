@@ -195,6 +195,8 @@ class PackSplitWriter:
         self._temps: dict[str, Path] = {}
         self._created: list[Path] = []  # build files renamed into place but not yet committed
         self._build: str | None = None  # set just before the metadata line is written
+        self._record: dict[str, Any] | None = None  # a `publish=False` commit's metadata line, not yet written
+        self._done = False  # the metadata line names this build
         self.tokens: np.ndarray | None = None
         self.loss: np.ndarray | None = None
         self._lock = contextlib.ExitStack()
@@ -246,11 +248,13 @@ class PackSplitWriter:
         except OSError as exc:
             raise _write_error(tmp, exc) from exc
 
-    def commit(self, metadata: dict[str, Any], salt: str | None = None) -> dict[str, Any]:
+    def commit(self, metadata: dict[str, Any], salt: str | None = None, *, publish: bool = True) -> dict[str, Any]:
         """Fsync and hash the temps, rename them to the new build's names, then write its metadata line.
 
         `metadata` may set `format_version` (a mixture writes 3); a single-store pack is version 2.
-        `salt` goes into the build id (`build_id`).
+        `salt` goes into the build id (`build_id`). `publish=False` stops before the metadata line:
+        `publish_together` then commits several writers' splits in one metadata rewrite (until then an
+        exception or an interruption removes this build's files, as before any commit).
         """
         for arr in (self.tokens, self.loss):
             if isinstance(arr, np.memmap):
@@ -286,14 +290,26 @@ class PackSplitWriter:
                 "build": build,
                 "files": files,
             }
-            fault_point(f"pack.metadata.before:{metadata_name(self.size)}")
             self._build = build
+            if not publish:
+                self._record = record
+                return record
+            fault_point(f"pack.metadata.before:{metadata_name(self.size)}")
             write_metadata_line(self.directory, record)  # THE commit point
-            self._created.clear()  # committed: these files are the store now
-            fsync_dir(self.directory)
         except OSError as exc:
             self.abort()
             raise _write_error(self.directory / metadata_name(self.size), exc) from exc
+        self._published()
+        return record
+
+    def _published(self) -> None:
+        """After the commit point: the build's files are the store; the previous build's files go."""
+        self._created.clear()  # committed: these files are the store now
+        self._done = True
+        try:
+            fsync_dir(self.directory)
+        except OSError as exc:
+            log.warning("packs committed, but syncing %s failed (%s)", self.directory, exc)
         try:
             fault_point(f"pack.metadata.after:{metadata_name(self.size)}")
             clean_pack_dir(self.directory)  # alias -> new build; the previous build's files go
@@ -301,13 +317,12 @@ class PackSplitWriter:
             log.warning("packs committed, but cleaning %s failed (%s); the next pack run retries", self.directory, exc)
         finally:
             self._lock.close()
-        return record
 
     def __enter__(self) -> PackSplitWriter:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None or self._temps or self._build is None:
+        if exc_type is not None or self._temps or not self._done:
             self.abort()  # failed, or left without commit: the committed build was never touched
 
     def abort(self) -> None:
@@ -339,6 +354,28 @@ class PackSplitWriter:
         except (FormatError, OSError):
             return False
         return any(r.get("split") == self.split and r.get("build") == self._build for r in recs)
+
+
+def publish_together(writers: list[PackSplitWriter]) -> list[dict[str, Any]]:
+    """Commit writers that each ran `commit(..., publish=False)` (splits of one size, one directory) with ONE
+    metadata rewrite: a run interrupted before it leaves every previous split as it was, after it every new
+    one (never a new training split beside an old validation split)."""
+    records = []
+    for w in writers:
+        if w._record is None:
+            raise FormatError(f"pack split {w.split}_{w.size} was not staged with commit(publish=False), this is a bug")
+        records.append(w._record)
+    directory = writers[0].directory
+    try:
+        fault_point(f"pack.metadata.before:{metadata_name(writers[0].size)}")
+        write_metadata_line(directory, *records)  # THE commit point of every split
+    except OSError as exc:
+        for w in writers:
+            w.abort()
+        raise _write_error(directory / metadata_name(writers[0].size), exc) from exc
+    for w in writers:
+        w._published()
+    return records
 
 
 def _write_error(path: Path, exc: OSError) -> StorageError:

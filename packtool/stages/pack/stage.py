@@ -8,6 +8,7 @@ seed -> byte-identical files for every `--workers` and executor.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -26,7 +27,7 @@ from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
 from packtool.formats.pack_store import MIXTURE_VERSION, pack_dir
-from packtool.formats.pack_writer import PackSplitWriter, prepare_pack_dir
+from packtool.formats.pack_writer import PackSplitWriter, prepare_pack_dir, publish_together
 from packtool.formats.store_set import StoreSet, open_store_set
 from packtool.formats.token_store import TokenStore, dtype_name, open_token_store
 from packtool.progress import Progress
@@ -116,7 +117,8 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     """Pack a token store (or a mixture of several) into `ROOT/packed/{tokenizer}/{split}_{N}.*`.
 
     With `validation`, the held-out documents go to `validation_N` in the same run (its own build and
-    metadata line, committed after the training split's). Refuses a token store whose manifest, sizes
+    metadata line; both lines are committed by one metadata rewrite, so an interrupted run leaves both
+    splits as they were or both new). Refuses a token store whose manifest, sizes
     or sha256 do not check out (FormatError), and stores of different tokenizers (TokenizerError).
     """
     config.validate()
@@ -124,19 +126,29 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     directory = pack_dir(config.output, open_token_store(specs[0][0]).tokenizer_name)
     with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
         stores = open_store_set([p for p, _ in specs], check_hashes=True)
-        if not config.is_mixture:
-            return PackResult(directory, _pack_split(config, stores, None, progress))
-        weights = [w for _, w in specs]
-        with signals_deferred():
-            selections = select_splits(stores, weights, config.seed, config.validation, str(config.split))
-        records = [_pack_split(config, stores, sel, progress) for sel in selections]
+        selections: list[SplitSelection | None] = [None]
+        if config.is_mixture:
+            with signals_deferred():
+                selections = list(
+                    select_splits(stores, [w for _, w in specs], config.seed, config.validation, str(config.split))
+                )
+        with contextlib.ExitStack() as stack:  # any failure aborts every writer: no split is committed
+            staged = [_write_split(config, stores, sel, progress, stack) for sel in selections]
+            for writer, meta, salt in staged:
+                writer.commit(meta, salt, publish=False)
+            records = publish_together([writer for writer, _, _ in staged])  # ONE metadata rewrite
     return PackResult(directory, records[0], records[1] if len(records) > 1 else None)
 
 
-def _pack_split(
-    config: PackConfig, stores: StoreSet, selection: SplitSelection | None, progress: Progress | None
-) -> dict[str, Any]:
-    """Segments -> layout -> matrices -> commit of one split: the stores' documents, or a selection of them."""
+def _write_split(
+    config: PackConfig,
+    stores: StoreSet,
+    selection: SplitSelection | None,
+    progress: Progress | None,
+    stack: contextlib.ExitStack,
+) -> tuple[PackSplitWriter, dict[str, Any], str | None]:
+    """Segments -> layout -> matrices of one split (the stores' documents, or a selection of them), written
+    under temp names by a writer entered into `stack`; returns it with the split's metadata and build salt."""
     directory = pack_dir(config.output, stores.first.tokenizer_name)
     store = stores.first
     split = str(config.split) if selection is None else selection.split
@@ -150,35 +162,36 @@ def _pack_split(
         layout = plan_layout(segments, config)
     pad_id = pad_id_for(store)
     log.info("packing %d segments of %s into %d packs of %d", len(segments), split, layout.n_packs, config.size)
-    with PackSplitWriter(
-        directory, split, config.size, store.dtype, layout.n_packs, stores.has_loss, n_segments=len(segments)
-    ) as writer:
-        _write_matrices(layout, stores, writer, config, pad_id, progress)
-        fault_point("pack.fill.after")
-        companions = {
-            "pack_offsets": layout.pack_offsets,
-            "seg_lens": layout.lengths,
-            "seg_pad": layout.pad,
-            "seg_doc": layout.doc,
-            "seg_src": layout.src,
-        }
-        for what, values in companions.items():
-            writer.write_companion(what, values)
-        meta = _metadata(config, store, segments, layout, pad_id)
-        if selection is None:
-            return writer.commit(meta)
-        weights = [w for _, w in config.stores()]
-        sources = source_records(stores, weights, selection, config.validation)
-        mixture = mixture_record(selection, config.validation)
-        meta.update(
-            split=split,
-            source=sources,
-            mixture=mixture,
-            n_documents=int(selection.docs.size),
-            format_version=MIXTURE_VERSION,
+    writer = stack.enter_context(
+        PackSplitWriter(
+            directory, split, config.size, store.dtype, layout.n_packs, stores.has_loss, n_segments=len(segments)
         )
-        spec = json.dumps(
-            {"sources": [[s["manifest_sha256"], s["weight"]] for s in sources], "mixture": mixture},
-            sort_keys=True,
-        )
-        return writer.commit(meta, salt=hashlib.sha256(spec.encode()).hexdigest())
+    )
+    _write_matrices(layout, stores, writer, config, pad_id, progress)
+    fault_point("pack.fill.after")
+    companions = {
+        "pack_offsets": layout.pack_offsets,
+        "seg_lens": layout.lengths,
+        "seg_pad": layout.pad,
+        "seg_doc": layout.doc,
+        "seg_src": layout.src,
+    }
+    for what, values in companions.items():
+        writer.write_companion(what, values)
+    meta = _metadata(config, store, segments, layout, pad_id)
+    if selection is None:
+        return writer, meta, None
+    weights = [w for _, w in config.stores()]
+    sources = source_records(stores, weights, selection, config.validation)
+    mixture = mixture_record(selection, config.validation)
+    meta.update(
+        split=split,
+        source=sources,
+        mixture=mixture,
+        n_documents=int(selection.docs.size),
+        format_version=MIXTURE_VERSION,
+    )
+    spec = json.dumps(
+        {"sources": [[s["manifest_sha256"], s["weight"]] for s in sources], "mixture": mixture}, sort_keys=True
+    )
+    return writer, meta, hashlib.sha256(spec.encode()).hexdigest()
