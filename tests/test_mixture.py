@@ -82,9 +82,12 @@ def test_occurrence_counts_are_exact(stores: dict[str, Path], tmp_path: Path) ->
 
 def test_same_seed_same_bytes_other_seed_other_subset(stores: dict[str, Path], tmp_path: Path) -> None:
     specs = (f"{stores['a']}:1.5", f"{stores['b']}:0.25")
-    _pack(tmp_path / "1", *specs)
-    _pack(tmp_path / "2", *specs)
-    assert _files(tmp_path / "1") == _files(tmp_path / "2")
+    _pack(tmp_path / "1", *specs, flags=("--workers", "1"))
+    _pack(tmp_path / "2", *specs, flags=("--workers", "2"))
+    assert _files(tmp_path / "1") == _files(tmp_path / "2")  # and for any --workers
+    _pack(tmp_path / "v1", *specs, flags=("--workers", "1", "--validation", "0.2"))
+    _pack(tmp_path / "v2", *specs, flags=("--workers", "2", "--validation", "0.2"))
+    assert _files(tmp_path / "v1") == _files(tmp_path / "v2")
     _pack(tmp_path / "3", *specs, flags=("--seed", "7"))
     c1 = check_mixture_packs([stores["a"], stores["b"]], tmp_path / "1" / "packed" / TOK, "training", N)[1]
     c3 = check_mixture_packs([stores["a"], stores["b"]], tmp_path / "3" / "packed" / TOK, "training", N)[1]
