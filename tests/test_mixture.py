@@ -236,3 +236,14 @@ def test_weight_one_is_the_plain_pack(stores: dict[str, Path], tmp_path: Path) -
     _pack(tmp_path / "p", str(stores["b"]), flags=flags)
     meta = check_packs(stores["b"], tmp_path / "w" / "packed" / TOK, "training", N)
     assert meta["format_version"] == 2 and _files(tmp_path / "w") == _files(tmp_path / "p")
+
+
+@pytest.mark.parametrize(("weight", "n", "extra"), [(0.15, 10, 2), (1.15, 10, 2), (2.15, 10, 2), (0.25, 10, 3),
+                                                    (0.05, 10, 1), (1.0, 10, 0), (0.999, 10, 10), (0.5, 3, 2)])
+def test_fractional_part_rounds_halves_up_whatever_the_integer_part(weight: float, n: int, extra: int) -> None:
+    """round(f·n) with halves up, on the weight as written: float `1.15 - 1` is 0.1499..., which gave 1 here."""
+    from packtool.core.mixture import fractional_count, repeat_documents
+
+    assert fractional_count(weight, n) == extra
+    counts = np.bincount(repeat_documents(np.arange(n), weight, seed=0, store_key="ab" * 32), minlength=n)
+    assert sorted(counts.tolist()) == [int(weight)] * (n - extra) + [int(weight) + 1] * extra

@@ -23,6 +23,7 @@ The hash is one compiled pass over the tokens: ~600M tokens/s on one core (1.6 n
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 from numba import njit
@@ -82,9 +83,11 @@ def check_weight(weight: float, where: str) -> None:
         )
 
 
-def fractional_count(fraction: float, n: int) -> int:
-    """Documents a fractional weight adds: `round(fraction * n)`, halves rounded up."""
-    return min(n, int(math.floor(fraction * n + 0.5)))
+def fractional_count(weight: float, n: int) -> int:
+    """Documents the fractional part f of `weight` adds: `round(f * n)`, halves rounded up, in exact decimal
+    arithmetic on the weight as written (1.15 and 2.15 add the same count; float `weight - 1` is 0.1499...)."""
+    exact = Fraction(repr(float(weight)))
+    return min(n, math.floor((exact - math.floor(exact)) * n + Fraction(1, 2)))
 
 
 def repeat_documents(eligible: np.ndarray, weight: float, seed: int, store_key: str, repeat: int = 0) -> np.ndarray:
@@ -95,7 +98,7 @@ def repeat_documents(eligible: np.ndarray, weight: float, seed: int, store_key: 
     """
     eligible = np.asarray(eligible, np.int64)
     k = int(math.floor(weight))
-    m = fractional_count(weight - k, int(eligible.size))
+    m = fractional_count(weight, int(eligible.size))
     parts = [eligible] * k
     if m:
         key = int(store_key[:16], 16) if store_key else 0
