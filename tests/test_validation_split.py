@@ -7,6 +7,8 @@ F within 1% on a few thousand documents.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +16,8 @@ from hypothesis import strategies as st
 from support import check_mixture_packs, cli, cli_error, make_store, write_store
 
 from packtool.core.mixture import content_hashes, validation_threshold
-from packtool.formats.pack_store import metadata_for
+from packtool.errors import FormatError
+from packtool.formats.pack_store import metadata_for, read_metadata
 from packtool.formats.token_store import open_token_store
 from packtool.loader import PackedDataset
 from packtool.stages.pack import PackConfig, pack_store
@@ -175,3 +178,21 @@ def test_property_validation_invariants(
         if k >= 1:
             assert np.all((t > 0) | (v > 0))
     assert not _contents(corpus, ["b", "c"], train) & _contents(corpus, ["b", "c"], val)
+
+
+def test_a_plain_repack_drops_the_validation_split_it_would_overlap(corpus: dict, tmp_path: Path) -> None:
+    """`pack --validation`, then `pack` of the same split without it: every held-out document is in the new
+    training split, so the old validation split goes in the same commit (files and alias too)."""
+    out = tmp_path / "o"
+    _pack(out, str(corpus["c"]), flags=("--validation", "0.3"))
+    d = next((out / "packed").iterdir())
+    assert metadata_for(d, "validation", N) is not None
+    _pack(out, str(corpus["c"]), flags=("--split", "test"))  # another split: the pair stays
+    assert metadata_for(d, "validation", N)["mixture"]["validation"]["training_split"] == "training"
+    _pack(out, str(corpus["c"]))  # rewrites training without --validation
+    assert [r["split"] for r in read_metadata(d, N)] == ["training", "test"]
+    assert not [p.name for p in d.iterdir() if p.name.startswith("validation_")]
+    code, _, err = cli("verify", str(d), "--source", str(corpus["c"]), "-q")
+    assert code == 0, err
+    with pytest.raises(FormatError):
+        PackedDataset(d, split="validation", size=N)

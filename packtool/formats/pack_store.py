@@ -162,17 +162,18 @@ def metadata_for(directory: Path, split: str, size: int) -> dict[str, Any]:
     )
 
 
-def write_metadata_line(directory: Path, *records: dict[str, Any]) -> None:
+def write_metadata_line(directory: Path, *records: dict[str, Any], drop: tuple[str, ...] = ()) -> None:
     """Insert or replace the line of each record's `split` in `{N}_metadata.jsonl`, in ONE atomic rewrite
     (so the splits of one `--validation` run are committed together, never one without the other).
 
     Read-modify-write: writers hold the pack directory's lock (`formats.locks.exclusive_output`).
-    The rename of this file is the commit point of a version-2 build.
+    The rename of this file is the commit point of a version-2 build. `drop`: splits whose lines go in the
+    same rewrite (a validation split that the new training split would overlap).
     """
     size = int(records[0]["pack_size"])
     if any(int(r["pack_size"]) != size for r in records):
         raise ValueError("records of one metadata rewrite must share a pack size")
-    splits = {r["split"] for r in records}
+    splits = {r["split"] for r in records} | set(drop)
     kept = [r for r in read_metadata(directory, size) if r["split"] not in splits]
     kept.extend(records)
     kept.sort(key=lambda r: (SPLITS.index(r["split"]) if r["split"] in SPLITS else len(SPLITS), str(r["split"])))

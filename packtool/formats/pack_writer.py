@@ -356,10 +356,11 @@ class PackSplitWriter:
         return any(r.get("split") == self.split and r.get("build") == self._build for r in recs)
 
 
-def publish_together(writers: list[PackSplitWriter]) -> list[dict[str, Any]]:
+def publish_together(writers: list[PackSplitWriter], drop: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Commit writers that each ran `commit(..., publish=False)` (splits of one size, one directory) with ONE
     metadata rewrite: a run interrupted before it leaves every previous split as it was, after it every new
-    one (never a new training split beside an old validation split)."""
+    one (never a new training split beside an old validation split). The lines of the `drop` splits go in
+    the same rewrite; their build files and plain alias are removed after it."""
     records = []
     for w in writers:
         if w._record is None:
@@ -368,11 +369,14 @@ def publish_together(writers: list[PackSplitWriter]) -> list[dict[str, Any]]:
     directory = writers[0].directory
     try:
         fault_point(f"pack.metadata.before:{metadata_name(writers[0].size)}")
-        write_metadata_line(directory, *records)  # THE commit point of every split
+        write_metadata_line(directory, *records, drop=drop)  # THE commit point of every split
     except OSError as exc:
         for w in writers:
             w.abort()
         raise _write_error(directory / metadata_name(writers[0].size), exc) from exc
+    for split in drop:  # its alias links the dropped build's data; clean_pack_dir removes the build's files
+        with contextlib.suppress(OSError):
+            (directory / data_name(split, writers[0].size)).unlink(missing_ok=True)
     for w in writers:
         w._published()
     return records

@@ -83,9 +83,19 @@ def source_records(
     return out
 
 
-def mixture_record(selection: SplitSelection, validation: float | None) -> dict[str, Any]:
-    """The `mixture` key: how the split was chosen (enough for verify to re-derive it with the sources)."""
+def mixture_record(selection: SplitSelection, validation: float | None, training_split: str) -> dict[str, Any]:
+    """The `mixture` key: how the split was chosen (enough for verify to re-derive it with the sources);
+    a validation part names the split its documents were held out of."""
     rec: dict[str, Any] = {"rule": "weights-v1", "part": selection.part}
     if validation is not None:
-        rec["validation"] = {"fraction": validation, "hash": CONTENT_HASH}
+        rec["validation"] = {"fraction": validation, "hash": CONTENT_HASH, "training_split": training_split}
     return rec
+
+
+def held_out_of(record: dict[str, Any]) -> str | None:
+    """The training split a `--validation` run's validation line was held out of (None for other lines)."""
+    mixture = record.get("mixture")
+    if not isinstance(mixture, dict) or mixture.get("part") != "validation":
+        return None
+    validation = mixture.get("validation")
+    return str(validation.get("training_split", "training")) if isinstance(validation, dict) else "training"

@@ -22,11 +22,12 @@ import numpy as np
 from packtool import __version__
 from packtool.core.packing import lower_bound
 from packtool.core.packing.segments import Segments, build_segments
+from packtool.errors import FormatError
 from packtool.exec import make_executor
 from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
-from packtool.formats.pack_store import MIXTURE_VERSION, pack_dir
+from packtool.formats.pack_store import MIXTURE_VERSION, pack_dir, read_metadata
 from packtool.formats.pack_writer import PackSplitWriter, prepare_pack_dir, publish_together
 from packtool.formats.store_set import StoreSet, open_store_set
 from packtool.formats.token_store import TokenStore, dtype_name, open_token_store
@@ -35,7 +36,7 @@ from packtool.signals import signals_deferred
 from packtool.stages.pack.blocks import block_tasks
 from packtool.stages.pack.config import PackConfig
 from packtool.stages.pack.layout import Layout, pad_id_for, plan_layout
-from packtool.stages.pack.mixture import SplitSelection, mixture_record, select_splits, source_records
+from packtool.stages.pack.mixture import SplitSelection, held_out_of, mixture_record, select_splits, source_records
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,20 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
             staged = [_write_split(config, stores, sel, progress, stack) for sel in selections]
             for writer, meta, salt in staged:
                 writer.commit(meta, salt, publish=False)
-            records = publish_together([writer for writer, _, _ in staged])  # ONE metadata rewrite
+            records = publish_together([writer for writer, _, _ in staged], _stale_validation(directory, config))
     return PackResult(directory, records[0], records[1] if len(records) > 1 else None)
+
+
+def _stale_validation(directory: Path, config: PackConfig) -> tuple[str, ...]:
+    """A validation split held out of the split this run rewrites without `--validation`: its documents are
+    all in the new training split now, so its line goes in the same commit (under the directory's lock)."""
+    if config.validation is not None:
+        return ()  # this run writes its own validation split
+    try:
+        lines = read_metadata(directory, config.size)
+    except FormatError:
+        return ()  # an unreadable metadata file is the writer's to report
+    return tuple(r["split"] for r in lines if held_out_of(r) == str(config.split))
 
 
 def _write_split(
@@ -183,7 +196,7 @@ def _write_split(
         return writer, meta, None
     weights = [w for _, w in config.stores()]
     sources = source_records(stores, weights, selection, config.validation)
-    mixture = mixture_record(selection, config.validation)
+    mixture = mixture_record(selection, config.validation, str(config.split))
     meta.update(
         split=split,
         source=sources,
