@@ -270,3 +270,21 @@ def test_the_pipeline_renders_ahead_while_the_fast_engine_loads(tmp_path: Path, 
     assert not chunk_mod._AHEAD
     for name in ("tokens.bin", "tokens.boundaries", "tokens.loss", "rejects.jsonl"):
         assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes(), name
+
+
+def test_overlaps_with_zero_byte_tokens_and_empty_spans() -> None:
+    """Zero-byte tokens (an out-of-vocabulary id, a bad document's clipped tokens) beside empty spans: the
+    runs stay non-negative and the mask is the definition's (this raised 'negative repeats' before)."""
+    got = _overlaps(np.array([0, 5, 5]), np.array([5, 5, 10]), np.array([5]), np.array([5]), 10)
+    assert got.tolist() == [0, 0, 0]
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        lens = rng.integers(0, 4, size=int(rng.integers(1, 30)))
+        end = np.cumsum(lens)
+        start = end - lens
+        total = int(end[-1])
+        cuts = np.sort(rng.integers(0, total + 1, size=2 * int(rng.integers(1, 5))))
+        pairs = cuts.reshape(-1, 2)  # sorted, disjoint or touching, some empty
+        got = _overlaps(start, end, pairs[:, 0], pairs[:, 1], max(total, 1))
+        want = [int(any(s < e2 and e > s2 for s2, e2 in pairs)) for s, e in zip(start, end, strict=True)]
+        assert got.tolist() == want

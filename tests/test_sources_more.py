@@ -238,7 +238,7 @@ def test_bad_json_array_elements_are_records_addressed_by_index(tmp_path: Path, 
 def test_json_lines_named_json_and_empty_array(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
     rows = [{"text": t} for t in zipf_texts(20, seed=4)]
     write_jsonl(tmp_path / "lines.json", rows)  # what many hub datasets call .json
-    (tmp_path / "empty.json").write_text("[ ]")
+    (tmp_path / "empty.json").write_text("[" + " \n" * 6000 + "]")  # blank far past any read-ahead: still empty
     reference = _tokenize([write_jsonl(tmp_path / "r.jsonl", rows)], bpe_tokenizer_dir, tmp_path / "ref")
     out = _tokenize([tmp_path / "lines.json", tmp_path / "empty.json"], bpe_tokenizer_dir, tmp_path / "s")
     _same_bytes(reference, out)

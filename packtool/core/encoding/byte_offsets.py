@@ -116,6 +116,7 @@ def _overlaps(
         first = np.searchsorted(end, span_start, side="right")  # tokens before it end at or before the span
         last = np.searchsorted(start, span_end, side="left")  # tokens from it on start at or after its end
         np.maximum(first[1:], last[:-1], out=first[1:])  # a token two spans share: the runs must not overlap
+        np.maximum(last, first, out=last)  # zero-byte tokens at an empty span's place: an empty run, never negative
         bounds = np.empty(2 * first.shape[0] + 2, np.int64)
         bounds[0], bounds[-1] = 0, n
         bounds[1:-1:2], bounds[2:-1:2] = first, last

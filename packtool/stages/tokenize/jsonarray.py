@@ -186,14 +186,23 @@ def plan_json_array(path: str, chunk_bytes: int) -> tuple[int, list[tuple[int, i
             f"the JSON array is truncated: the file ends {where} (the array's ']' is missing)", path, hint=_HINT
         )
     first = int(state[_OPEN])
-    if n_commas == 0 and close - first <= 4096:
-        with open(path, "rb") as fh:
-            fh.seek(first)
-            if not fh.read(close - first).strip(b" \t\r\n"):
-                return offset, []  # `[]`: an empty array holds no records
+    if n_commas == 0 and _blank(path, first, close):
+        return offset, []  # `[]` (whitespace inside, however much): an empty array holds no records
     starts = [(first, 0), *cuts]
     chunks = [(s, starts[i + 1][0] - 1 if i + 1 < len(starts) else close, index) for i, (s, index) in enumerate(starts)]
     return offset, chunks
+
+
+def _blank(path: str, start: int, end: int, block: int = 1 << 20) -> bool:
+    """Whether bytes [start, end) of the file are all JSON whitespace (read a block at a time)."""
+    with reading(path), open(path, "rb") as fh:
+        fh.seek(start)
+        while start < end:
+            data = fh.read(min(block, end - start))
+            if not data or data.strip(b" \t\r\n"):
+                return not data
+            start += len(data)
+    return True
 
 
 def _check(path: str, state: np.ndarray) -> None:
