@@ -224,6 +224,7 @@ def test_bad_json_array_elements_are_records_addressed_by_index(tmp_path: Path, 
     assert "malformed JSON" in err and "(record 3 of the JSON array, 0-based)" in err and "in.json:3" in err
     out = _tokenize([], bpe_tokenizer_dir, tmp_path / "s", *args[1:2], "--chunk-bytes", "40", "--on-error", "skip")
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert all(r["line"] == r["record"] for r in rejects)  # SPEC's `line` key, the index also as `record`
     assert [(r["record"], r["reason"].split(" (")[0]) for r in rejects] == [
         (3, "malformed JSON"),
         (4, "empty element"),

@@ -154,7 +154,9 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
                     line_no,
                     hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
                 )
-            line = {"source": source, "record" if indexed else "line": line_no, "reason": got}
+            line = {"source": source, "line": line_no, "reason": got}  # SPEC's keys for every input
+            if indexed:  # a .json array: `line` is the element's 0-based index, as in its `file:N` errors
+                line["record"] = line_no
             rejects.append((json.dumps(line, ensure_ascii=False) + "\n").encode())
             counts[2] += 1
             kind = reason_kind(got)
