@@ -1,6 +1,6 @@
 """`python -m packtool` runs the CLI."""
 
-from packtool.cli import main
+from packtool.cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

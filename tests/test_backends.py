@@ -123,7 +123,7 @@ class _OffByOne:
 
     name = "fast"
 
-    def __init__(self, path: str, reference: Tokenizer | None = None) -> None:
+    def __init__(self, path: str, reference: Tokenizer | None = None, preloaded: object = None) -> None:
         self.inner = HFBackend(Tokenizer.from_file(path))
 
     def encode_flat(self, texts: list[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -164,9 +164,9 @@ def test_each_tokenizer_is_loaded_once_per_run(bpe_tokenizer_dir: Path, tmp_path
     real_fast_init = backends.FastBackend.__init__
     real_from_file = Tokenizer.from_file
 
-    def counting_fast(self: object, path: str, reference: Tokenizer | None = None) -> None:
+    def counting_fast(self: object, path: str, reference: Tokenizer | None = None, preloaded: object = None) -> None:
         loads.append("fast")
-        real_fast_init(self, path, reference)  # type: ignore[arg-type]
+        real_fast_init(self, path, reference, preloaded)  # type: ignore[arg-type]
 
     class CountingTokenizer:
         @staticmethod
@@ -174,6 +174,16 @@ def test_each_tokenizer_is_loaded_once_per_run(bpe_tokenizer_dir: Path, tmp_path
             loads.append("hf")
             return real_from_file(path)
 
+    fastokens = pytest.importorskip("fastokens")
+    real_fast_file = fastokens.Tokenizer.from_file
+
+    class CountingFastokens:  # the file itself is read once: the run starts its load early and the engine takes it
+        @staticmethod
+        def from_file(path: str) -> object:
+            loads.append("fastokens file")
+            return real_fast_file(path)
+
+    monkeypatch.setattr(fastokens, "Tokenizer", CountingFastokens)
     monkeypatch.setattr(backends, "_FAST", {})  # no engine left from an earlier test of this process
     monkeypatch.setattr(backends.FastBackend, "__init__", counting_fast)
     monkeypatch.setattr(tokenizer_module, "Tokenizer", CountingTokenizer)
@@ -183,4 +193,4 @@ def test_each_tokenizer_is_loaded_once_per_run(bpe_tokenizer_dir: Path, tmp_path
                                      backend="fast", workers=2, chunk_bytes=8000)  # type: ignore[arg-type]
     result = packtool.tokenize_corpus(config)
     assert result.n_chunks > 10
-    assert sorted(loads) == ["fast", "hf"]
+    assert sorted(loads) == ["fast", "fastokens file", "hf"]

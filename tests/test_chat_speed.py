@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -19,6 +19,9 @@ from test_chat_templates import CONVERSATIONS, FAMILIES, FIXTURES
 
 from packtool.core.encoding.byte_offsets import ByteTables, _overlaps
 from packtool.core.encoding.chat import ChatRecordError, load_chat_template, prepare
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -138,10 +141,16 @@ def test_numpy_kernels_equal_a_per_document_reference(tmp_path: Path) -> None:
         ids, lengths = fast.encode_flat(texts, False)
         ids = ids.copy()
         natural = 0
-        for broken in (False, True):
-            if broken:  # an id outside the vocabulary and a swapped token: those documents are bad, the rest not
+        for broken in ("no", "swap", "both"):
+            # swapped tokens alone keep every document's byte count (the byte comparison must find them); an id
+            # outside the vocabulary makes its document bad by length (the path for a batch with a bad document)
+            if broken == "both":
                 ids[int(rng.integers(ids.size))] = tables.lens.size + 5
+            if broken != "no":
+                doc_of = np.searchsorted(np.cumsum(lengths), np.arange(ids.size), side="right")
                 k = int(rng.integers(ids.size - 1))
+                while ids[k] == ids[k + 1] or doc_of[k] != doc_of[k + 1]:  # two different tokens of one document
+                    k = int(rng.integers(ids.size - 1))
                 ids[k], ids[k + 1] = ids[k + 1], ids[k]
             spans: list[list[tuple[int, int]] | None] = []
             for text in texts:
@@ -152,7 +161,7 @@ def test_numpy_kernels_equal_a_per_document_reference(tmp_path: Path) -> None:
             assert np.array_equal(bad, want_bad)
             good = np.repeat(~want_bad, lengths)  # a bad document is re-encoded by tokenizers: its mask is unused
             assert np.array_equal(loss[good], want_loss[good])
-            if not broken:
+            if broken == "no":
                 natural = int(want_bad.sum())  # the NFD documents: the normalizer rewrites them
             else:
                 assert want_bad.sum() > natural
@@ -288,3 +297,42 @@ def test_overlaps_with_zero_byte_tokens_and_empty_spans() -> None:
         got = _overlaps(start, end, pairs[:, 0], pairs[:, 1], max(total, 1))
         want = [int(any(s < e2 and e > s2 for s2, e2 in pairs)) for s, e in zip(start, end, strict=True)]
         assert got.tolist() == want
+
+
+def _tables_by_vocab(tok: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """The byte tables the plain way: every vocabulary string through GPT-2's alphabet, added tokens as UTF-8."""
+    from packtool.core.encoding.byte_offsets import byte_alphabet
+
+    alphabet = byte_alphabet()
+    added = {i: t.content.encode("utf-8") for i, t in tok.get_added_tokens_decoder().items()}
+    vocab = {i: bytes(alphabet[c] for c in s) for s, i in tok.get_vocab(with_added_tokens=False).items()}
+    size = max([*vocab, *added]) + 1
+    pieces = [added.get(i, vocab.get(i, b"")) for i in range(size)]
+    return np.frombuffer(b"".join(pieces), np.uint8), np.array([len(p) for p in pieces], np.int64)
+
+
+def test_byte_tables_equal_the_vocabulary_spelled_byte_by_byte(tmp_path: Path) -> None:
+    """ByteTables.build (one id_to_token per id, numpy over code points) against the vocabulary dict spelled out:
+    a trained byte-level BPE with added tokens (one multi-byte), and one whose ids have a hole and run past
+    their count; a vocabulary outside GPT-2's alphabet is refused."""
+    from test_chat_fast import build_llama_like
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer.from_file(str(build_llama_like(tmp_path / "tok") / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("<|é 🙂|>", special=True)])
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    holes = {c: i for i, c in enumerate(alphabet)}
+    holes.pop(alphabet[7])  # id 7 has no token ...
+    holes["Ġa"], holes["Ġab"] = 300, 301  # ... and the last ids are past the count (256)
+    holey = Tokenizer(models.BPE(holes, [("Ġ", "a"), ("Ġa", "b")]))
+    holey.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    holey.decoder = decoders.ByteLevel()
+    for t in (tok, holey):
+        tables = ByteTables.build(t)
+        assert tables.reason is None
+        flat, lens = _tables_by_vocab(t)
+        assert np.array_equal(tables.lens, lens) and np.array_equal(tables.flat, flat)
+    assert ByteTables.build(holey).lens[7] == 0 and ByteTables.build(holey).lens.size == 302
+    plain = Tokenizer(models.BPE({"a": 0, "b": 1, "\u2581a": 2}, []))  # SentencePiece-style: not byte-level
+    plain.decoder = decoders.ByteLevel()
+    assert ByteTables.build(plain).reason == "the vocabulary is not byte-level"

@@ -209,3 +209,42 @@ def test_store_is_named_after_name_or_path_of_a_model_directory(tmp_path: Path, 
     code, _, err = cli(*["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(model), "--output", str(tmp_path / "t"), "-q"])
     assert code == 0, err
     assert open_token_store(tmp_path / "t").manifest["tokenizer"]["name"] == "checkout"
+
+
+def test_default_chunks_are_a_sixty_fourth_of_the_input_between_1_and_16_mib(tmp_path: Path,
+                                                                              bpe_tokenizer_dir: Path) -> None:
+    """--chunk-bytes left out: small corpora are still cut into many chunks (every worker busy to the end), the
+    cut depends on the inputs alone, and the bytes equal an explicit chunk size's."""
+    from packtool.stages.tokenize.config import auto_chunk_bytes
+
+    assert auto_chunk_bytes(0) == auto_chunk_bytes(50 << 20) == 1 << 20
+    assert auto_chunk_bytes(640 << 20) == 10 << 20 and auto_chunk_bytes(100 << 30) == 16 << 20
+    texts = zipf_texts(3000, seed=12)
+    write_jsonl(tmp_path / "a.jsonl", [{"text": " ".join(texts[i : i + 40])} for i in range(0, 3000, 2)])
+    assert (tmp_path / "a.jsonl").stat().st_size > 3 << 20
+    stores = {}
+    for chunk in (None, 16 << 20):
+        out = tmp_path / f"s{chunk}"
+        result = packtool.tokenize_corpus(packtool.TokenizeConfig(
+            inputs=(str(tmp_path / "a.jsonl"),), tokenizer=str(bpe_tokenizer_dir), output=str(out), chunk_bytes=chunk))
+        size = (tmp_path / "a.jsonl").stat().st_size
+        assert result.n_chunks == (-(-size // (1 << 20)) if chunk is None else 1)  # 1 MiB chunks, one line each
+        stores[chunk] = [(out / n).read_bytes() for n in ("tokens.bin", "tokens.boundaries")]
+    assert stores[None] == stores[16 << 20]
+
+
+def test_console_script_ends_fast_after_success_and_keeps_failures(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """`python -m packtool` (the console script's `entry`): after a success the process ends without tearing the
+    interpreter down, with its summary line printed (flushed first) and the store committed; a failure still
+    prints its one line and exits 1."""
+    import subprocess
+    import sys
+
+    src = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in zipf_texts(200, seed=13)])
+    run = [sys.executable, "-m", "packtool", "tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir)]
+    ok = subprocess.run([*run, "--output", str(tmp_path / "s"), "-q"], capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and ok.stdout.startswith("tokenized 200 documents"), ok
+    assert open_token_store(tmp_path / "s").n_documents == 200
+    bad = subprocess.run([*run[:4], str(tmp_path / "nope.jsonl"), *run[5:], "--output", str(tmp_path / "t")],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr, bad

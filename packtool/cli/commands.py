@@ -98,8 +98,9 @@ def tokenize(
     max_record_bytes: Annotated[
         int, typer.Option("--max-record-bytes", min=1, help="Longest record in bytes; longer is a bad record.")
     ] = 16 << 20,  # TokenizeConfig's default (a test checks they agree)
-    chunk_bytes: Annotated[int, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume.")] = 16
-    << 20,
+    chunk_bytes: Annotated[
+        int | None, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume (default: auto).")
+    ] = None,
     backend: Annotated[
         BackendName, typer.Option("--backend", help="auto: fast when installed and verified.")
     ] = BackendName.AUTO,

@@ -19,14 +19,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from packtool.errors import ConfigError, TokenizerError
 
-if TYPE_CHECKING:  # numba comes with byte_offsets: imported only when offsets are needed (~0.15 s)
+if TYPE_CHECKING:  # byte_offsets is imported only when offsets are needed
+    from concurrent.futures import Future
+
     from packtool.core.encoding.byte_offsets import ByteTables, Spans
 
 FAST_PACKAGE = "fastokens"
@@ -113,7 +115,10 @@ class FastBackend:
 
     name = "fast"
 
-    def __init__(self, tokenizer_path: str, reference: Tokenizer | None = None) -> None:
+    def __init__(
+        self, tokenizer_path: str, reference: Tokenizer | None = None, preloaded: Future[Any] | None = None
+    ) -> None:
+        """`preloaded`: `fastokens.Tokenizer.from_file(tokenizer_path)` already under way (a run starts it first)."""
         try:
             import fastokens
         except ImportError as exc:
@@ -122,7 +127,10 @@ class FastBackend:
                 f"pip install 'packtool[fast]' or use --backend hf"
             ) from exc
         try:
-            self.tokenizer = fastokens.Tokenizer.from_file(str(tokenizer_path))
+            if preloaded is not None:
+                self.tokenizer = preloaded.result()
+            else:
+                self.tokenizer = fastokens.Tokenizer.from_file(str(tokenizer_path))
         except Exception as exc:  # the Rust side raises ValueError/Exception for unsupported pieces
             raise TokenizerError(
                 f"{FAST_PACKAGE} cannot load this tokenizer ({exc}), {tokenizer_path}, "

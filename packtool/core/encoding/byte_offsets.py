@@ -40,6 +40,11 @@ def _spell(
     outside the vocabulary), when its tokens' byte lengths do not add up to its own, or when a byte
     differs. The byte comparison gathers every good document's token bytes from `flat` in one pass.
     Positions are int32 when the batch and the vocabulary's bytes allow it (always, in practice).
+
+    Every pass of the usual case (no document bad by its lengths) releases the GIL, so a chunk thread
+    checking bytes never waits on one rendering templates: `np.repeat` holds the GIL (and a byte-sized
+    one took 0.1 s per 2 M tokens), so the usual case builds its runs by a scatter and a cumulative sum
+    (`_runs`) and keeps `np.repeat` for the rare batch with a bad document.
     """
     pos = np.int32 if data.shape[0] + flat.shape[0] < 2**31 - 1 else np.int64
     counts = np.diff(token_ends, prepend=0)
@@ -54,34 +59,52 @@ def _spell(
         tl[ids >= lens.shape[0]] = 0
     cs = np.zeros(ids.shape[0] + 1, pos)
     np.cumsum(tl, out=cs[1:])
-    start = cs[:-1] + np.repeat((byte_starts - cs[token_starts]).astype(pos), counts)
-    end = start + tl
     bad = cs[token_ends] - cs[token_starts] != byte_ends - byte_starts
     zero = tl == 0
     if zero.any():
         empty = np.zeros(ids.shape[0] + 1, np.int64)
         np.cumsum(zero, out=empty[1:])
         bad |= empty[token_ends] > empty[token_starts]
+    if not bad.any():  # every document's tokens tile its bytes, so the batch's tokens tile the batch's bytes
+        start = cs[:-1]
+        end = cs[1:]
+        if ids.shape[0] == 0:
+            return start, end, bad
+        # byte k of the batch is byte (k - start) of its token: flat[starts[id] + k - start]
+        source = _runs(starts.take(index) - start, start, data.shape[0])
+        gathered = flat.take(source)
+        if np.array_equal(gathered, data):
+            return start, end, bad
+        differ = np.flatnonzero(gathered != data)
+        bad[np.searchsorted(byte_ends, differ, side="right")] = True
+        return start, end, bad
+    start = cs[:-1] + np.repeat((byte_starts - cs[token_starts]).astype(pos), counts)
+    end = start + tl
     if token_ends.shape[0] == 0 or ids.shape[0] == 0:
         return start, end, bad
-    good_tokens = np.repeat(~bad, counts) if bad.any() else None
-    sel_ids = index if good_tokens is None else index[good_tokens]
-    sel_start = start if good_tokens is None else start[good_tokens]
-    sel_len: np.ndarray = tl if good_tokens is None else tl[good_tokens]
-    # byte k of the batch is byte (k - start) of its token: flat[starts[id] + k - start]
+    good_tokens = np.repeat(~bad, counts)
+    sel_ids = index[good_tokens]
+    sel_start = start[good_tokens]
+    sel_len: np.ndarray = tl[good_tokens]
     source = np.repeat(starts.take(sel_ids) - sel_start, sel_len)
-    if good_tokens is None:  # every document's tokens tile its bytes: they tile the whole batch
-        where = None
-        source += np.arange(source.shape[0], dtype=pos)
-        differ = np.flatnonzero(flat.take(source) != data)
-    else:
-        where = np.flatnonzero(np.repeat(~bad, byte_ends - byte_starts))  # the good documents' bytes, in order
-        source += where.astype(pos)
-        differ = np.flatnonzero(flat.take(source) != data[where])
+    where = np.flatnonzero(np.repeat(~bad, byte_ends - byte_starts))  # the good documents' bytes, in order
+    source += where.astype(pos)
+    differ = np.flatnonzero(flat.take(source) != data[where])
     if differ.size:
-        at = differ if where is None else where[differ]
-        bad[np.searchsorted(byte_ends, at, side="right")] = True
+        bad[np.searchsorted(byte_ends, where[differ], side="right")] = True
     return start, end, bad
+
+
+def _runs(values: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+    """`values[t] + k` for every k in [at[t], at[t + 1]) (the last run ends at n): `np.repeat(values - at,
+    np.diff(at, append=n)) + np.arange(n)` without `np.repeat`. `at` starts at 0 and strictly increases
+    (tokens of at least one byte tiling [0, n)), so each run begins at its own position: one scatter of
+    the steps between runs over ones, then a cumulative sum in place (each prefix is a value of the
+    result, so the positions' type never overflows)."""
+    step = np.ones(n, values.dtype)
+    step[at[1:]] = values[1:] - values[:-1] + 1
+    step[0] = values[0]
+    return np.cumsum(step, out=step)
 
 
 def _char_to_byte(
@@ -117,12 +140,10 @@ def _overlaps(
         last = np.searchsorted(start, span_end, side="left")  # tokens from it on start at or after its end
         np.maximum(first[1:], last[:-1], out=first[1:])  # a token two spans share: the runs must not overlap
         np.maximum(last, first, out=last)  # zero-byte tokens at an empty span's place: an empty run, never negative
-        bounds = np.empty(2 * first.shape[0] + 2, np.int64)
-        bounds[0], bounds[-1] = 0, n
-        bounds[1:-1:2], bounds[2:-1:2] = first, last
-        values = np.zeros(bounds.shape[0] - 1, np.uint8)
-        values[1::2] = 1
-        return values.repeat(np.diff(bounds))
+        edge = np.zeros(n + 1, np.int8)  # +1 where a run starts, -1 where it ends (a shared token cancels out)
+        np.add.at(edge, first, 1)
+        np.add.at(edge, last, -1)
+        return np.cumsum(edge[:n], dtype=np.int8).view(np.uint8)  # runs are disjoint: every prefix is 0 or 1
     mask = np.zeros(n, np.uint8)
     j = np.searchsorted(span_end, start, side="right")
     inside_j = j < span_end.size
@@ -141,6 +162,26 @@ def byte_alphabet() -> dict[str, int]:
             chars.append(256 + extra)
             extra += 1
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def _alphabet_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(the byte each character up to U+0143 stands for in a byte-level vocabulary, with every character below 256
+    standing for itself; whether a character is in GPT-2's alphabet at all)."""
+    byte_of = np.arange(0x144, dtype=np.int64)
+    member = np.zeros(0x144, bool)
+    for char, byte in byte_alphabet().items():
+        byte_of[ord(char)] = byte
+        member[ord(char)] = True
+    return byte_of, member
+
+
+_BYTE_OF_CHAR, _IN_ALPHABET = _alphabet_tables()
+
+
+def _byte_level(pieces: Sequence[str]) -> bool:
+    """Whether every character of the vocabulary's strings is one of GPT-2's 256 byte characters."""
+    points = np.frombuffer("".join(pieces).encode("utf-32-le"), np.uint32)
+    return not points.size or (int(points.max()) < _IN_ALPHABET.size and bool(_IN_ALPHABET[points].all()))
 
 
 def _types(node: object) -> list[tuple[str, dict[str, object]]]:
@@ -173,7 +214,7 @@ class ByteTables:
 
     @classmethod
     def build(cls, tok: Tokenizer) -> ByteTables:
-        """~0.05 s for a 150k vocabulary (one C-level translate of the joined vocabulary)."""
+        """~0.05 s for a 100k vocabulary: one `id_to_token` per id, then numpy over the joined strings' code points."""
 
         def part(component: object) -> object:
             state = getattr(component, "__getstate__", None)
@@ -188,23 +229,28 @@ class ByteTables:
         )
         if trims or prefix_space:
             return cls.unsupported("the tokenizer trims offsets or adds a prefix space")
-        alphabet = byte_alphabet()
         added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
-        vocab = {i: token for token, i in tok.get_vocab(with_added_tokens=False).items() if i not in added}
-        size = max([*vocab.keys(), *added.keys(), -1]) + 1
-        if not set("".join(vocab.values())) <= alphabet.keys():
+        size = max(tok.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+        # one string per id (no vocabulary dict: `get_vocab` built one in 0.06-0.1 s, holding the GIL)
+        tokens = [tok.id_to_token(i) for i in range(size)]
+        if None in tokens and any(t is None and i not in added for i, t in enumerate(tokens)):
+            # ids with no token below the count: the vocabulary's ids may run past it, so look them all up
+            size = max(max(tok.get_vocab(with_added_tokens=False).values(), default=-1), max(added, default=-1)) + 1
+            tokens = [tok.id_to_token(i) for i in range(size)]
+        pieces = [t or "" for t in tokens]
+        for i in added:
+            pieces[i] = ""
+        if not _byte_level(pieces):
             return cls.unsupported("the vocabulary is not byte-level")
-        to_latin1 = str.maketrans({c: chr(b) for c, b in alphabet.items()})
-        pieces: list[str] = [""] * size  # one character per byte: one C-level translate for the whole vocabulary
-        for i, token in vocab.items():
-            pieces[i] = token
-        for i, content in added.items():
+        for i, content in added.items():  # an added token is its own UTF-8 content, one character per byte
             pieces[i] = content.encode("utf-8").decode("latin-1")
         lens = np.fromiter(map(len, pieces), np.int64, count=size)
         starts = np.zeros(size, np.int64)  # (the kernels cast to int32 per batch when positions fit)
         np.cumsum(lens[:-1], out=starts[1:])
-        # the alphabet maps every character below 256 to itself, so the added tokens' latin-1 text passes as is
-        flat = np.frombuffer("".join(pieces).translate(to_latin1).encode("latin-1"), np.uint8)
+        # one character per byte: the alphabet's characters above 255 become the bytes they stand for, and every
+        # character below 256 (the alphabet's printable ones, the added tokens' latin-1 text) is its own byte
+        points = np.frombuffer("".join(pieces).encode("utf-32-le"), np.uint32)
+        flat = _BYTE_OF_CHAR[points].astype(np.uint8)
         with_special = tok.encode("a", add_special_tokens=True).ids
         plain = tok.encode("a", add_special_tokens=False).ids
         for k in range(len(with_special) - len(plain) + 1):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +29,7 @@ from tokenizers import Tokenizer
 from packtool.choices import BackendName
 from packtool.core.encoding.backends import FAST_PACKAGE, Backend, FastBackend, HFBackend
 from packtool.errors import ConfigError, TokenizerError
+from packtool.stages.tokenize.early import load_key, take_fast_load
 from packtool.stages.tokenize.records import extract
 from packtool.stages.tokenize.settings import ChunkSettings
 from packtool.stages.tokenize.sources import Chunk, read_chunk
@@ -222,13 +222,13 @@ def fast_backend(
 ) -> FastBackend:
     """One FastBackend per process and tokenizer file (the verification and the chunks share it: ~1 s saved).
     `started` is set just before the load itself begins."""
-    stat = os.stat(tokenizer_path)
-    key = (FastBackend, str(tokenizer_path), stat.st_mtime_ns, stat.st_size)
+    file_key = load_key(tokenizer_path)
+    key = (FastBackend, *file_key)
     with _LOCK:
         if key not in _FAST:
             if started is not None:  # nothing between here and the load releases the GIL (preload_fast)
                 started.set()
-            _FAST[key] = FastBackend(tokenizer_path, tokenizer)
+            _FAST[key] = FastBackend(tokenizer_path, tokenizer, take_fast_load(file_key))
         return _FAST[key]
 
 

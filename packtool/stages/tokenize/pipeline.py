@@ -53,13 +53,20 @@ from packtool.stages.tokenize.backend_choice import (
     remember_backend,
 )
 from packtool.stages.tokenize.chunks import ChunkTask, prerender, worker_env
-from packtool.stages.tokenize.config import TokenizeConfig
+from packtool.stages.tokenize.config import TokenizeConfig, auto_chunk_bytes
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.output import check_output, guarded_output
 from packtool.stages.tokenize.settings import ChunkSettings, renders_chat, special_policy
 from packtool.stages.tokenize.shape import Shape, resolve_shape
 from packtool.stages.tokenize.shards import shard_build, shard_entry, shard_slice
-from packtool.stages.tokenize.sources import Chunk, SourceFile, expand_inputs, hash_sources, plan_chunks
+from packtool.stages.tokenize.sources import (
+    Chunk,
+    SourceFile,
+    expand_inputs,
+    hash_sources,
+    input_bytes,
+    plan_chunks,
+)
 from packtool.stages.tokenize.template import check_chat_template, read_chat_template
 from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 
@@ -129,7 +136,8 @@ def _tokenize(
     tok, info = tokenizer
     workers = config.resolved_workers()
     remember_tokenizer(info.path, info.sha256, tok)
-    sources, all_chunks = plan_chunks(paths, max(1, int(config.chunk_bytes)))
+    chunk_bytes = config.chunk_bytes or auto_chunk_bytes(input_bytes(paths))
+    sources, all_chunks = plan_chunks(paths, max(1, int(chunk_bytes)))
     hashes = hash_sources(sources)
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     shape = resolve_shape(config, all_chunks)

@@ -16,6 +16,7 @@ jsonl writers and readers do; all other lines are records, good or bad.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -244,6 +245,15 @@ class SourceFile:
 
     path: str
     n_bytes: int
+
+
+def input_bytes(paths: Sequence[Path]) -> int:
+    """The inputs' total size on disk (an input that cannot be read counts 0: `plan_chunks` reports it)."""
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += os.stat(path).st_size
+    return total
 
 
 def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFile], list[Chunk]]:

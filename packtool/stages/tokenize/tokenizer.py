@@ -19,11 +19,15 @@ from tokenizers import Tokenizer
 
 from packtool.errors import TokenizerError
 from packtool.formats.files import sha256_file
-from packtool.formats.hub_cache import hub_cache_dir, resolve_snapshot
+from packtool.stages.tokenize.locate import (
+    SPECIAL_TOKENS_MAP,
+    TOKENIZER_CONFIG,
+    TOKENIZER_JSON,
+    locate,
+    resolve_hub_name,
+)
 
-TOKENIZER_JSON = "tokenizer.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
-SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+__all__ = ["TOKENIZER_JSON", "TokenizerInfo", "load_tokenizer", "locate", "resolve_hub_name"]
 
 
 @dataclass(frozen=True)
@@ -54,37 +58,6 @@ class TokenizerInfo:
             "eos_id": self.eos_id,
             "pad_id": self.pad_id,
         }
-
-
-def resolve_hub_name(name: str) -> Path | None:
-    """The cached snapshot directory holding `tokenizer.json` for `org/name`, or None."""
-    return resolve_snapshot(name, TOKENIZER_JSON)
-
-
-def locate(spec: str) -> tuple[Path, str]:
-    """Turn the --tokenizer argument into (tokenizer.json path, manifest name)."""
-    path = Path(spec).expanduser()
-    if path.is_file():
-        return path, path.resolve().parent.name
-    if path.is_dir():
-        if not (path / TOKENIZER_JSON).is_file():
-            raise TokenizerError(
-                f"directory {spec} has no {TOKENIZER_JSON}, expected a model directory holding one, "
-                "save it with tokenizer.save_pretrained(DIR) or pass the tokenizer.json path"
-            )
-        return path / TOKENIZER_JSON, path.resolve().name
-    looks_like_hub = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
-    if looks_like_hub:
-        snapshot = resolve_hub_name(spec)
-        if snapshot is not None:
-            return snapshot / TOKENIZER_JSON, spec
-        raise TokenizerError(
-            f"tokenizer {spec!r} is not a path and not in the local Hugging Face cache ({hub_cache_dir()}), "
-            f"download it first (huggingface-cli download {spec} tokenizer.json tokenizer_config.json) or set HF_HUB_CACHE"
-        )
-    raise TokenizerError(
-        f"tokenizer {spec!r} does not exist, expected a tokenizer.json, a model directory or a cached hub name (org/name)"
-    )
 
 
 def _token_text(value: Any, key: str, path: Path) -> str | None:
