@@ -6,11 +6,13 @@ control tokens (tests/fixtures/chat_templates/qwen3.json: reasoning rendered in 
 and a generated multi-turn corpus (system prompts, 1-6 user/assistant turns, reasoning, tool calls,
 Zipf-like lengths; `--shape short`: ShareGPT-like short turns, 1-8 exchanges of a few to ~150 words, so the
 template's per-message work weighs more per token, as in real SFT data). Both backends use 1 MiB chunks (many per worker, so the workers stay busy and both corpus sizes run
-the same way: a process pool with 2+ workers, inline with 1). Each configuration runs in its own process, interleaved, best of --repeats; the
+the same way: a pool of threads sharing one loaded tokenizer, inline with 1 worker). Each configuration runs in its own process, interleaved, best of --repeats; the
 fast/hf ratio is printed, with peak RSS at two corpus sizes (memory must stay flat as input grows)
 and a byte comparison of the two token stores.
 
-Run: python scripts/bench_chat.py [--tokens 10e6] [--shape long|short] [--repeats 1] [--workers N]
+Run: python scripts/bench_chat.py [--tokens 10e6] [--shape long|short] [--pretokenizer gpt2|qwen2] [--repeats 1] [--workers N]
+Both the API (`tokenize_corpus`, timed inside the process) and the CLI (`packtool tokenize`, the whole process: interpreter
+start, imports and exit included, as a user runs it) are measured.
 (the machine's load average is printed before and after: the 2-core VM is shared)
 """
 
@@ -60,16 +62,22 @@ def sentence(rng: np.random.Generator, words: list[str], probs: np.ndarray, n: i
     return text.capitalize() + "."
 
 
-def build_tokenizer(words: list[str]) -> Path:
+#: Qwen2's pre-tokenizer (Qwen2, Qwen2.5, Qwen3 ship it): its Split regex, then ByteLevel without its own regex
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def build_tokenizer(words: list[str], pretokenizer: str = "gpt2") -> Path:
     """A byte-level BPE whose merges spell every lexicon word (with and without its leading space).
 
     Training a 100k vocabulary takes tens of minutes on a shared 2-core machine; a merge list built
     from the lexicon (most frequent words first) gives a real >= 100k-entry byte-level BPE in seconds.
     """
-    out = CACHE / "tokenizer"
+    out = CACHE / ("tokenizer" if pretokenizer == "gpt2" else f"tokenizer_{pretokenizer}")
     if (out / "tokenizer.json").is_file():
         return out
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     byte_char = {b: c for c, b in _byte_alphabet().items()}
     vocab = {byte_char[b]: b for b in range(256)}
@@ -90,6 +98,11 @@ def build_tokenizer(words: list[str]) -> Path:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if pretokenizer == "qwen2":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_special_tokens(["<|endoftext|>", *[t["content"] for t in spec["added_tokens"]]])
@@ -191,12 +204,34 @@ def run(data: Path, tok: Path, out: Path, backend: str, workers: int) -> dict[st
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_cli(data: Path, tok: Path, out: Path, backend: str, workers: int) -> dict[str, float]:
+    """`packtool tokenize` as a user runs it: the whole process (interpreter start, imports, the run, its exit)."""
+    import resource
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "packtool", "tokenize", str(data), "--tokenizer", str(tok), "--output", str(out),
+         "--format", "chat", "--backend", backend, "--workers", str(workers), "--overwrite", "--quiet"],
+        capture_output=True, text=True, env=env, check=False,
+    )
+    seconds = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"packtool tokenize failed: {proc.stderr.strip().splitlines()[-1:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"seconds": seconds, "cpu": cpu}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=float, default=10e6)
     ap.add_argument("--shape", choices=("long", "short"), default="long")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--pretokenizer", choices=("gpt2", "qwen2"), default="gpt2",
+                    help="the BPE's pre-tokenizer: GPT-2's ByteLevel regex, or Qwen2's Split regex + ByteLevel")
     args = ap.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -204,7 +239,7 @@ def main() -> None:
     probs = np.cumsum(1.0 / np.arange(1, len(words) + 1) ** 0.9)
     probs /= probs[-1]
     t = time.perf_counter()
-    tok = build_tokenizer(words)
+    tok = build_tokenizer(words, args.pretokenizer)
     from tokenizers import Tokenizer
 
     vocab = Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
@@ -232,6 +267,20 @@ def main() -> None:
     same = all((CACHE / "store_fast" / n).read_bytes() == (CACHE / "store_hf" / n).read_bytes()
                for n in ("tokens.bin", "tokens.boundaries", "tokens.loss"))
     print(f"token stores byte-identical: {same}")
+    cli_best: dict[str, dict[str, float]] = {}
+    for _ in range(args.repeats):
+        for backend in ("hf", "fast"):
+            got = run_cli(big, tok, CACHE / f"store_cli_{backend}", backend, args.workers)
+            if backend not in cli_best or got["seconds"] < cli_best[backend]["seconds"]:
+                cli_best[backend] = got
+    print(f"packtool tokenize (the CLI, whole process, best of {args.repeats}): hf {cli_best['hf']['seconds']:.2f} s "
+          f"({cli_best['hf']['cpu']:.1f} CPU s), fast {cli_best['fast']['seconds']:.2f} s ({cli_best['fast']['cpu']:.1f} CPU s): "
+          f"x{cli_best['hf']['seconds'] / cli_best['fast']['seconds']:.1f} wall, "
+          f"x{cli_best['hf']['cpu'] / cli_best['fast']['cpu']:.1f} CPU")
+    same_cli = all((CACHE / f"store_cli_{b}" / n).read_bytes() == (CACHE / "store_hf" / n).read_bytes()
+                   for b in ("hf", "fast") for n in ("tokens.bin", "tokens.boundaries", "tokens.loss"))
+    print(f"CLI token stores byte-identical to the API's: {same_cli}")
+    same = same and same_cli
     quarter = {b: run(small, tok, CACHE / f"store_small_{b}", b, args.workers) for b in ("hf", "fast")}
     print(f"peak RSS fast: {quarter['fast']['rss_mb']:.0f} MB at {quarter['fast']['tokens'] / 1e6:.1f}M tokens, "
           f"{best['fast']['rss_mb']:.0f} MB at {best['fast']['tokens'] / 1e6:.1f}M tokens")

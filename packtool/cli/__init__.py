@@ -5,9 +5,6 @@ The only layer that prints, exits or draws progress bars.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
 import signal
 import sys
 
@@ -50,26 +47,4 @@ def main() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def entry() -> None:
-    """The `packtool` console script and `python -m packtool`: `main()`, and after a success the process ends at
-    once instead of tearing the interpreter down.
-
-    Freeing the loaded tokenizers, the vocabulary tables and every module took 0.07-0.14 s of a 1.1 s
-    chat run (measured: `packtool tokenize` of 50 conversations, 100k vocabulary). Every output is
-    committed and closed before a command returns, so only stdout, stderr and the log handlers have
-    anything left to write: they are flushed first. A failure exits the usual way. (`main()` alone,
-    as the tests call it in-process, never ends the process.)
-    """
-    try:
-        main()
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raise
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) has nothing left to take
-            stream.flush()
-    os._exit(0)
-
-
-__all__ = ["app", "entry", "main"]
+__all__ = ["app", "main"]
