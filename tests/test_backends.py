@@ -194,3 +194,44 @@ def test_each_tokenizer_is_loaded_once_per_run(bpe_tokenizer_dir: Path, tmp_path
     result = packtool.tokenize_corpus(config)
     assert result.n_chunks > 10
     assert sorted(loads) == ["fast", "fastokens file", "hf"]
+
+
+def test_the_console_script_starts_the_load_from_argv_and_the_run_takes_it(
+    bpe_tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`packtool tokenize ... --tokenizer=T --backend fast` read from argv starts the fastokens load before the CLI
+    parses the line; the run then takes that load (the file is read once) and writes what a plain run writes.
+    Other commands, `--backend hf` and a missing --tokenizer start nothing."""
+    from support import write_jsonl
+
+    from packtool.stages.tokenize import early
+
+    reads: list[str] = []
+    real = fastokens.Tokenizer.from_file
+
+    class Counting:
+        @staticmethod
+        def from_file(path: str) -> object:
+            reads.append(path)
+            return real(path)
+
+    monkeypatch.setattr(fastokens, "Tokenizer", Counting)
+    monkeypatch.setattr(backends, "_FAST", {})
+    monkeypatch.setattr(early, "_LOADS", {})
+    for args in (["pack", "x", "--tokenizer", str(bpe_tokenizer_dir)], ["tokenize", "x.jsonl", "--backend", "fast"],
+                 ["tokenize", "x.jsonl", "--tokenizer", str(bpe_tokenizer_dir), "--backend=hf"]):
+        early.start_from_argv(args)
+    assert not early._LOADS
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in zipf_texts(300, seed=21)])
+    args = ["tokenize", str(src), f"--tokenizer={bpe_tokenizer_dir}", "--output", str(tmp_path / "a"), "--backend", "fast"]
+    early.start_from_argv(args)
+    assert len(early._LOADS) == 1
+    code, _, err = cli(*args)
+    assert code == 0, err
+    assert reads == [str((bpe_tokenizer_dir / "tokenizer.json").resolve())] and not early._LOADS
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "b"),
+                       "--backend", "hf")
+    assert code == 0, err
+    for name in ("tokens.bin", "tokens.boundaries", "manifest.json"):
+        a, b = (tmp_path / "a" / name).read_bytes(), (tmp_path / "b" / name).read_bytes()
+        assert a == b or name == "manifest.json" and json.loads(a)["tokenizer"] == json.loads(b)["tokenizer"]
