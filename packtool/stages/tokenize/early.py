@@ -80,10 +80,12 @@ def drop_fast_load(tokenizer: str) -> None:
         if not _LOADS:
             return
     try:
-        key = load_key(locate(tokenizer)[0].resolve())
+        path = str(locate(tokenizer)[0].resolve())
     except (PacktoolError, OSError):
         return
-    take_fast_load(key)
+    with _LOCK:  # by path: a file rewritten since the load began has another key now
+        for key in [k for k in _LOADS if k[0] == path]:
+            del _LOADS[key]
 
 
 def _load(path: str, future: Future[Any]) -> None:
