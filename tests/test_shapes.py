@@ -286,6 +286,30 @@ def test_role_map_extends_and_overrides(tmp_path: Path, tokenizers: dict[str, Pa
     assert check_store(out, tokenizers["qwen2_5"], "qwen2_5", [(messages[:2], None)]) == 1
 
 
+
+def test_role_names_match_whatever_their_case(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
+    """`Human`, ` GPT `, `SYSTEM` (ShareGPT exports in the wild) take the default map, a `--role-map` name matches
+    any case too (sharegpt and chat), a name mapped twice in two cases is refused, an unknown name is still a reject
+    with its reason; the ids are transformers' for the mapped messages."""
+    rows = [{"conversations": [{"from": "SYSTEM", "value": "Be brief."}, {"from": "Human", "value": "USR Hi"},
+                               {"from": " GPT ", "value": "Hello."}, {"from": "Person", "value": "USR More"},
+                               {"from": "ChatGPT", "value": "Sure."}]},
+            {"conversations": [{"from": "Human", "value": "USR x"}, {"from": "Narrator", "value": "y"}]}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "USR Hi"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "USR More"},
+                {"role": "assistant", "content": "Sure."}]
+    tok = tokenizers["qwen2_5"]
+    out, _ = tokenize(tmp_path, tok, rows, "--format", "sharegpt", "--role-map", "person=user")
+    assert check_store(out, tok, "qwen2_5", [(messages, None)]) == 1
+    assert rejected(out) == {2: "turn 1 has unknown role 'Narrator' with no mapping (pass --role-map Narrator=assistant)"}
+    chat_rows = [{"messages": [{"role": "Human", "content": "USR Hi"}, {"role": "BOT", "content": "Hello."}]}]
+    out, _ = tokenize(tmp_path, tok, chat_rows, "--format", "chat", "--role-map", "human=user,bot=assistant", name="chat")
+    assert check_store(out, tok, "qwen2_5", [(messages[1:3], None)]) == 1
+    src = write_jsonl(tmp_path / "twice.jsonl", rows[:1])
+    line = cli_error("tokenize", str(src), "--tokenizer", str(tok), "--output", str(tmp_path / "t"), "--format",
+                     "sharegpt", "--role-map", "bot=assistant,Bot=user", code=2)
+    assert "mapped twice" in line
+
 BAD_SHAREGPT = [
     ({"conversations": [{"from": "human", "value": "x"}, {"from": "robot", "value": "y"}]}, "turn 1 has unknown role 'robot' with no mapping"),
     ({"conversations": [{"from": "human"}, {"from": "gpt", "value": "y"}]}, "turn 0 has no 'value' (from 'human')"),

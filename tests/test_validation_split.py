@@ -21,6 +21,7 @@ from packtool.formats.pack_store import metadata_for, read_metadata
 from packtool.formats.token_store import open_token_store
 from packtool.loader import PackedDataset
 from packtool.stages.pack import PackConfig, pack_store
+from packtool.stages.pack.mixture import held_out_of
 
 
 def _flat(err: str) -> str:
@@ -196,3 +197,23 @@ def test_a_plain_repack_drops_the_validation_split_it_would_overlap(corpus: dict
     assert code == 0, err
     with pytest.raises(FormatError):
         PackedDataset(d, split="validation", size=N)
+
+
+def test_validation_of_another_split_does_not_replace_a_paired_one(corpus: dict, tmp_path: Path) -> None:
+    """`pack --validation` (training), then `pack --validation --split test` into the same ROOT: the second run
+    would replace validation_N, held out of training_N, by one held out of test_N, leaving training_N beside a
+    validation split that is not held out of it. It is refused (exit 1, nothing changed); once training is
+    re-packed without --validation (which drops its validation split), the test run goes through."""
+    out = tmp_path / "o"
+    _pack(out, str(corpus["c"]), flags=("--validation", "0.3"))
+    d = next((out / "packed").iterdir())
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    line = cli_error("pack", str(corpus["c"]), "--size", str(N), "--output", str(out), "--validation", "0.3",
+                     "--split", "test")
+    assert f"held out of training_{N}" in line and "--split test" in line
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+    _pack(out, str(corpus["c"]), flags=("--validation", "0.2"))  # its own training split: replaced as before
+    _pack(out, str(corpus["c"]))  # training without --validation: the validation split goes
+    _pack(out, str(corpus["c"]), flags=("--validation", "0.3", "--split", "test"))
+    owners = {r["split"]: held_out_of(r) for r in read_metadata(d, N)}
+    assert owners == {"training": None, "test": None, "validation": "test"}

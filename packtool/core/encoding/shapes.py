@@ -5,7 +5,8 @@ the one chat path (`chat.render_with_spans`), so ids, targets, `--assistant-turn
 backends behave exactly as for `--format chat`:
 - chat: `messages` of `{role, content, ...}` as given (roles renamed by `--role-map` if one is given),
   top-level `tools` to the template as `tools=` (TRL and OpenAI's fine-tuning files put them there);
-- sharegpt: `conversations` of `{from, value}`; roles through `DEFAULT_ROLE_MAP` (plus `--role-map`);
+- sharegpt: `conversations` of `{from, value}`; roles through `DEFAULT_ROLE_MAP` (plus `--role-map`),
+  matched whatever their case and surrounding space (`Human`, `GPT`: exports in the wild have them);
   a `function_call` turn is an assistant message whose `tool_calls` come from its JSON value; a
   top-level `system` string is the first message; top-level `tools` go to the template as `tools=`;
 - alpaca (LLaMA-Factory's convention): system, the `history` pairs, user = the non-empty of
@@ -77,6 +78,11 @@ class ShapeFields:
     tools: str = "tools"
 
 
+def role_key(name: str) -> str:
+    """How a role name is matched: case and surrounding space ignored (`Human`, ` GPT ` are `human`, `gpt`)."""
+    return name.strip().casefold()
+
+
 def parse_role_map(spec: str) -> RoleMap:
     """`from=to,from2=to2` -> pairs; ValueError with the reason when malformed or a target is not a role."""
     pairs: list[tuple[str, str]] = []
@@ -86,15 +92,17 @@ def parse_role_map(spec: str) -> RoleMap:
             raise ValueError(f"{piece.strip()!r} is not FROM=TO (e.g. --role-map 'human=user,gpt=assistant')")
         if role not in TARGET_ROLES:
             raise ValueError(f"{name}={role}: {role!r} is not one of {', '.join(TARGET_ROLES)}")
-        if any(name == seen for seen, _ in pairs):
-            raise ValueError(f"{name!r} is mapped twice")
+        if any(role_key(name) == role_key(seen) for seen, _ in pairs):
+            raise ValueError(f"{name!r} is mapped twice (role names match whatever their case)")
         pairs.append((name, role))
     return tuple(pairs)
 
 
 def role_table(extra: RoleMap, base: Mapping[str, str] = DEFAULT_ROLE_MAP) -> dict[str, str]:
-    """`base` overridden and extended by `extra`."""
-    return {**base, **dict(extra)}
+    """`base` overridden and extended by `extra`, keyed by `role_key` (look names up through it too)."""
+    table = {role_key(k): v for k, v in base.items()}
+    table.update((role_key(k), v) for k, v in extra)
+    return table
 
 
 def _text(value: Any, what: str) -> str:
@@ -165,11 +173,16 @@ def chat_conversation(
     """`--format chat`: the messages as given, the record's top-level `tools` (as TRL passes them); with a role
     map, roles renamed (unmapped roles kept)."""
     if role_map and isinstance(messages, list):
-        table = dict(role_map)
-        messages = [
-            {**m, "role": table[m["role"]]} if isinstance(m, dict) and m.get("role") in table else m for m in messages
-        ]
+        table = role_table(role_map, {})
+        messages = [_renamed(m, table) for m in messages]
     return Conversation(messages, _tools(record, tools_field) if isinstance(record, dict) else None)
+
+
+def _renamed(message: Any, table: dict[str, str]) -> Any:
+    """A chat message with its role through `--role-map` (a role the map does not name is kept as given)."""
+    role = message.get("role") if isinstance(message, dict) else None
+    mapped = table.get(role_key(role)) if isinstance(role, str) else None
+    return message if mapped is None else {**message, "role": mapped}
 
 
 def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = ()) -> Conversation:
@@ -193,7 +206,7 @@ def _sharegpt_turn(turn: Any, i: int, table: dict[str, str]) -> dict[str, Any]:
     if "from" not in turn:
         raise ShapeError(f"turn {i} has no 'from' (its role)")
     name = turn["from"]
-    role = table.get(name) if isinstance(name, str) else None
+    role = table.get(role_key(name)) if isinstance(name, str) else None
     if role is None:
         hint = f"--role-map {name}=assistant" if isinstance(name, str) and name else "--role-map NAME=ROLE"
         raise ShapeError(f"turn {i} has unknown role {name!r} with no mapping (pass {hint})")

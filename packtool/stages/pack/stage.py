@@ -22,7 +22,7 @@ import numpy as np
 from packtool import __version__
 from packtool.core.packing import lower_bound
 from packtool.core.packing.segments import Segments, build_segments
-from packtool.errors import FormatError
+from packtool.errors import ConfigError, FormatError
 from packtool.exec import make_executor
 from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
@@ -126,6 +126,7 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     specs = config.stores()
     directory = pack_dir(config.output, open_token_store(specs[0][0]).tokenizer_name)
     with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
+        _check_validation_owner(directory, config)
         stores = open_store_set([p for p, _ in specs], check_hashes=True)
         selections: list[SplitSelection | None] = [None]
         if config.is_mixture:
@@ -139,6 +140,28 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
                 writer.commit(meta, salt, publish=False)
             records = publish_together([writer for writer, _, _ in staged], _stale_validation(directory, config))
     return PackResult(directory, records[0], records[1] if len(records) > 1 else None)
+
+
+def _check_validation_owner(directory: Path, config: PackConfig) -> None:
+    """`--validation` rewrites `validation_N`: refuse when the one there was held out of another split that is
+    still there (`--split test` after a `--validation` run of training). Replacing it would leave that split
+    beside a validation split not held out of it, which a trainer would take for its pair."""
+    if config.validation is None:
+        return
+    try:
+        lines = read_metadata(directory, config.size)
+    except FormatError:
+        return  # an unreadable metadata file is the writer's to report
+    splits = {str(r["split"]) for r in lines}
+    for record in lines:
+        owner = held_out_of(record)
+        if owner is not None and owner != str(config.split) and owner in splits:
+            n = config.size
+            raise ConfigError(
+                f"{directory} holds {record['split']}_{n}, held out of {owner}_{n}: --validation with --split "
+                f"{config.split} would replace it and leave {owner}_{n} without its held-out documents, "
+                f"pack into another --output, or re-pack {owner} without --validation first"
+            )
 
 
 def _stale_validation(directory: Path, config: PackConfig) -> tuple[str, ...]:
