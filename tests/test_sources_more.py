@@ -442,3 +442,31 @@ def test_json_array_reader_matches_json_loads(tmp_path: Path, monkeypatch: pytes
     records = [r for c in chunks for r in read_chunk(c)]
     assert [r.error for r in records] == [None] * len(values)
     assert [r.value for r in records] == values and [r.line for r in records] == list(range(len(values)))
+
+
+def test_a_json_file_holding_one_object_over_several_lines_is_refused_at_file_level(
+    tmp_path: Path, bpe_tokenizer_dir: Path
+) -> None:
+    """A `.json` that is one pretty-printed object (records under a key, as some exports are) is not JSON Lines:
+    one file-level line naming what it holds, not a malformed-JSON error at line 1 (or every line a reject with
+    --on-error skip). JSON Lines named `.json`, a one-line object and broken JSON Lines keep their own paths."""
+    rows = [{"text": t} for t in zipf_texts(20, seed=3)]
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({"version": 2, "data": rows}, indent=2))
+    for extra in ((), ("--on-error", "skip")):
+        line = cli_error("tokenize", str(nested), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                         str(tmp_path / "n"), *extra)
+        assert "one JSON object spread over several lines" in line and "'data'" in line and str(nested) in line
+    assert not (tmp_path / "n").exists()
+    lines = tmp_path / "lines.json"
+    lines.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(rows[0]))
+    for path, docs in ((lines, 20), (one, 1)):
+        code, out, err = cli("tokenize", str(path), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                             str(tmp_path / path.stem), "-q")
+        assert code == 0 and out.startswith(f"tokenized {docs} documents"), (out, err)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"text": "a"\n{"text": "b"}\n')
+    line = cli_error("tokenize", str(broken), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "b"))
+    assert f"{broken}:1" in line

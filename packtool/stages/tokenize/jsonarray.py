@@ -19,6 +19,7 @@ it (many hub datasets name their jsonl `.json`): `plan_chunks` reads it as `.jso
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from functools import cache
 
@@ -148,6 +149,46 @@ def starts_as_array(path: str) -> bool:
                 raise InputError("the file is empty, expected one JSON array of records", path, hint=_HINT)
             head = more.lstrip(b" \t\r\n")
     return head[:1] != b"{"
+
+
+#: a `.json` file up to this size whose first line is not a JSON value is parsed whole once to tell a
+#: pretty-printed object from broken JSON Lines (a larger one gets the per-line error at file:1)
+_WHOLE_OBJECT_BYTES = 256 << 20
+
+
+def check_json_lines(path: str) -> None:
+    """A `.json` file that does not start with `[` is read as JSON Lines (as `datasets` reads it); refuse one
+    whose first line is not a JSON value but whose whole text is one JSON object (pretty-printed, or records
+    under a key), with what it holds and how to hand it over, instead of a per-line error at line 1."""
+    import orjson
+
+    with reading(path), open(path, "rb") as fh:
+        first = fh.readline(1 << 20).removeprefix(BOM)
+        try:
+            orjson.loads(first)
+            return
+        except orjson.JSONDecodeError:
+            pass
+        if os.fstat(fh.fileno()).st_size > _WHOLE_OBJECT_BYTES:
+            return
+        fh.seek(0)
+        text = fh.read().removeprefix(BOM).strip()
+        if b"\n" not in text:
+            return  # one line (over 1 MiB): a JSON Lines file of one record, or the line's own error
+        try:
+            whole = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return  # broken JSON Lines: the first record's own error says where
+    if not isinstance(whole, dict):
+        return
+    lists = [k for k, v in whole.items() if isinstance(v, list)]
+    under = f" (its records may be the list under {lists[0]!r})" if len(lists) == 1 else ""
+    raise InputError(
+        f"the file is one JSON object spread over several lines{under}, not JSON Lines (one record per line) "
+        "or a JSON array of records",
+        path,
+        hint="write the records as a JSON array or as JSON Lines (e.g. jq -c '.KEY[]' FILE > FILE.jsonl)",
+    )
 
 
 def plan_json_array(path: str, chunk_bytes: int) -> tuple[int, list[tuple[int, int, int]]]:

@@ -30,7 +30,7 @@ from packtool.errors import InputError
 from packtool.formats.oserrors import reading
 from packtool.stages.tokenize.arrow import arrow_rows, is_saved_dataset, plan_arrow, saved_dataset_files
 from packtool.stages.tokenize.hub import hub_dataset_target, is_hub_input, pick_data_files
-from packtool.stages.tokenize.jsonarray import json_array_records, plan_json_array, starts_as_array
+from packtool.stages.tokenize.jsonarray import check_json_lines, json_array_records, plan_json_array, starts_as_array
 from packtool.stages.tokenize.parquet import parquet_rows, plan_parquet
 from packtool.stages.tokenize.streams import (
     BOM,
@@ -273,6 +273,7 @@ def plan_chunks(paths: Sequence[Path], chunk_bytes: int) -> tuple[list[SourceFil
     for path in paths:
         kind = source_kind(path) or ""
         if kind == "json" and not starts_as_array(str(path)):
+            check_json_lines(str(path))  # one pretty-printed object is refused here, at file level
             kind = "jsonl"  # JSON Lines named .json, as `datasets` reads it
         if kind == "json":
             size, ranges = plan_json_array(str(path), chunk_bytes)
