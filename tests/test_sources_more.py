@@ -470,3 +470,30 @@ def test_a_json_file_holding_one_object_over_several_lines_is_refused_at_file_le
     broken.write_text('{"text": "a"\n{"text": "b"}\n')
     line = cli_error("tokenize", str(broken), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "b"))
     assert f"{broken}:1" in line
+
+
+def test_hub_dataset_at_a_revision(tmp_path: Path, bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hf://datasets/ORG/NAME@REV[/PATH]`: a branch or tag recorded under refs/, or a commit hash, picks its own
+    snapshot (never refs/main's in its place); a revision the cache does not hold names the command with
+    --revision; `..` in a revision cannot leave the cache."""
+    old, new = _text_rows(12, seed=4), _text_rows(20, seed=5)
+    cache = tmp_path / "hub"
+    _hub_cache(cache, "org/ds", {"data.jsonl": "".join(json.dumps(r) + "\n" for r in new).encode()}, rev="c" * 40)
+    repo = cache / "datasets--org--ds"
+    v1 = repo / "snapshots" / ("a" * 40)
+    v1.mkdir(parents=True)
+    write_jsonl(v1 / "data.jsonl", old)
+    (repo / "refs" / "v1.0").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    want_old = _tokenize([write_jsonl(tmp_path / "old.jsonl", old)], bpe_tokenizer_dir, tmp_path / "ro")
+    want_new = _tokenize([write_jsonl(tmp_path / "new.jsonl", new)], bpe_tokenizer_dir, tmp_path / "rn")
+    for spec, want in (("hf://datasets/org/ds", want_new), ("hf://datasets/org/ds@main", want_new),
+                       ("hf://datasets/org/ds@v1.0", want_old), (f"hf://datasets/org/ds@{'a' * 40}/data.jsonl", want_old)):
+        _same_bytes(want, _tokenize([spec], bpe_tokenizer_dir, tmp_path / "s", "--overwrite"))
+    base = ("--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "x"))
+    err = cli_error("tokenize", "hf://datasets/org/ds@v2.0", *base)
+    assert "org/ds at revision 'v2.0' is not in the local Hugging Face cache" in err
+    assert "hf download org/ds --repo-type dataset --revision v2.0" in err
+    assert "is not in the local" in cli_error("tokenize", "hf://datasets/org/ds@../../datasets--org--ds/refs", *base)
+    assert "@REVISION" in cli_error("tokenize", "hf://datasets/org/ds@", *base)
+    assert not (tmp_path / "x").exists()

@@ -1,7 +1,8 @@
 """The local Hugging Face hub cache, read without `huggingface_hub` and without the network.
 
 Layout: `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`; a repo `org/name` is
-`{models,datasets}--org--name/snapshots/<rev>/`, the current revision named by `refs/main`.
+`{models,datasets}--org--name/snapshots/<rev>/`, the current revision named by `refs/main` (another branch or
+tag by `refs/<name>`; a commit hash names its snapshot directly).
 """
 
 from __future__ import annotations
@@ -20,12 +21,22 @@ def hub_cache_dir() -> Path:
     return Path("~/.cache/huggingface/hub").expanduser()
 
 
-def hub_snapshot(repo_type: str, name: str, usable: Callable[[Path], bool]) -> Path | None:
-    """The cached snapshot of `org/name` (a `models` or `datasets` repo): `refs/main`'s, else the newest usable."""
+def hub_snapshot(repo_type: str, name: str, usable: Callable[[Path], bool], revision: str | None = None) -> Path | None:
+    """The cached snapshot of `org/name` (a `models` or `datasets` repo): `refs/main`'s, else the newest usable.
+
+    With `revision` (a branch or tag `huggingface_hub` recorded under `refs/`, or a commit hash), that snapshot
+    or None: never another revision in its place."""
     repo = hub_cache_dir() / f"{repo_type}--{name.replace('/', '--')}"
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
         return None
+    if revision is not None:
+        if ".." in revision.split("/") or revision.startswith("/"):
+            return None  # a name, not a path out of the cache
+        ref = repo / "refs" / revision
+        commit = ref.read_text().strip() if ref.is_file() else revision
+        candidate = snapshots / commit
+        return candidate if commit and "/" not in commit and usable(candidate) else None
     ref = repo / "refs" / "main"
     if ref.is_file():
         candidate = snapshots / ref.read_text().strip()

@@ -2,7 +2,8 @@
 
 Only the cache on disk is read (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
 `~/.cache/huggingface/hub`; layout `{models,datasets}--ORG--NAME/snapshots/<rev>/`, revision
-from `refs/main`), so nothing ever needs the network nor `huggingface_hub`. A dataset that is
+from `refs/main`, or `hf://datasets/ORG/NAME@REVISION` for a branch or tag under `refs/` or a commit
+hash), so nothing ever needs the network nor `huggingface_hub`. A dataset that is
 not there is an error that names the command fetching it.
 
 Which files of a dataset snapshot are data, when no PATH narrows it: the files of the readable
@@ -36,21 +37,27 @@ def is_hub_input(text: str) -> bool:
 
 
 def hub_dataset_target(text: str) -> tuple[Path, str, str]:
-    """`hf://datasets/ORG/NAME[/PATH]` -> (snapshot directory, `ORG/NAME`, PATH or "")."""
+    """`hf://datasets/ORG/NAME[@REVISION][/PATH]` -> (snapshot directory, `ORG/NAME`, PATH or "").
+
+    REVISION is a branch or tag the cache recorded (`refs/REVISION`) or a commit hash (`huggingface_hub`'s own
+    `@` syntax); without it, `refs/main`."""
     parts = text[len(PREFIX) :].strip("/").split("/")
-    if len(parts) < 3 or parts[0] != "datasets" or not parts[1] or not parts[2]:
+    repo, at, revision = parts[2].partition("@") if len(parts) > 2 else ("", "", "")
+    if len(parts) < 3 or parts[0] != "datasets" or not parts[1] or not repo or (at and not revision):
         raise InputError(
-            "not a hub dataset name (expected hf://datasets/ORG/NAME, optionally followed by a path or glob)",
+            "not a hub dataset name (expected hf://datasets/ORG/NAME, optionally @REVISION and a path or glob)",
             text,
-            hint="write hf://datasets/ORG/NAME[/PATH]",
+            hint="write hf://datasets/ORG/NAME[@REVISION][/PATH]",
         )
-    name = f"{parts[1]}/{parts[2]}"
-    snapshot = hub_snapshot("datasets", name, Path.is_dir)
+    name = f"{parts[1]}/{repo}"
+    snapshot = hub_snapshot("datasets", name, Path.is_dir, revision or None)
     if snapshot is None:
+        what = f"dataset {name}" + (f" at revision {revision!r}" if revision else "")
+        fetch = f"hf download {name} --repo-type dataset" + (f" --revision {revision}" if revision else "")
         raise InputError(
-            f"dataset {name} is not in the local Hugging Face cache ({hub_cache_dir()}); packtool never downloads",
+            f"{what} is not in the local Hugging Face cache ({hub_cache_dir()}); packtool never downloads",
             text,
-            hint=f"fetch it with `hf download {name} --repo-type dataset`, or set HF_HUB_CACHE / HF_HOME",
+            hint=f"fetch it with `{fetch}`, or set HF_HUB_CACHE / HF_HOME",
         )
     return snapshot.resolve(), name, "/".join(parts[3:])
 
