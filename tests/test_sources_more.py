@@ -458,6 +458,10 @@ def test_a_json_file_holding_one_object_over_several_lines_is_refused_at_file_le
                          str(tmp_path / "n"), *extra)
         assert "one JSON object spread over several lines" in line and "'data'" in line and str(nested) in line
     assert not (tmp_path / "n").exists()
+    record = tmp_path / "record.json"  # one record pretty-printed: refused too, with no key to name
+    record.write_text(json.dumps(rows[0], indent=2))
+    line = cli_error("tokenize", str(record), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "r"))
+    assert "one JSON object spread over several lines, not JSON Lines" in line
     lines = tmp_path / "lines.json"
     lines.write_text("".join(json.dumps(r) + "\n" for r in rows))
     one = tmp_path / "one.json"

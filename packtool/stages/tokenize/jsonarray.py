@@ -19,7 +19,6 @@ it (many hub datasets name their jsonl `.json`): `plan_chunks` reads it as `.jso
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from functools import cache
 
@@ -151,37 +150,47 @@ def starts_as_array(path: str) -> bool:
     return head[:1] != b"{"
 
 
-#: a `.json` file up to this size whose first line is not a JSON value is parsed whole once to tell a
-#: pretty-printed object from broken JSON Lines (a larger one gets the per-line error at file:1)
-_WHOLE_OBJECT_BYTES = 256 << 20
+#: how much of a `{`-first `.json` file is read to tell JSON Lines from one object spread over lines
+_FIRST_LINE_LIMIT = 1 << 24
+_OBJECT_PEEK = 1 << 20
 
 
 def check_json_lines(path: str) -> None:
-    """A `.json` file that does not start with `[` is read as JSON Lines (as `datasets` reads it); refuse one
-    whose first line is not a JSON value but whose whole text is one JSON object (pretty-printed, or records
-    under a key), with what it holds and how to hand it over, instead of a per-line error at line 1."""
-    import orjson
+    """A `.json` file that does not start with `[` is read as JSON Lines (as `datasets` reads it); refuse one that
+    is one JSON object spread over several lines (pretty-printed, or records under a key), with what it holds and
+    how to hand it over, instead of a per-line error at line 1.
+
+    Memory stays bounded: only the first non-blank line (at most 16 MiB) is parsed. JSON Lines has a whole value
+    on it; a value that runs on past the line's end is an object spanning lines; a first line that is malformed
+    before its end stays line 1's own error. The first MiB is then peeked at to name the key holding the records.
+    (Approach from the helper's branch `leftovers`, which parsed less than this function first did: the whole
+    file, up to 256 MiB.)
+    """
+    import json
 
     with reading(path), open(path, "rb") as fh:
-        first = fh.readline(1 << 20).removeprefix(BOM)
+        line = fh.readline(_FIRST_LINE_LIMIT).removeprefix(BOM)
+        while line and not line.strip():
+            line = fh.readline(_FIRST_LINE_LIMIT)
+        if not line.endswith(b"\n"):
+            return  # the only line, or longer than the limit: the JSON Lines reader reports it
+        text = line.decode("utf-8", errors="replace").rstrip()
         try:
-            orjson.loads(first)
-            return
-        except orjson.JSONDecodeError:
-            pass
-        if os.fstat(fh.fileno()).st_size > _WHOLE_OBJECT_BYTES:
-            return
+            json.loads(text)
+            return  # a whole value on its first line: JSON Lines
+        except json.JSONDecodeError as exc:
+            if exc.pos < len(text):
+                return  # malformed, not unfinished: line 1's own error
         fh.seek(0)
-        text = fh.read().removeprefix(BOM).strip()
-        if b"\n" not in text:
-            return  # one line (over 1 MiB): a JSON Lines file of one record, or the line's own error
-        try:
-            whole = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return  # broken JSON Lines: the first record's own error says where
-    if not isinstance(whole, dict):
-        return
-    lists = [k for k, v in whole.items() if isinstance(v, list)]
+        raw = fh.read(_OBJECT_PEEK)
+        peek = raw.removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
+    try:
+        value, _ = json.JSONDecoder().raw_decode(peek)
+    except json.JSONDecodeError:
+        if len(raw) < _OBJECT_PEEK:
+            return  # the whole file is no JSON value: broken JSON Lines, line 1's own error says where
+        value = None  # an object longer than the peek
+    lists = [k for k, v in value.items() if isinstance(v, list)] if isinstance(value, dict) else []
     under = f" (its records may be the list under {lists[0]!r})" if len(lists) == 1 else ""
     raise InputError(
         f"the file is one JSON object spread over several lines{under}, not JSON Lines (one record per line) "
