@@ -235,3 +235,100 @@ def test_the_console_script_starts_the_load_from_argv_and_the_run_takes_it(
     for name in ("tokens.bin", "tokens.boundaries", "manifest.json"):
         a, b = (tmp_path / "a" / name).read_bytes(), (tmp_path / "b" / name).read_bytes()
         assert a == b or name == "manifest.json" and json.loads(a)["tokenizer"] == json.loads(b)["tokenizer"]
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_style_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Gemma-style BPE (spaces become '▁' in a normalizer, byte fallback): no ByteLevel anywhere, so the fast
+    engine gives its ids but cannot derive the offsets a loss mask needs."""
+    from tokenizers import decoders, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", *(f"<0x{b:02X}>" for b in range(256))]
+    tok.train_from_iterator(zipf_texts(300, seed=8), trainer=trainers.BpeTrainer(
+        vocab_size=700, special_tokens=specials, show_progress=False))
+    out = tmp_path_factory.mktemp("sp")
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    return out
+
+
+def test_a_tokenizer_that_cannot_give_offsets_is_known_from_its_file(
+    sentencepiece_style_dir: Path, bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast engine is not loaded early for a format with a loss mask when tokenizer.json never names ByteLevel
+    (Gemma 3's 262k vocabulary takes fastokens 3.2 s to load, for a run that then uses tokenizers); for text it is."""
+    from packtool.stages.tokenize import early
+
+    assert early.may_be_byte_level(bpe_tokenizer_dir / "tokenizer.json")
+    assert not early.may_be_byte_level(sentencepiece_style_dir / "tokenizer.json")
+    monkeypatch.setattr(early, "_SCAN_BLOCK", 7)  # the name found across every block boundary
+    assert early.may_be_byte_level(bpe_tokenizer_dir / "tokenizer.json")
+    monkeypatch.setattr(early, "_LOADS", {})
+    started: list[str] = []
+    monkeypatch.setattr(early.threading, "Thread", lambda *a, **k: type("T", (), {"start": lambda s: started.append(1)})())
+    for fmt in ("chat", "sharegpt", "alpaca", "prompt-completion", "auto"):
+        early.start_from_argv(["tokenize", "x.jsonl", "--tokenizer", str(sentencepiece_style_dir), f"--format={fmt}"])
+    assert not early._LOADS and not started
+    early.start_from_argv(["tokenize", "x.jsonl", "--tokenizer", str(sentencepiece_style_dir)])  # text: ids only
+    assert len(early._LOADS) == 1 and started == [1]
+
+
+def test_auto_decides_on_offsets_without_waiting_for_the_fast_engine(sentencepiece_style_dir: Path) -> None:
+    """A format with a loss mask on a tokenizer whose offsets fast cannot derive: auto takes tokenizers and
+    --backend fast is refused, both before the engine's load is waited for and before any sample is read."""
+    from concurrent.futures import Future
+
+    class NeverWaited(Future):  # type: ignore[type-arg]
+        def result(self, timeout: float | None = None) -> object:
+            pytest.fail("the fast engine was waited for")
+
+    path = str(sentencepiece_style_dir / "tokenizer.json")
+    tok = Tokenizer.from_file(path)
+    choice = choose_backend("auto", tok, path, lambda: pytest.fail("no sample needed"), False, True, NeverWaited())
+    assert choice.name == "hf" and "not a byte-level BPE" in choice.reason
+    with pytest.raises(ConfigError, match="cannot give the token offsets"):
+        choose_backend("fast", tok, path, lambda: pytest.fail("no sample needed"), False, True, NeverWaited())
+
+
+def test_chat_on_a_tokenizer_without_byte_level_offsets_never_loads_fastokens(
+    sentencepiece_style_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--format chat` with the default backend on a Gemma-style tokenizer: tokenizers writes the store and the fast
+    engine is never loaded (it used to load, 3.2 s for Gemma 3, then be dropped); --format text still uses it."""
+    from support import write_jsonl
+
+    from packtool.stages.tokenize import early
+
+    loads: list[str] = []
+    real = fastokens.Tokenizer.from_file
+
+    class Counting:
+        @staticmethod
+        def from_file(path: str) -> object:
+            loads.append(path)
+            return real(path)
+
+    monkeypatch.setattr(fastokens, "Tokenizer", Counting)
+    monkeypatch.setattr(backends, "_FAST", {})
+    monkeypatch.setattr(early, "_LOADS", {})
+    chats = [{"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": t[::-1]}]}
+             for t in zipf_texts(40, seed=9)]
+    src = write_jsonl(tmp_path / "chat.jsonl", chats)
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(sentencepiece_style_dir), "--output",
+                       str(tmp_path / "c"), "--format", "chat", "-q")
+    assert code == 0, err
+    assert manifest(tmp_path / "c")["backend"]["name"] == "hf" and loads == []
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": t} for t in zipf_texts(40, seed=10)])
+    code, _, err = cli("tokenize", str(text), "--tokenizer", str(sentencepiece_style_dir), "--output",
+                       str(tmp_path / "t"), "-q")
+    assert code == 0, err
+    assert manifest(tmp_path / "t")["backend"]["name"] == "fast" and len(loads) == 1

@@ -37,7 +37,7 @@ def tokenize_corpus(
     `progress(done_bytes, total_bytes)` is called after each chunk.
     """
     config.validate()
-    start_fast_load(config.tokenizer, config.backend)
+    start_fast_load(config.tokenizer, config.backend, config.format)
     try:
         from packtool.stages.tokenize import pipeline
 

@@ -179,6 +179,12 @@ def choose_backend(
         return BackendChoice("hf", "requested")
     if requested == BackendName.AUTO and fast_version() is None:
         return BackendChoice("hf", f"{FAST_PACKAGE} is not installed (pip install 'packtool[fast]')")
+    if needs_offsets:  # decided from the tokenizer's components before waiting for the engine (3 s for Gemma 3)
+        from packtool.core.encoding.byte_offsets import ByteTables
+
+        unfit = ByteTables.structural_reason(tokenizer)
+        if unfit is not None:
+            return _no_offsets(requested, unfit)
     tables = _build_tables(tokenizer) if needs_offsets else None  # in the background, like the fast engine
     texts = verification_sample(sample())
     reference = HFBackend(tokenizer).encode_flat(texts, add_special_tokens)  # while the fast engine loads
@@ -193,12 +199,7 @@ def choose_backend(
     if hasattr(backend, "use_reference"):  # the reference for offsets: already loaded, never loaded twice
         backend.use_reference(tokenizer, None if tables is None else tables.result())
     if needs_offsets and backend.offsets_reason is not None:
-        if requested == BackendName.FAST:
-            raise ConfigError(
-                f"--backend fast cannot give the token offsets this format's loss mask needs "
-                f"({backend.offsets_reason}), use --backend hf or auto"
-            )
-        return BackendChoice("hf", f"{FAST_PACKAGE} gives no offsets for this tokenizer ({backend.offsets_reason})")
+        return _no_offsets(requested, backend.offsets_reason)
     diff = first_difference(reference, backend, texts, add_special_tokens)
     if diff is not None:
         if requested == BackendName.FAST:
@@ -211,6 +212,16 @@ def choose_backend(
     if requested == BackendName.FAST:
         return BackendChoice("fast", "requested, verified identical on the sample", backend)
     return BackendChoice("fast", "verified identical on the sample", backend)
+
+
+def _no_offsets(requested: str, reason: str) -> BackendChoice:
+    """The fast engine cannot give this format's offsets: an error for --backend fast, `tokenizers` for auto."""
+    if requested == BackendName.FAST:
+        raise ConfigError(
+            f"--backend fast cannot give the token offsets this format's loss mask needs ({reason}), "
+            "use --backend hf or auto"
+        )
+    return BackendChoice("hf", f"{FAST_PACKAGE} gives no offsets for this tokenizer ({reason})")
 
 
 _CACHE: dict[tuple[str, str, str], Backend] = {}

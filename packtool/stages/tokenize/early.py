@@ -8,6 +8,11 @@ starts it from the command line before it even imports the CLI (`start_from_argv
 ~0.035 s after the interpreter starts instead of ~0.25 s. This module is light for that reason (no
 numpy, no `tokenizers`): the lookup of the file and a thread. A failure here is silent: the run's
 own load (`backend_choice.fast_backend`) meets it again and reports it.
+
+A format with a loss mask needs token offsets, which the fast engine derives from the ids of a byte-level
+BPE only: for another tokenizer (Gemma's, Llama 2's) such a run uses `tokenizers`, and loading fastokens
+beside it would only take a core away from it (Gemma 3's 262k vocabulary: 3.2 s). So the load is not started
+when the format may need offsets and tokenizer.json does not even name `ByteLevel` (`may_be_byte_level`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from packtool.choices import BackendName
+from packtool.choices import BackendName, InputFormat
 from packtool.errors import PacktoolError
 from packtool.stages.tokenize.locate import locate
 
@@ -33,7 +38,33 @@ def load_key(path: str | Path) -> tuple[str, int, int]:
     return str(path), stat.st_mtime_ns, stat.st_size
 
 
-def start_fast_load(tokenizer: str, backend: str) -> None:
+_SCAN_BLOCK = 1 << 20
+_BYTE_LEVEL = b'"ByteLevel"'
+
+
+def may_be_byte_level(path: str | Path) -> bool:
+    """False only when tokenizer.json never names `ByteLevel` (as a type: its decoder cannot be byte-level, so
+    the fast engine cannot give offsets). Read by blocks, stopping at the first hit: a byte-level file names it
+    in its pre-tokenizer or decoder, which `tokenizers` writes before the vocabulary (~1 ms). Unreadable: True
+    (the run's own load reports it)."""
+    tail = b""
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(_SCAN_BLOCK):
+                if _BYTE_LEVEL in tail + block[: len(_BYTE_LEVEL)] or _BYTE_LEVEL in block:
+                    return True
+                tail = block[-len(_BYTE_LEVEL) :]
+    except OSError:
+        return True
+    return False
+
+
+def worth_loading(path: str | Path, format: str | None) -> bool:
+    """Whether a run of `format` (None: unknown) on this tokenizer may use the fast engine."""
+    return format in (None, InputFormat.TEXT) or may_be_byte_level(path)
+
+
+def start_fast_load(tokenizer: str, backend: str, format: str | None = None) -> None:
     """Begin `fastokens.Tokenizer.from_file` of the run's tokenizer.json in a thread when the run may use it."""
     if backend not in (BackendName.AUTO, BackendName.FAST) or importlib.util.find_spec("fastokens") is None:
         return
@@ -41,6 +72,8 @@ def start_fast_load(tokenizer: str, backend: str) -> None:
         path = locate(tokenizer)[0].resolve()
         key = load_key(path)
     except (PacktoolError, OSError):
+        return
+    if not worth_loading(path, format):
         return
     with _LOCK:
         if key in _LOADS:
@@ -59,13 +92,15 @@ def start_from_argv(args: list[str]) -> None:
         return
     found: dict[str, str] = {}
     for i, arg in enumerate(args):
-        for flag in ("--tokenizer", "--backend"):
+        for flag in ("--tokenizer", "--backend", "--format"):
             if arg == flag and i + 1 < len(args):
                 found[flag] = args[i + 1]
             elif arg.startswith(flag + "="):
                 found[flag] = arg[len(flag) + 1 :]
     if "--tokenizer" in found:
-        start_fast_load(found["--tokenizer"], found.get("--backend", BackendName.AUTO))
+        start_fast_load(
+            found["--tokenizer"], found.get("--backend", BackendName.AUTO), found.get("--format", InputFormat.TEXT)
+        )
 
 
 def take_fast_load(key: tuple[str, int, int]) -> Future[Any] | None:

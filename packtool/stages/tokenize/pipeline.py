@@ -54,6 +54,7 @@ from packtool.stages.tokenize.backend_choice import (
 )
 from packtool.stages.tokenize.chunks import ChunkTask, prerender, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig, auto_chunk_bytes
+from packtool.stages.tokenize.early import worth_loading
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.output import check_output, guarded_output
 from packtool.stages.tokenize.settings import ChunkSettings, renders_chat, special_policy
@@ -118,6 +119,8 @@ def _preload_fast(config: TokenizeConfig) -> Future[FastBackend] | None:
     try:
         path = locate(config.tokenizer)[0].resolve()
     except (PacktoolError, OSError):
+        return None
+    if not worth_loading(path, config.format):  # offsets, which fast cannot give for this tokenizer (early.py)
         return None
     return preload_fast(str(path))
 
