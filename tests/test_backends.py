@@ -332,15 +332,3 @@ def test_chat_on_a_tokenizer_without_byte_level_offsets_never_loads_fastokens(
                        str(tmp_path / "t"), "-q")
     assert code == 0, err
     assert manifest(tmp_path / "t")["backend"]["name"] == "fast" and len(loads) == 1
-
-
-def test_the_one_core_encoding_of_the_verification_sample_equals_the_batch(bpe_tokenizer_dir: Path) -> None:
-    """The reference encodes the verification sample one document at a time (on one core, beside the fast engine's
-    load): the same ids and lengths as the parallel batch, with and without special tokens, empty documents too."""
-    tok = Tokenizer.from_file(str(bpe_tokenizer_dir / "tokenizer.json"))
-    texts = TRICKY + zipf_texts(300, seed=12)
-    for special in (False, True):
-        batch, one = HFBackend(tok).encode_flat(texts, special), HFBackend(tok).encode_flat_one_core(texts, special)
-        assert all(np.array_equal(a, b) for a, b in zip(batch, one, strict=True))
-    ids, lengths = HFBackend(tok).encode_flat_one_core([], False)
-    assert ids.size == 0 and lengths.size == 0

@@ -72,17 +72,6 @@ class HFBackend:
         ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.uint32, count=int(lengths.sum()))
         return ids, lengths
 
-    def encode_flat_one_core(self, texts: Sequence[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
-        """`encode_flat` one document at a time, so on one core (the same ids). For the verification sample, which
-        runs while the fast engine loads on the other core: the batch's parallel threads took 0.25 CPU s where one
-        thread takes 0.15 (Qwen2.5, 256 KiB), and slowed that load, the longest step before the first chunk."""
-        encodings = [
-            e for t in texts for e in self.tokenizer.encode_batch_fast([t], add_special_tokens=add_special_tokens)
-        ]
-        lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
-        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.uint32, count=int(lengths.sum()))
-        return ids, lengths
-
     def encode_offsets(
         self, texts: Sequence[str], add_special_tokens: bool
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -187,7 +187,7 @@ def choose_backend(
             return _no_offsets(requested, unfit)
     tables = _build_tables(tokenizer) if needs_offsets else None  # in the background, like the fast engine
     texts = verification_sample(sample())
-    reference = HFBackend(tokenizer).encode_flat_one_core(texts, add_special_tokens)  # while the fast engine loads
+    reference = HFBackend(tokenizer).encode_flat(texts, add_special_tokens)  # while the fast engine loads
     if meanwhile is not None and fast is not None:
         meanwhile(lambda: not (fast.done() and (tables is None or tables.done())))
     try:
