@@ -196,8 +196,28 @@ def test_each_tokenizer_is_loaded_once_per_run(bpe_tokenizer_dir: Path, tmp_path
     assert sorted(loads) == ["fast", "fastokens file", "hf"]
 
 
+@pytest.fixture
+def fast_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths `fastokens.Tokenizer.from_file` loads from now on, with no engine cached nor load pending."""
+    from packtool.stages.tokenize import early
+
+    loads: list[str] = []
+    real = fastokens.Tokenizer.from_file
+
+    class Counting:
+        @staticmethod
+        def from_file(path: str) -> object:
+            loads.append(path)
+            return real(path)
+
+    monkeypatch.setattr(fastokens, "Tokenizer", Counting)
+    monkeypatch.setattr(backends, "_FAST", {})
+    monkeypatch.setattr(early, "_LOADS", {})
+    return loads
+
+
 def test_the_console_script_starts_the_load_from_argv_and_the_run_takes_it(
-    bpe_tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bpe_tokenizer_dir: Path, tmp_path: Path, fast_loads: list[str]
 ) -> None:
     """`packtool tokenize ... --tokenizer=T --backend fast` read from argv starts the fastokens load before the CLI
     parses the line; the run then takes that load (the file is read once) and writes what a plain run writes.
@@ -206,18 +226,6 @@ def test_the_console_script_starts_the_load_from_argv_and_the_run_takes_it(
 
     from packtool.stages.tokenize import early
 
-    reads: list[str] = []
-    real = fastokens.Tokenizer.from_file
-
-    class Counting:
-        @staticmethod
-        def from_file(path: str) -> object:
-            reads.append(path)
-            return real(path)
-
-    monkeypatch.setattr(fastokens, "Tokenizer", Counting)
-    monkeypatch.setattr(backends, "_FAST", {})
-    monkeypatch.setattr(early, "_LOADS", {})
     for args in (["pack", "x", "--tokenizer", str(bpe_tokenizer_dir)], ["tokenize", "x.jsonl", "--backend", "fast"],
                  ["tokenize", "x.jsonl", "--tokenizer", str(bpe_tokenizer_dir), "--backend=hf"]):
         early.start_from_argv(args)
@@ -228,7 +236,7 @@ def test_the_console_script_starts_the_load_from_argv_and_the_run_takes_it(
     assert len(early._LOADS) == 1
     code, _, err = cli(*args)
     assert code == 0, err
-    assert reads == [str((bpe_tokenizer_dir / "tokenizer.json").resolve())] and not early._LOADS
+    assert fast_loads == [str((bpe_tokenizer_dir / "tokenizer.json").resolve())] and not early._LOADS
     code, _, err = cli("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "b"),
                        "--backend", "hf")
     assert code == 0, err
@@ -300,35 +308,22 @@ def test_auto_decides_on_offsets_without_waiting_for_the_fast_engine(sentencepie
 
 
 def test_chat_on_a_tokenizer_without_byte_level_offsets_never_loads_fastokens(
-    sentencepiece_style_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sentencepiece_style_dir: Path, tmp_path: Path, fast_loads: list[str]
 ) -> None:
     """`--format chat` with the default backend on a Gemma-style tokenizer: tokenizers writes the store and the fast
     engine is never loaded (it used to load, 3.2 s for Gemma 3, then be dropped); --format text still uses it."""
     from support import write_jsonl
 
-    from packtool.stages.tokenize import early
 
-    loads: list[str] = []
-    real = fastokens.Tokenizer.from_file
-
-    class Counting:
-        @staticmethod
-        def from_file(path: str) -> object:
-            loads.append(path)
-            return real(path)
-
-    monkeypatch.setattr(fastokens, "Tokenizer", Counting)
-    monkeypatch.setattr(backends, "_FAST", {})
-    monkeypatch.setattr(early, "_LOADS", {})
     chats = [{"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": t[::-1]}]}
              for t in zipf_texts(40, seed=9)]
     src = write_jsonl(tmp_path / "chat.jsonl", chats)
     code, _, err = cli("tokenize", str(src), "--tokenizer", str(sentencepiece_style_dir), "--output",
                        str(tmp_path / "c"), "--format", "chat", "-q")
     assert code == 0, err
-    assert manifest(tmp_path / "c")["backend"]["name"] == "hf" and loads == []
+    assert manifest(tmp_path / "c")["backend"]["name"] == "hf" and fast_loads == []
     text = write_jsonl(tmp_path / "text.jsonl", [{"text": t} for t in zipf_texts(40, seed=10)])
     code, _, err = cli("tokenize", str(text), "--tokenizer", str(sentencepiece_style_dir), "--output",
                        str(tmp_path / "t"), "-q")
     assert code == 0, err
-    assert manifest(tmp_path / "t")["backend"]["name"] == "fast" and len(loads) == 1
+    assert manifest(tmp_path / "t")["backend"]["name"] == "fast" and len(fast_loads) == 1
