@@ -278,8 +278,13 @@ def test_a_tokenizer_that_cannot_give_offsets_is_known_from_its_file(
 
     assert early.may_be_byte_level(bpe_tokenizer_dir / "tokenizer.json")
     assert not early.may_be_byte_level(sentencepiece_style_dir / "tokenizer.json")
-    monkeypatch.setattr(early, "_SCAN_BLOCK", 7)  # the name found across every block boundary
-    assert early.may_be_byte_level(bpe_tokenizer_dir / "tokenizer.json")
+    for block in (1, 3, 7, 10, 11, 12):  # the name found whole across block boundaries, wherever it falls
+        monkeypatch.setattr(early, "_SCAN_BLOCK", block)
+        for pad in range(12):
+            only = sentencepiece_style_dir.parent / f"one_name_{block}_{pad}.json"
+            only.write_bytes(b"x" * pad + b'{"type": "ByteLevel"}')
+            assert early.may_be_byte_level(only), (block, pad)
+        assert not early.may_be_byte_level(sentencepiece_style_dir / "tokenizer.json")
     monkeypatch.setattr(early, "_LOADS", {})
     started: list[str] = []
     monkeypatch.setattr(early.threading, "Thread", lambda *a, **k: type("T", (), {"start": lambda s: started.append(1)})())

@@ -47,13 +47,14 @@ def may_be_byte_level(path: str | Path) -> bool:
     the fast engine cannot give offsets). Read by blocks, stopping at the first hit: a byte-level file names it
     in its pre-tokenizer or decoder, which `tokenizers` writes before the vocabulary (~1 ms). Unreadable: True
     (the run's own load reports it)."""
-    tail = b""
+    tail = b""  # the end of what was read, shorter than the name: a name across blocks is found whole
     try:
         with open(path, "rb") as fh:
             while block := fh.read(_SCAN_BLOCK):
-                if _BYTE_LEVEL in tail + block[: len(_BYTE_LEVEL)] or _BYTE_LEVEL in block:
+                window = tail + block
+                if _BYTE_LEVEL in window:
                     return True
-                tail = block[-len(_BYTE_LEVEL) :]
+                tail = window[-(len(_BYTE_LEVEL) - 1) :]
     except OSError:
         return True
     return False
