@@ -507,6 +507,8 @@ def test_sharded_run_merges_rejects_by_reason(tmp_path: Path, tokenizers: dict[s
         ("chat template cannot render this conversation (TemplateError: roles must alternate (u/a))",
          "chat template cannot render this conversation"),
         ("invalid JSON: Expecting value at 3", "invalid JSON"),
+        ("invalid UTF-8 (byte 0xff at 12)", "invalid UTF-8"),  # was counted as 'invalid UTF-N'
+        ("record over 16 MiB, UTF-16 text, role bing2", "record over N MiB, UTF-16 text, role bing2"),
     ],
 )
 def test_rejects_are_counted_by_the_kind_of_reason(reason: str, kind: str) -> None:

@@ -58,7 +58,7 @@ def worker_env(threads: int) -> dict[str, str]:
 
 
 _PARENS = re.compile(r"\s*\([^()]*\)")  # a parenthesised detail, wherever it stands
-_NUMBER = re.compile(r"'[^']*'|(\d+)")  # a number outside quotes (a quoted name is kept whole)
+_NUMBER = re.compile(r"'[^']*'|(?<![\w-])(\d+)\b")  # a number of its own outside quotes (not UTF-8's 8, bing2's 2)
 
 
 def reason_kind(reason: str) -> str:
