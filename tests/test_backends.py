@@ -285,6 +285,9 @@ def test_a_tokenizer_that_cannot_give_offsets_is_known_from_its_file(
             only.write_bytes(b"x" * pad + b'{"type": "ByteLevel"}')
             assert early.may_be_byte_level(only), (block, pad)
         assert not early.may_be_byte_level(sentencepiece_style_dir / "tokenizer.json")
+    hits = early._names_byte_level.cache_info().hits
+    assert not early.may_be_byte_level(sentencepiece_style_dir / "tokenizer.json")  # read once per file version
+    assert early._names_byte_level.cache_info().hits == hits + 1
     monkeypatch.setattr(early, "_LOADS", {})
     started: list[str] = []
     monkeypatch.setattr(early.threading, "Thread", lambda *a, **k: type("T", (), {"start": lambda s: started.append(1)})())

@@ -17,6 +17,7 @@ when the format may need offsets and tokenizer.json does not even name `ByteLeve
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import threading
@@ -46,7 +47,15 @@ def may_be_byte_level(path: str | Path) -> bool:
     """False only when tokenizer.json never names `ByteLevel` (as a type: its decoder cannot be byte-level, so
     the fast engine cannot give offsets). Read by blocks, stopping at the first hit: a byte-level file names it
     in its pre-tokenizer or decoder, which `tokenizers` writes before the vocabulary (~1 ms). Unreadable: True
-    (the run's own load reports it)."""
+    (the run's own load reports it). Read once per file version: the early start and the pipeline both ask."""
+    try:
+        return _names_byte_level(*load_key(path))
+    except OSError:
+        return True
+
+
+@functools.lru_cache(maxsize=16)
+def _names_byte_level(path: str, mtime_ns: int, size: int) -> bool:
     tail = b""  # the end of what was read, shorter than the name: a name across blocks is found whole
     try:
         with open(path, "rb") as fh:
