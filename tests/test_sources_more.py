@@ -13,6 +13,7 @@ from pathlib import Path
 
 import datasets
 import pyarrow as pa
+import pyarrow.feather as pa_feather
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -70,7 +71,7 @@ def _alpaca_rows(n: int, seed: int) -> list[dict[str, object]]:
 
 
 def _write_sources(root: Path, rows: list[dict[str, object]]) -> dict[str, Path]:
-    """The same records as jsonl, a pretty-printed .json array, parquet, save_to_disk, Arrow file and stream."""
+    """The same records as jsonl, a pretty-printed .json array, parquet, save_to_disk, Arrow file and stream, feather."""
     root.mkdir(parents=True)
     out = {"jsonl": write_jsonl(root / "r.jsonl", rows)}
     (root / "r.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -88,6 +89,8 @@ def _write_sources(root: Path, rows: list[dict[str, object]]) -> dict[str, Path]
     with pa.OSFile(str(root / "stream.arrow"), "wb") as fh, pa.ipc.new_stream(fh, table.schema) as writer:
         writer.write_table(table, max_chunksize=11)
     out["arrow_stream"] = root / "stream.arrow"
+    pa_feather.write_feather(table, str(root / "r.feather"), chunksize=13)  # an IPC file, lz4-compressed buffers
+    out["feather"] = root / "r.feather"
     return out
 
 
@@ -279,6 +282,19 @@ def test_dataset_dict_asks_for_a_split(tmp_path: Path, bpe_tokenizer_dir: Path) 
     assert "DatasetDict" in err and "train, test" in err and str(tmp_path / "dd" / "train") in err
     out = _tokenize([tmp_path / "dd" / "train"], bpe_tokenizer_dir, tmp_path / "s")
     assert packtool.formats.token_store.open_token_store(out).manifest["n_documents"] == 11
+
+
+def test_feather_v1_is_named_not_read_as_a_broken_ipc_file(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    table = pa.table({"text": ["one document", "another"]})
+    pa_feather.write_feather(table, str(tmp_path / "v2.feather"))  # V2, the default: an Arrow IPC file
+    _same_bytes(_tokenize([write_jsonl(tmp_path / "r.jsonl", table.to_pylist())], bpe_tokenizer_dir, tmp_path / "j"),
+                _tokenize([tmp_path / "v2.feather"], bpe_tokenizer_dir, tmp_path / "f"))
+    with pytest.warns(DeprecationWarning):
+        pa_feather.write_feather(table, str(tmp_path / "v1.feather"), version=1)
+    err = cli_error("tokenize", str(tmp_path / "v1.feather"), "--tokenizer", str(bpe_tokenizer_dir),
+                    "--output", str(tmp_path / "s"))
+    assert "Feather V1" in err and "write_feather" in err and "v1.feather" in err
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.parametrize("layout", ["stream", "file", "saved"])

@@ -1,4 +1,5 @@
-"""Arrow inputs: IPC files and streams (`.arrow`), and `datasets` `save_to_disk` directories.
+"""Arrow inputs: IPC files and streams (`.arrow`, and `.feather`: Feather V2 is the IPC file format), and
+`datasets` `save_to_disk` directories.
 
 An `.arrow` file is memory-mapped and read one record batch at a time, in slices of
 `BATCH_ROWS` rows, so memory stays bounded whatever the file's size or its batches' size. Both
@@ -30,6 +31,16 @@ from packtool.stages.tokenize.streams import RawRecord
 BATCH_ROWS = 4096
 _HINT = "check that the file is a complete Arrow IPC file or stream (re-write or re-download it)"
 _FILE_MAGIC = b"ARROW1"
+_FEATHER_V1_MAGIC = b"FEA1"
+_FEATHER_V1_HINT = (
+    "re-write it as Feather V2, which is Arrow IPC: pyarrow.feather.write_feather(pyarrow.feather.read_table(OLD), NEW)"
+)
+
+
+class _NotIPC(Exception):
+    """The file is something pyarrow can read, but not as Arrow IPC (a Feather V1 file)."""
+
+
 STATE = "state.json"
 INFO = "dataset_info.json"
 DICT = "dataset_dict.json"
@@ -41,6 +52,8 @@ def _batches(source: Any) -> Iterator[Any]:
 
     magic = source.read(len(_FILE_MAGIC))
     source.seek(0)
+    if magic.startswith(_FEATHER_V1_MAGIC):
+        raise _NotIPC("a Feather V1 file (Arrow's deprecated pre-IPC layout), not an Arrow IPC file or stream")
     if magic == _FILE_MAGIC:
         reader = pa.ipc.open_file(source)
         for i in range(reader.num_record_batches):
@@ -70,6 +83,8 @@ def plan_arrow(path: str, chunk_bytes: int) -> list[tuple[int, int, int]]:
                     if size >= chunk_bytes:
                         chunks.append((start, row, int(size)))
                         start, size = row, 0.0
+    except _NotIPC as exc:
+        raise InputError(str(exc), path, hint=_FEATHER_V1_HINT) from exc
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"cannot read Arrow data ({exc})", path, hint=_HINT) from exc
     if start < row or not chunks:
@@ -95,6 +110,8 @@ def arrow_rows(path: str, start: int, end: int, limit: int) -> Iterator[RawRecor
                 row += n
                 if row >= end:
                     return
+    except _NotIPC as exc:
+        raise InputError(str(exc), path, hint=_FEATHER_V1_HINT) from exc
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"cannot read Arrow data ({exc})", path, hint=_HINT) from exc
 

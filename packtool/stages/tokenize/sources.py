@@ -63,6 +63,7 @@ SUFFIXES = {
     ".json": "json",
     ".parquet": "parquet",
     ".arrow": "arrow",
+    ".feather": "arrow",  # Feather v2 is the Arrow IPC file format (`pyarrow.feather.write_feather`)
     ".txt": "txt",
 }
 #: chunk kinds whose records are addressed by a 0-based index (`record N`), not a line or row number
@@ -84,7 +85,7 @@ NOT_DATA_JSON = frozenset(
         "dataset_dict.json",
     }
 )
-_KINDS_TEXT = ".jsonl(.gz|.zst), .json, .parquet, .arrow, .txt, save_to_disk directories"
+_KINDS_TEXT = ".jsonl(.gz|.zst), .json, .parquet, .arrow, .feather, .txt, save_to_disk directories"
 _BLOCK = 1 << 22
 
 
@@ -182,7 +183,7 @@ def _expand_one(text: str) -> dict[Path, tuple[str, int]]:
     if path.is_file():
         if source_kind(path) is None:
             raise InputError(
-                "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .json, .parquet, .arrow or .txt)",
+                "unsupported input type (expected .jsonl, .jsonl.gz, .jsonl.zst, .json, .parquet, .arrow, .feather or .txt)",
                 text,
                 hint="rename or convert the file",
             )
