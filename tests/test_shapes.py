@@ -255,6 +255,24 @@ def test_auto_detects_and_names_each_shape(tmp_path: Path, tokenizers: dict[str,
     assert (explicit / "tokens.bin").read_bytes() == (tmp_path / "sharegpt" / "tokens.bin").read_bytes()
 
 
+def test_auto_finds_turns_under_conversation_and_names_the_field(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
+    """LMSYS-Chat-1M and WildChat keep role/content turns under `conversation`, with more keys on each turn."""
+    rows = [{"conversation_hash": f"h{i}", "model": "m", "turn": 1, "conversation": [
+        {"role": "user", "content": f"Bonjour {i}, ça va ?", "language": "French", "toxic": False, "header": None},
+        {"role": "assistant", "content": "Oui, merci !", "language": "French", "toxic": False,
+         "header": {"accept-language": "fr"}}]} for i in range(3)]
+    out, stdout = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "auto", name="auto")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["input_shape"] == {"name": "chat", "detected": True}
+    assert manifest["fields"]["messages_field"] == "conversation"
+    assert "detected format chat (turns under 'conversation')," in stdout and manifest["n_documents"] == 3
+    explicit, stdout = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "chat", "--messages-field",
+                                "conversation", name="explicit")
+    assert "detected" not in stdout
+    for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
+        assert (explicit / name).read_bytes() == (out / name).read_bytes(), name
+
+
 def test_auto_refuses_mixed_or_unknown_shapes(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
     tok = str(tokenizers["qwen2_5"])
     src = write_jsonl(tmp_path / "mixed.jsonl", [SHAREGPT[0][0], ALPACA[0][0]])
@@ -428,6 +446,10 @@ def test_shape_functions_directly() -> None:
     assert detect_shape({"prompt": [], "completion": []}) == "conversational-prompt-completion"
     assert detect_shape({"prompt": "a", "completion": "b"}) == "prompt-completion"
     assert detect_shape({"question": "a"}) is None
+    assert detect_shape({"conversations": [{"role": "user", "content": "x"}]}) == "chat:conversations"
+    assert detect_shape({"messages": [{"from": "human", "value": "x"}]}) == "sharegpt:messages"
+    assert detect_shape({"conversation": [{"role": "user", "content": "x"}]}) == "chat:conversation"
+    assert detect_shape({"conversation": [{"from": "human", "value": "x"}]}) == "sharegpt:conversation"
 
 
 def test_sample_sharegpt_and_alpaca_equal_the_same_chats(tmp_path: Path) -> None:

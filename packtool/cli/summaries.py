@@ -10,7 +10,10 @@ def tokenize_line(result: Any) -> str:
     m = result.manifest
     state = "up to date" if result.up_to_date else f"{result.reused_chunks}/{result.n_chunks} chunks reused"
     shape = m.get("input_shape") or {}
-    detected = f"detected format {shape['name']}, " if shape.get("detected") else ""
+    field = (m.get("fields") or {}).get("messages_field")
+    default = {"chat": "messages", "sharegpt": "conversations"}.get(str(shape.get("name")))
+    under = f" (turns under {field!r})" if default and field != default else ""
+    detected = f"detected format {shape['name']}{under}, " if shape.get("detected") else ""
     reasons = m.get("rejected_by_reason") or {}
     shown = [f"{n} {kind}" for kind, n in list(reasons.items())[:4]] + (["..."] if len(reasons) > 4 else [])
     why = f" ({'; '.join(shown)}; see rejects.jsonl)" if reasons else ""

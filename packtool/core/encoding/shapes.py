@@ -288,21 +288,29 @@ def conversational_prompt_completion(record: Any, fields: ShapeFields) -> Conver
     return Conversation(parts[0] + parts[1], _tools(record, fields.tools), targets_from=len(parts[0]))
 
 
+#: where conversations are found, in this order: `messages` (OpenAI, TRL), `conversations` (ShareGPT),
+#: `conversation` (LMSYS-Chat-1M, WildChat)
+CONVERSATION_FIELDS = ("messages", "conversations", "conversation")
+_DEFAULT_FIELD = {"chat": "messages", "sharegpt": "conversations"}
+
+
 def detect_shape(record: Any) -> str | None:
     """The shape of one record by its default field names, or None when none fits.
 
-    Returns text, prompt-completion, conversational-prompt-completion, chat, chat:conversations
-    (OpenAI-style messages under `conversations`), sharegpt, sharegpt:messages or alpaca.
+    Returns text, prompt-completion, conversational-prompt-completion, alpaca, or a conversation shape: chat
+    (role/content turns) or sharegpt (from/value turns), with `:FIELD` when the turns are not under that
+    shape's default field (`chat:conversations`, `sharegpt:messages`, `chat:conversation`, ...).
     """
     if not isinstance(record, dict):
         return None
-    for field in ("messages", "conversations"):
+    for field in CONVERSATION_FIELDS:
         turns = record.get(field)
         if isinstance(turns, list) and turns and all(isinstance(t, dict) for t in turns):
-            if all("from" in t for t in turns):
-                return "sharegpt" if field == "conversations" else "sharegpt:messages"
-            if all("role" in t for t in turns):
-                return "chat" if field == "messages" else "chat:conversations"
+            kind = (
+                "sharegpt" if all("from" in t for t in turns) else "chat" if all("role" in t for t in turns) else None
+            )
+            if kind is not None:
+                return kind if field == _DEFAULT_FIELD[kind] else f"{kind}:{field}"
     prompt, completion = record.get("prompt"), record.get("completion")
     if isinstance(prompt, list) and isinstance(completion, list):
         return "conversational-prompt-completion"

@@ -23,10 +23,6 @@ from packtool.stages.tokenize.sources import Chunk, get_field, read_chunk
 from packtool.stages.tokenize.streams import PlainText
 
 DETECT_RECORDS = 64
-SHAPE_NAMES = {
-    "sharegpt:messages": "sharegpt",
-    "chat:conversations": "chat",
-}
 
 
 @dataclass(frozen=True)
@@ -89,16 +85,15 @@ def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
         where = f"{records[0][0]}:{records[0][1]}" if records else "the inputs"
         raise ConfigError(
             f"--format auto recognises no record shape in the first {len(records)} records ({where}): expected "
-            "text, prompt/completion, messages, conversations, or instruction/output fields; pass --format and "
-            "the field flags"
+            "text, prompt/completion, messages, conversations, conversation, or instruction/output fields; pass "
+            "--format and the field flags"
         )
-    shape = chosen[0]
-    name = SHAPE_NAMES.get(shape, shape)
+    name, _, field = chosen[0].partition(":")  # a conversation shape may name the field its turns are under
     fmt = InputFormat.PROMPT_COMPLETION if name.endswith("prompt-completion") else InputFormat(name)
     if config.role_map is not None and fmt not in (InputFormat.CHAT, InputFormat.SHAREGPT):
         raise ConfigError(
             f"--role-map applies to chat and sharegpt records, but --format auto detected {name} "
             f"({chosen[1]}:{chosen[2]}), leave --role-map out"
         )
-    messages_field = "conversations" if shape in ("sharegpt", "chat:conversations") else "messages"
+    messages_field = field or ("conversations" if name == "sharegpt" else "messages")
     return Shape(fmt, name, messages_field, True)
