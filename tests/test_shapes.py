@@ -281,6 +281,7 @@ def test_auto_refuses_mixed_or_unknown_shapes(tmp_path: Path, tokenizers: dict[s
     src = write_jsonl(tmp_path / "odd.jsonl", [{"question": "?", "answer": "!"}])
     line = cli_error("tokenize", str(src), "--tokenizer", tok, "--output", str(tmp_path / "o"), "--format", "auto")
     assert "recognises no record shape" in line and "--format" in line
+    assert "the first holds fields 'question', 'answer')" in line  # what to name in the field flags
     src = write_jsonl(tmp_path / "alp.jsonl", [ALPACA[0][0]])
     line = cli_error("tokenize", str(src), "--tokenizer", tok, "--output", str(tmp_path / "o"), "--format", "auto",
                      "--role-map", "bot=assistant")

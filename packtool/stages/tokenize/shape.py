@@ -83,10 +83,12 @@ def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
             )
     if chosen is None:
         where = f"{records[0][0]}:{records[0][1]}" if records else "the inputs"
+        first = records[0][2] if records else None
+        held = f", the first holds {_fields_of(first)}" if isinstance(first, dict) else ""
         raise ConfigError(
-            f"--format auto recognises no record shape in the first {len(records)} records ({where}): expected "
-            "text, prompt/completion, messages, conversations, conversation, or instruction/output fields; pass "
-            "--format and the field flags"
+            f"--format auto recognises no record shape in the first {len(records)} records ({where}{held}): "
+            "expected text, prompt/completion, messages, conversations, conversation, or instruction/output fields; "
+            "pass --format and the field flags that name them (see packtool tokenize --help)"
         )
     name, _, field = chosen[0].partition(":")  # a conversation shape may name the field its turns are under
     fmt = InputFormat.PROMPT_COMPLETION if name.endswith("prompt-completion") else InputFormat(name)
@@ -97,3 +99,10 @@ def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
         )
     messages_field = field or ("conversations" if name == "sharegpt" else "messages")
     return Shape(fmt, name, messages_field, True)
+
+
+def _fields_of(record: dict[object, object], most: int = 8) -> str:
+    """The record's field names, for an error: `fields 'a', 'b', ...` (at most `most` of them)."""
+    names = [repr(str(k)) for k in list(record)[:most]]
+    more = ", ..." if len(record) > most else ""
+    return f"fields {', '.join(names)}{more}" if names else "no fields"
