@@ -36,14 +36,13 @@ _FEATHER_V1_HINT = (
     "re-write it as Feather V2, which is Arrow IPC: pyarrow.feather.write_feather(pyarrow.feather.read_table(OLD), NEW)"
 )
 
-
-class _NotIPC(Exception):
-    """The file is something pyarrow can read, but not as Arrow IPC (a Feather V1 file)."""
-
-
 STATE = "state.json"
 INFO = "dataset_info.json"
 DICT = "dataset_dict.json"
+
+
+class _NotIPC(Exception):
+    """The file is something pyarrow can read, but not as Arrow IPC (a Feather V1 file)."""
 
 
 def _batches(source: Any) -> Iterator[Any]:
