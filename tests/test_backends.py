@@ -322,7 +322,6 @@ def test_chat_on_a_tokenizer_without_byte_level_offsets_never_loads_fastokens(
     engine is never loaded (it used to load, 3.2 s for Gemma 3, then be dropped); --format text still uses it."""
     from support import write_jsonl
 
-
     chats = [{"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": t[::-1]}]}
              for t in zipf_texts(40, seed=9)]
     src = write_jsonl(tmp_path / "chat.jsonl", chats)

@@ -60,7 +60,7 @@ def tokenize(
         list[str],
         typer.Argument(
             # help is Rich markup: `[/...]` and `[@...]` would be tags (tests/test_cli_help.py), `\\[` is a bracket
-            help="Files, directories or globs: .jsonl(.gz|.zst), .json, .parquet, .arrow, save_to_disk dirs, .txt; hf://datasets/ORG/NAME\\[@REVISION]\\[/PATH]."
+            help="Files, directories or globs: .jsonl(.gz|.zst), .json, .parquet, .arrow, .feather, save_to_disk dirs, .txt; hf://datasets/ORG/NAME\\[@REVISION]\\[/PATH]."
         ),
     ],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="tokenizer.json, a model directory, or a hub name.")],
