@@ -21,7 +21,6 @@ from packtool.attention import (
     select_backend,
     varlen_attention,
 )
-from packtool.attention.fallback import sdpa_segments
 from packtool.errors import ConfigError
 from packtool.loader import PackedCollator, PackedDataset
 
@@ -60,7 +59,7 @@ def forward_backward(fn, q, k, v, grad) -> tuple[torch.Tensor, list[torch.Tensor
 def reference(q, k, v, grad, cu, max_len, causal=True, scale=None):
     """The exact fallback in float64 on the kernel's (rounded) inputs."""
     return forward_backward(
-        lambda a, b, c: sdpa_segments(a, b, c, cu, max_len, causal, scale),
+        lambda a, b, c: varlen_attention(a, b, c, cu, max_len, causal, scale, backend="fallback"),
         *(t.double() for t in (q, k, v)),
         grad.double(),
     )
