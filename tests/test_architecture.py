@@ -10,7 +10,7 @@
       ^
     cli                typer commands and `packtool run`
 
-    torch side (loader/, attention, loss, audit/) -> base, formats and the torch-free parts of core only
+    torch side (loader/, attention, hf, loss, audit/) -> base, formats and the torch-free parts of core only
 
 The CLI reaches the torch side in one place only: `packtool audit` imports `packtool.audit` inside
 its command function, so no other command (nor `--help`) loads torch or transformers.
