@@ -6,7 +6,9 @@
 
 Every mode trains the same model (same config, seed, AdamW) on the same documents through
 `model(**batch)`, forward + backward + step, and reports REAL (non-padding) tokens per second
-after warm-up, peak memory, and ratios measured in the same run:
+after warm-up, peak memory, and ratios measured in the same run. On a CPU (a shared machine)
+the modes run interleaved in rounds and each keeps its median round, and tokens per CPU-second
+are printed too (steadier under load):
 
 | mode | batches | attn_implementation |
 |---|---|---|
@@ -141,36 +143,54 @@ def build(config: dict[str, Any], attn: str, dtype: torch.dtype, device: str) ->
     return model.to(device=device, dtype=dtype).train()
 
 
-def run(name: str, attn: str, batches: Iterator[Batch], args: argparse.Namespace, config: dict, dtype) -> dict:
-    model = build(config, attn, dtype, args.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    cuda = args.device == "cuda"
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    tokens = steps = 0
-    start = None
-    for i, (batch, real) in enumerate(batches):
-        batch = {k: v.to(args.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-        model(**batch).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i + 1 == args.warmup:
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-        elif start is not None:
-            tokens, steps = tokens + real, steps + 1
-            if time.perf_counter() - start >= args.seconds:
-                break
-    if cuda:
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start if start is not None else float("nan")
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
-    del model, opt
-    gc.collect()
-    return {"mode": name, "attn": attn, "tokens_per_s": tokens / elapsed if steps else float("nan"), "steps": steps,
-            "peak_gb": peak}
+class Mode:
+    """One mode's model, optimizer and batch stream; `train(seconds)` runs steps and counts real tokens."""
+
+    def __init__(self, name: str, attn: str, batches: Iterator[Batch], args: argparse.Namespace, config: dict,
+                 dtype: torch.dtype) -> None:
+        self.name, self.attn, self.args, self.batches = name, attn, args, batches
+        self.model = build(config, attn, dtype, args.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, foreach=True)
+        self.rates: list[float] = []
+        self.cpu_rates: list[float] = []
+        self.steps = 0
+        self.peak = float("nan")
+
+    def step(self) -> int:
+        batch, real = next(self.batches)
+        batch = {k: v.to(self.args.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        self.model(**batch).loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return real
+
+    def train(self, seconds: float, warmup: int = 0) -> None:
+        cuda = self.args.device == "cuda"
+        for _ in range(warmup):
+            self.step()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        tokens = steps = 0
+        start, cpu = time.perf_counter(), time.process_time()
+        while steps == 0 or time.perf_counter() - start < seconds:
+            tokens, steps = tokens + self.step(), steps + 1
+        if cuda:
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() / 2**30
+        self.rates.append(tokens / (time.perf_counter() - start))
+        self.cpu_rates.append(tokens / max(time.process_time() - cpu, 1e-9))
+        self.steps += steps
+
+    def result(self) -> dict:
+        return {"mode": self.name, "attn": self.attn, "tokens_per_s": float(np.median(self.rates)),
+                "tokens_per_cpu_s": float(np.median(self.cpu_rates)), "steps": self.steps, "peak_gb": self.peak}
+
+    def close(self) -> None:
+        del self.model, self.opt
+        gc.collect()
+        if self.args.device == "cuda":
+            torch.cuda.empty_cache()
 
 
 def exactness(config: dict, args: argparse.Namespace, dtype: torch.dtype, vocab: int) -> tuple[float, float]:
@@ -199,13 +219,14 @@ def main() -> None:
     ap.add_argument("--pack", type=int, help="pack size (default 4096 CUDA, 512 CPU)")
     ap.add_argument("--seconds", type=float, help="timed seconds per mode after warm-up (default 10 CUDA, 4 CPU)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="CPU: interleaved rounds over the modes (median kept)")
     ap.add_argument("--documents", type=int, default=20000)
     ap.add_argument("--only", nargs="*", help="run these modes only")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     args.tokens = args.tokens or (16384 if cuda else 2048)
     args.pack = args.pack or (4096 if cuda else 512)
-    args.seconds = args.seconds or (10.0 if cuda else 4.0)
+    args.seconds = args.seconds or (10.0 if cuda else 6.0)
     args.round_to = 64 if cuda else 8
     if args.config:
         import json
@@ -221,20 +242,36 @@ def main() -> None:
     device = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"# bench_train: {device}, torch {torch.__version__}, {dtype}, {len(lens)} documents (median "
           f"{int(np.median(lens))}, {int(lens.sum())} tokens), {args.tokens} tokens/step, packs of {args.pack}, "
-          f"{args.seconds:g} s per mode after {args.warmup} warm-up steps")
+          f"{args.seconds:g} s per mode after {args.warmup} warm-up steps"
+          + ("" if cuda else f", in {args.rounds} interleaved rounds (median)"))
+    names = [n for n in table if not args.only or n in args.only]
     results = []
-    for name, (attn, batches) in table.items():
-        if args.only and name not in args.only:
-            continue
-        results.append(run(name, attn, batches(), args, config, dtype))
-        r = results[-1]
-        print(f"  {name:15} {attn:15} {r['tokens_per_s']:>10,.0f} tok/s  {r['steps']} steps", flush=True)
+    if cuda:  # one mode at a time: each holds a 1B model and its optimizer state
+        for name in names:
+            mode = Mode(name, table[name][0], table[name][1](), args, config, dtype)
+            mode.train(args.seconds, args.warmup)
+            results.append(mode.result())
+            mode.close()
+            print(f"  {name:15} {mode.attn:15} {results[-1]['tokens_per_s']:>10,.0f} tok/s", flush=True)
+    else:  # a shared CPU: rounds interleave the modes and the median round is kept, so load moves them alike
+        modes_ = [Mode(name, table[name][0], table[name][1](), args, config, dtype) for name in names]
+        for mode in modes_:
+            mode.train(0.0, args.warmup)
+            mode.rates.clear()
+            mode.cpu_rates.clear()
+            mode.steps = 0
+        for _ in range(args.rounds):
+            for mode in modes_:
+                mode.train(args.seconds / args.rounds)
+        results = [mode.result() for mode in modes_]
     by = {r["mode"]: r for r in results}
     base = by.get("padded", results[0])["tokens_per_s"]
-    print("\n| mode | attn_implementation | real tokens/s | × padded | peak GB |\n|---|---|---:|---:|---:|")
+    print("\n| mode | attn_implementation | real tokens/s | × padded | real tokens per CPU-s | peak GB |")
+    print("|---|---|---:|---:|---:|---:|")
     for r in results:
         peak = f"{r['peak_gb']:.1f}" if r["peak_gb"] == r["peak_gb"] else "-"
-        print(f"| {r['mode']} | {r['attn']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base:.2f} | {peak} |")
+        print(f"| {r['mode']} | {r['attn']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base:.2f} | "
+              f"{r['tokens_per_cpu_s']:,.0f} | {peak} |")
     if "packtool" in by and "unmasked" in by and "sdpa_packed" in by:
         ours = by["packtool"]["tokens_per_s"]
         print(f"\npacktool / unmasked packing: {ours / by['unmasked']['tokens_per_s']:.3f}; "

@@ -279,3 +279,13 @@ def test_the_mask_is_flash_attention_s() -> None:
         assert (ours is None and theirs is None) or torch.equal(ours, theirs)
     static = packtool.hf.padding_mask(2, 1, 8, q_offset=4)  # a static cache of 8 slots, 5 tokens seen
     assert static.tolist() == [[True] * 5 + [False] * 3] * 2
+
+
+def test_chunked_attention_is_refused_once_a_sequence_outgrows_a_chunk() -> None:
+    """Llama 4's chunked layers: flash-attention is refused by transformers there, and so is "packtool"."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(attention_chunk_size=8)
+    assert packtool.hf.padding_mask(1, 8, 8, config=config) is None
+    with pytest.raises(ConfigError, match=r"chunked attention \(config.attention_chunk_size=8: Llama 4\) over 9"):
+        packtool.hf.padding_mask(1, 9, 9, config=config)

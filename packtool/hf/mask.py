@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from packtool.errors import ConfigError
+
 
 def padding_mask(
     batch_size: int,
@@ -27,7 +29,18 @@ def padding_mask(
     attention_mask: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | None:
-    """`[B, kv_length]` bool (True = a real key), or None when every key is real."""
+    """`[B, kv_length]` bool (True = a real key), or None when every key is real.
+
+    Chunked attention (Llama 4's `attention_chunk_size`) is refused once a sequence outgrows a chunk,
+    as transformers refuses it for flash-attention: the layout has no way to say "this chunk only".
+    """
+    chunk = getattr(kwargs.get("config"), "attention_chunk_size", None)
+    if isinstance(chunk, int) and 0 < chunk < kv_length + kv_offset:
+        raise ConfigError(
+            f"chunked attention (config.attention_chunk_size={chunk}: Llama 4) over {kv_length + kv_offset} tokens "
+            "cannot run as attn_implementation='packtool', packtool.hf, use attn_implementation='sdpa' or "
+            "'flex_attention' for this model"
+        )
     if attention_mask is not None:
         attention_mask = attention_mask[:, -kv_length:]  # a sliding-window cache keeps the last keys
         if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
