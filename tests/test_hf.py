@@ -289,3 +289,23 @@ def test_chunked_attention_is_refused_once_a_sequence_outgrows_a_chunk() -> None
     assert packtool.hf.padding_mask(1, 8, 8, config=config) is None
     with pytest.raises(ConfigError, match=r"chunked attention \(config.attention_chunk_size=8: Llama 4\) over 9"):
         packtool.hf.padding_mask(1, 9, 9, config=config)
+
+
+def test_spawned_dataloader_workers_give_the_in_process_batches(tmp_path) -> None:
+    """docs/HF.md's setup for workers once CUDA is up: multiprocessing_context="spawn" works because the
+    dataset and collator pickle (no memory map travels); the batches equal num_workers=0's."""
+    from support import write_pack_store, zipf_docs
+
+    from packtool.loader import PackedDataset
+
+    write_pack_store(tmp_path / "p", zipf_docs(200, seed=3, max_len=120), 256)
+    ds = PackedDataset(tmp_path / "p")
+    collate = PackedCollator(flatten=True, pad_id=ds.pad_id, keys=HF_KEYS)
+    runs = []
+    for workers in (0, 1):
+        context = {"multiprocessing_context": "spawn"} if workers else {}
+        runs.append(list(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=collate,
+                                                     **context)))
+    assert len(runs[0]) == len(runs[1]) > 2
+    for a, b in zip(*runs, strict=True):
+        assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in HF_KEYS)
