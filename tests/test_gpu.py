@@ -151,7 +151,7 @@ import packtool.hf  # noqa: E402, F401
 
 
 def hf_model(family: str, attn: str):
-    base = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+    base = {"vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
             "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": HEAD_DIM, "max_position_embeddings": 4096}
     config = {
         "llama": lambda: transformers.LlamaConfig(**base),
@@ -198,7 +198,7 @@ def test_packtool_attention_runs_a_kernel_not_the_fallback_for_a_plain_decoder()
     try:
         spec.run = lambda kernel, call: seen.append(kernel.name) or real(kernel, call)
         model = hf_model("llama", "packtool")
-        ids = torch.randint(0, 512, (1, 256), device="cuda")
+        ids = torch.randint(0, 1024, (1, 256), device="cuda")
         pos = torch.cat([torch.arange(100), torch.arange(156)])[None].cuda()
         with torch.no_grad():
             model(input_ids=ids, position_ids=pos)
