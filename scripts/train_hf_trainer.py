@@ -1,19 +1,22 @@
 """Padding-free training with the Hugging Face Trainer on a pack store.
 
     pip install "transformers==5.23.0" "accelerate==1.15.0"   # versions verified with torch 2.13
-    python scripts/train_hf_trainer.py PACK_DIR [--size N] [--steps 3] [--model-dir DIR]
+    python scripts/train_hf_trainer.py PACK_DIR [--size N] [--steps 3] [--model-dir DIR] [--attn packtool]
 
-How it fits together:
+How it fits together (docs/HF.md):
 - `PackedDataset` gives one pack per item; `PackedCollator(flatten=True, keys=HF_KEYS)` turns
-  a batch into ONE row `[1, B*N]` with `position_ids` restarting per document and the
-  flash-attention-2 kwargs `cu_seq_lens_q/_k`, `max_length_q/_k` (what transformers'
-  `DataCollatorWithFlattening` produces, but precomputed offline and validated).
-- With `attn_implementation="flash_attention_2"` (CUDA + flash-attn) transformers uses the
-  `cu_seq_lens` kwargs directly. On CPU this script registers `packtool.attention.varlen_attention`
-  as an attention implementation, which is exact (see tests/test_equivalence.py); `sdpa`
-  also works since transformers detects packed `position_ids` and builds a block mask.
+  a batch into ONE row `[1, B*N]` with `position_ids` restarting per document and
+  `cu_seq_lens_q/_k`, `max_length_q/_k` (what transformers' `DataCollatorWithFlattening`
+  produces, but precomputed offline and validated).
+- `import packtool.hf` registers `attn_implementation="packtool"`: the packed row attends through
+  `packtool.attention.varlen_attention` (flash-attn when installed, else torch's native varlen
+  kernel on CUDA, else the exact fallback on CPU), each document alone (tests/test_hf.py).
+  `--attn flash_attention_2` or `sdpa` picks transformers' own paths instead.
 - Labels are unshifted (the model shifts them); -100 marks document starts and padding.
 - `--model-dir` loads a real checkpoint; without it a tiny random Llama is built.
+- DataLoader workers: `--workers N` starts them with `multiprocessing_context="spawn"`, the safe
+  choice once CUDA is initialised (a forked worker can inherit CUDA state and die freeing it);
+  the datasets pickle without their memory maps, so spawn costs only the worker start.
 Exits with a clear message (status 1) when transformers is not installed.
 """
 
@@ -24,15 +27,7 @@ import sys
 
 import torch
 
-from packtool.attention import varlen_attention
 from packtool.loader import HF_KEYS, PackedCollator, PackedDataset
-
-
-def packtool_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # type: ignore[no-untyped-def]
-    """transformers AttentionInterface: [1, heads, T, dim] q/k/v -> varlen_attention over cu_seq_lens_q."""
-    q, k, v = (x.transpose(1, 2)[0] for x in (query, key, value))
-    out = varlen_attention(q, k, v, kwargs["cu_seq_lens_q"], kwargs["max_length_q"], softmax_scale=scaling)
-    return out[None], None
 
 
 def main() -> None:
@@ -44,17 +39,19 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=2, help="packs per device batch (flattened into one row)")
     ap.add_argument("--model-dir", default=None, help="a transformers checkpoint; default: a tiny random Llama")
     ap.add_argument("--output-dir", default="hf_trainer_out")
+    ap.add_argument("--attn", default="packtool", help="attn_implementation (default: packtool)")
+    ap.add_argument("--workers", type=int, default=0, help="DataLoader workers (started with spawn)")
     args = ap.parse_args()
     try:
         import transformers
+
+        import packtool.hf  # noqa: F401  registers attn_implementation="packtool"
     except ImportError:
         print("error: transformers is not installed, scripts/train_hf_trainer.py, pip install 'transformers==5.23.0' 'accelerate==1.15.0'", file=sys.stderr)
         sys.exit(1)
 
     ds = PackedDataset(args.pack_dir, split=args.split, size=args.size)
-    use_flash = torch.cuda.is_available() and _has_flash_attn()
-    attn = "flash_attention_2" if use_flash else "packtool_varlen"
-    transformers.AttentionInterface.register("packtool_varlen", packtool_attention)
+    attn = args.attn
     if args.model_dir:
         model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, attn_implementation=attn)
     else:
@@ -67,20 +64,15 @@ def main() -> None:
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=3e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=not torch.cuda.is_available(),
         remove_unused_columns=False,  # our batch keys are not forward() arguments by name
-        dataloader_num_workers=0,
+        dataloader_num_workers=args.workers,
+        dataloader_persistent_workers=args.workers > 0,
+        # spawn: workers never inherit CUDA state from the parent (fork after CUDA init can crash them)
+        **({"dataloader_multiprocessing_context": "spawn"} if args.workers else {}),
     )
     trainer = transformers.Trainer(model=model, args=targs, train_dataset=ds,
                                    data_collator=PackedCollator(flatten=True, pad_id=ds.pad_id, keys=HF_KEYS))
     result = trainer.train()
     print(f"trained {result.global_step} steps, final loss {result.training_loss:.4f}, attention {attn}")
-
-
-def _has_flash_attn() -> bool:
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

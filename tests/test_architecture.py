@@ -10,7 +10,7 @@
       ^
     cli                typer commands and `packtool run`
 
-    torch side (loader/, attention, loss, audit/) -> base, formats and the torch-free parts of core only
+    torch side (loader/, attention, hf, loss, audit/) -> base, formats and the torch-free parts of core only
 
 The CLI reaches the torch side in one place only: `packtool audit` imports `packtool.audit` inside
 its command function, so no other command (nor `--help`) loads torch or transformers.
@@ -29,7 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "packtool"
 
 LAYERS = {"base": 0, "formats": 1, "core": 2, "exec": 2, "stages": 3, "cli": 4, "torch": 2}
-TORCH_SIDE = ("packtool.loader", "packtool.attention", "packtool.loss", "packtool.audit")
+TORCH_SIDE = ("packtool.loader", "packtool.attention", "packtool.loss", "packtool.audit", "packtool.hf")
 #: torch-side packages the CLI may import, inside a command function only (checked below)
 LAZY_FROM_CLI = ("packtool.audit",)
 #: what the torch side may import of packtool: no CLI, no stages, no tokenizer stack

@@ -110,8 +110,9 @@ def test_bad_shapes_raise():
 import functools  # noqa: E402
 import inspect  # noqa: E402
 
-from packtool.attention import backends, native_available, select_backend  # noqa: E402
-from packtool.attention.fallback import sdpa_segments  # noqa: E402
+from packtool.attention import native_available, select_backend  # noqa: E402
+from packtool.attention.kernels import registry, spec  # noqa: E402
+from packtool.attention.kernels.spec import Needs  # noqa: E402
 
 
 class Kernels:
@@ -120,14 +121,15 @@ class Kernels:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, installed: dict, capability: tuple[int, int] | None = (9, 0)):
         self.installed = installed
         self.calls: list[tuple[str, tuple, dict]] = []
-        monkeypatch.setattr(backends, "load", lambda name: installed.get(name))
-        monkeypatch.setattr(backends, "capability", lambda device: capability)
+        real = spec.load
+        monkeypatch.setattr(spec, "load", lambda kernel: installed.get(kernel.name) if kernel.module else real(kernel))
+        monkeypatch.setattr(spec, "capability", lambda device: capability)
 
 
 def exact(q, k, v, cu, max_len, causal, scale):
     """What every real kernel computes: the fallback in float64 (the fakes return this)."""
     cu = torch.as_tensor(cu, dtype=torch.int32)
-    return sdpa_segments(q.double(), k.double(), v.double(), cu, int(max_len), causal, scale)
+    return varlen_attention(q.double(), k.double(), v.double(), cu, int(max_len), causal, scale, backend="fallback")
 
 
 def check_kernel_inputs(q, k, v, cu):
@@ -281,14 +283,15 @@ def test_forced_backends_fail_with_the_reason(monkeypatch):
     with pytest.raises(ConfigError, match="needs float16 or bfloat16, got torch.float32"):
         varlen_attention(q, k, v, cu_t, 200, backend="native")
     q8 = torch.randn(200, 4, 12, dtype=torch.bfloat16)
-    assert "head_dim 12" in backends.unusable("native", q8) and select_backend(q8) == "fallback"
+    assert "head_dim 12" in spec.unusable(registry.BY_NAME["native"], Needs.of(q8)) and select_backend(q8) == "fallback"
     for name in ("fallback", "torch"):  # `torch`: the old name of the exact fallback
         assert select_backend(q.bfloat16(), name) == "fallback"
 
 
 def test_real_environment_dispatch():
     """This machine (CPU torch 2.13): torch's varlen module imports, nothing can run but the fallback."""
-    assert backends.load("native") is not None  # torch >= 2.10 ships it
+    native = registry.BY_NAME["native"]
+    assert spec.load(native) is not None  # torch >= 2.10 ships it
     q = torch.randn(8, 2, 16, dtype=torch.bfloat16)
-    assert backends.unusable("native", q) == "needs CUDA tensors, got cpu"
+    assert spec.unusable(native, Needs.of(q)) == "needs CUDA tensors, got cpu"
     assert select_backend(q) == "fallback"

@@ -1,9 +1,10 @@
 """Attention over packed sequences: each token attends only within its own document.
 
 - `varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None,
-  backend="auto")` on `(total_tokens, heads, head_dim)`: flash-attn (FA3/FA4/FA2) when installed
-  on CUDA, else torch's native `varlen_attn` (torch >= 2.10, CUDA), else the exact SDPA fallback.
-  `select_backend(q, backend)` names the kernel a call runs (`backends.py` has the table).
+  backend="auto", *, cu_seqlens_k=, max_seqlen_k=, window=, softcap=, sinks=, dropout=)` on
+  `(total_tokens, heads, head_dim)`: flash-attn (FA3/FA4/FA2) when installed on CUDA, else torch's
+  native `varlen_attn` (torch >= 2.10, CUDA), else the exact SDPA fallback; each kernel one spec in
+  the ordered table `kernels/registry.py`. `select_backend(q, backend)` names the kernel a call runs.
 - `document_block_mask(cu_seqlens, total_len)` / `DocumentMaskCache`: a document-causal
   FlexAttention `BlockMask` built from `cu_seqlens` without a T×T mask;
   `flex_varlen_attention(q, k, v, cu_seqlens)` runs `flex_attention` with it.

@@ -12,6 +12,7 @@ attention implementation present (float64 where it runs, float32 for flex_attent
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,7 @@ from packtool.errors import ConfigError
 
 #: simplest keys first: the recommendation is the first exact (style, implementation)
 STYLE_ORDER = tuple(probe.STYLES)
-IMPL_ORDER = ("flash_attention_3", "flash_attention_2", "sdpa", "flex_attention", "eager")
+IMPL_ORDER = ("flash_attention_3", "flash_attention_2", "packtool", "sdpa", "flex_attention", "eager")
 #: a config field that marks a mixer -> the CUDA kernels that keep packed documents apart in it
 KERNELS = {
     "linear_num_key_heads": "flash-linear-attention and causal-conv1d",  # gated delta net
@@ -232,7 +233,7 @@ def _run_implementation(
         try:
             torch.manual_seed(config.seed)
             model = transformers.AutoModelForCausalLM.from_config(
-                tiny,
+                copy.deepcopy(tiny),  # the model keeps its config: a shared one would take the next impl's name
                 attn_implementation=impl,
                 experts_implementation="eager",  # grouped_mm kernels have no float64
                 dtype=candidate,
@@ -335,6 +336,8 @@ def _advice(
         call = f"PackedCollator(flatten={flat}{', seq_idx=True' if 'seq_idx' in keys else ''}, keys={keys})"
         extra = " (this model needs seq_idx)" if needs else ""
         text = f"packing is exact with {style} under attn_implementation={impl!r}{extra}: build batches with {call}"
+        if impl == "packtool":
+            text += " (`import packtool.hf` registers it: varlen kernels, no T×T mask, exact with use_cache too)"
         if cache is not None and cache["verdict"] == "leaks":
             text += (
                 f"; and turn the KV cache off (model.config.use_cache = False, or model(**batch, use_cache=False)): "

@@ -39,6 +39,7 @@ STYLES: dict[str, tuple[bool, tuple[str, ...]]] = {
 }
 #: implementation -> dtype it runs in on CPU (flex_attention fails in float64 on CPU)
 IMPLEMENTATIONS: dict[str, torch.dtype] = {
+    "packtool": torch.float64,  # `import packtool.hf`: varlen_attention (the exact fallback on CPU)
     "eager": torch.float64,
     "sdpa": torch.float64,
     "flex_attention": torch.float32,
@@ -67,7 +68,13 @@ class Measurement:
 
 
 def unavailable_reason(impl: str) -> str | None:
-    """Why `impl` cannot run here, or None when it can."""
+    """Why `impl` cannot run here, or None when it can ("packtool" is registered with transformers here)."""
+    if impl == "packtool":
+        try:
+            importlib.import_module("packtool.hf")
+        except Exception as exc:  # noqa: BLE001 - a transformers too old for the interfaces, say
+            return f"packtool.hf cannot register with this transformers: {first_line(exc)}"
+        return None
     if impl == "flex_attention" and importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
         return f"torch {torch.__version__} has no flex_attention"
     if impl.startswith("flash_attention"):

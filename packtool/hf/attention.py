@@ -1,0 +1,81 @@
+"""The function transformers calls for `attn_implementation="packtool"`: its arguments -> `varlen_attention`.
+
+transformers calls `fn(module, query, key, value, attention_mask, scaling=, dropout=,
+sliding_window=, softcap=, s_aux=, position_ids=, cu_seq_lens_q=, ...)` with `[B, heads, T, D]`
+tensors and expects `([B, T, heads, D], None)`. The batch layout (padding mask, collator offsets,
+restarting position_ids, plain rows, a KV cache) becomes varlen segments (`layout.py`); the
+layer's features become `varlen_attention`'s: causal unless the module says otherwise (Gemma 3
+bidirectional), transformers' `sliding_window=W` (W tokens, the current one included) as
+flash-attn's window `(W - 1, W - 1)`, `softcap`, the sinks `s_aux` (gpt-oss) and `dropout` (> 0
+only while training). The kernel is `varlen_attention`'s choice (`backend`): the first in its
+table that has every feature the layer uses, so a layer never runs on a kernel that would ignore
+one; a forced backend that lacks one is a ConfigError naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from packtool.attention import varlen_attention
+from packtool.choices import AttentionBackend
+from packtool.errors import ConfigError
+from packtool.hf import layout
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    s_aux: torch.Tensor | None = None,
+    *,
+    backend: str | AttentionBackend = "auto",
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface over `varlen_attention` (see the module docstring)."""
+    if query.shape[1] % key.shape[1]:
+        raise ConfigError(
+            f"{query.shape[1]} query heads are not a multiple of {key.shape[1]} key/value heads, packtool.hf, "
+            "use a model whose kv heads divide its query heads"
+        )
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, T, heads, D]
+    dim_v = v.shape[-1]
+    if dim_v < q.shape[-1]:  # MLA: values narrower than queries; pad and crop, as transformers does for flash
+        v = F.pad(v, (0, q.shape[-1] - dim_v))
+    if attention_mask is not None:
+        rows = layout.from_mask(q, k, v, attention_mask)
+    elif kwargs.get("cu_seq_lens_q") is not None:
+        rows = layout.from_cu(q, k, v, kwargs)
+    else:
+        rows = layout.from_positions(q, k, v, kwargs.get("position_ids"))
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    window = None
+    if sliding_window is not None and 0 < int(sliding_window) < rows.max_k:
+        window = (int(sliding_window) - 1, int(sliding_window) - 1)
+    out = varlen_attention(
+        rows.q,
+        rows.k,
+        rows.v,
+        rows.cu_q,
+        rows.max_q,
+        causal=causal,
+        softmax_scale=scaling,
+        backend=backend,
+        cu_seqlens_k=None if rows.cu_k is rows.cu_q else rows.cu_k,
+        max_seqlen_k=rows.max_k,
+        window=window,
+        softcap=softcap or None,
+        sinks=s_aux,
+        dropout=float(dropout or 0.0),
+    )
+    out = rows.repad(out)
+    return (out[..., :dim_v] if out.shape[-1] != dim_v else out), None
