@@ -33,10 +33,12 @@ class TokenizeConfig:
     """text: every token is a target; prompt-completion: completion (+EOS); chat, sharegpt, alpaca (and TRL's
     conversational prompt-completion): assistant turns, through the chat template; auto: detected from the
     first records (docs/CHAT.md)."""
-    field: str = "text"
-    """Dotted path of the text field (format text)."""
-    prompt_field: str = "prompt"
-    completion_field: str = "completion"
+    field: str | None = None
+    """text: dotted path of the text field (default `text`)."""
+    prompt_field: str | None = None
+    """prompt-completion: the prompt (default `prompt`; a list of messages: TRL's conversational shape)."""
+    completion_field: str | None = None
+    """prompt-completion: the completion, the target (default `completion`)."""
     messages_field: str | None = None
     """chat: `messages`, sharegpt: `conversations` when left out."""
     role_map: str | None = None
@@ -130,6 +132,9 @@ class TokenizeConfig:
         """Flags that the format does not read are contradictions, not silent no-ops."""
         fmt = InputFormat(str(self.format))
         uses = {
+            "field": (InputFormat.TEXT,),
+            "prompt_field": (InputFormat.PROMPT_COMPLETION,),
+            "completion_field": (InputFormat.PROMPT_COMPLETION,),
             "messages_field": (InputFormat.CHAT, InputFormat.SHAREGPT),
             "role_map": (InputFormat.CHAT, InputFormat.SHAREGPT, InputFormat.AUTO),
             "system_field": (InputFormat.SHAREGPT, InputFormat.ALPACA),
@@ -144,6 +149,11 @@ class TokenizeConfig:
                     f"{flag} does not apply to --format {fmt} (it is for {', '.join(str(f) for f in formats)}), "
                     f"leave {flag} out or pick the format that has it"
                 )
+        if AssistantTurns(str(self.assistant_turns)) == AssistantTurns.LAST and fmt == InputFormat.TEXT:
+            raise UsageError(
+                "--assistant-turns last does not apply to --format text (it is for records with assistant turns), "
+                "leave --assistant-turns out or pick the format of the records"
+            )
         if self.role_map is not None:
             try:
                 parse_role_map(self.role_map)

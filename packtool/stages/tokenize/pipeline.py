@@ -314,9 +314,9 @@ def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, shape: 
         tokenizer_path=info.path,
         tokenizer_sha256=info.sha256,
         format=fmt.value,
-        field=config.field,
-        prompt_field=config.prompt_field,
-        completion_field=config.completion_field,
+        field=config.field or "text",
+        prompt_field=config.prompt_field or "prompt",
+        completion_field=config.completion_field or "completion",
         messages_field=shape.messages_field,
         chat_template=template if chat else None,
         assistant_turns=str(config.assistant_turns),
@@ -406,9 +406,9 @@ def _manifest(
 def _fields(config: TokenizeConfig, settings: ChunkSettings) -> dict[str, Any]:
     fmt = InputFormat(settings.format)
     if fmt == InputFormat.TEXT:
-        return {"field": config.field, "separator": config.separator}
+        return {"field": settings.field, "separator": config.separator}
     if fmt == InputFormat.PROMPT_COMPLETION:
-        return {"prompt_field": config.prompt_field, "completion_field": config.completion_field}
+        return {"prompt_field": settings.prompt_field, "completion_field": settings.completion_field}
     roles = {"role_map": dict(settings.role_map)} if settings.role_map else {}
     if fmt == InputFormat.ALPACA:
         keys = ("instruction_field", "input_field", "output_field", "history_field", "system_field")
