@@ -1,14 +1,14 @@
 """Which record shape a run reads: `--format` as given, or detected from the first records (`auto`).
 
-Detection happens once, in the coordinator, before any chunk runs, so every chunk (and every shard
+Resolution happens once, in the coordinator, before any chunk runs, so every chunk (and every shard
 of a sharded run) reads the same shape. It looks at the first `DETECT_RECORDS` readable records of
-the whole input in order: the first one that `core.encoding.shapes.detect_shape` recognises
-decides; a later sampled record of another shape is a ConfigError (name the format). Records that
-fit no shape do not decide anything: they become per-record errors of the chosen shape. When there
-is nothing to decide from, the error says why: the inputs hold no record, or only bad ones (the
-first one's file:line and reason, as a run with `--format` would report it).
-`--format prompt-completion` is TRL's conversational prompt-completion when the first record's
-prompt is a list of messages (as TRL decides on a dataset's first example).
+the whole input in order (`core.encoding.shapes.detect.choose` decides; records that fit no shape
+become per-record errors of the chosen one). When there is nothing to decide from, the error says
+why: the inputs hold no record, or only bad ones (the first one's file:line and reason, as a run
+with `--format` would report it). A format with variants (`prompt-completion`: TRL's conversational
+shape when the first record's prompt is a list of messages, as TRL decides on a dataset's first
+example) is resolved on the first readable record. Flags the resolved shape does not read are an
+error naming the record that decided it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 from packtool.choices import AssistantTurns, InputFormat
-from packtool.core.encoding.shapes import detect_shape
+from packtool.core.encoding.shapes.base import ShapeFields, ShapeSpec, flag_of
+from packtool.core.encoding.shapes.detect import Sample, choose
+from packtool.core.encoding.shapes.registry import AUTO, every_shape, family
 from packtool.errors import ConfigError, InputError
 from packtool.stages.tokenize.config import TokenizeConfig
-from packtool.stages.tokenize.sources import INDEXED_KINDS, Chunk, get_field, read_chunk
+from packtool.stages.tokenize.sources import INDEXED_KINDS, Chunk, read_chunk
 from packtool.stages.tokenize.streams import PlainText
 
 DETECT_RECORDS = 64
@@ -32,20 +35,27 @@ class Shape:
     """The resolved shape of a run."""
 
     format: InputFormat  # never AUTO
-    name: str  # text, prompt-completion, conversational-prompt-completion, chat, sharegpt, alpaca
-    messages_field: str
+    spec: ShapeSpec
+    fields: ShapeFields  # the field names it reads
     detected: bool  # chosen by --format auto
+    where: str  # what decided it: `file:line` of a record, or "--format"
 
     @property
-    def conversational(self) -> bool:
-        return self.name == "conversational-prompt-completion"
+    def name(self) -> str:
+        return self.spec.name
+
+    def manifest_fields(self, config: TokenizeConfig, role_map: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+        """The manifest's `fields`: each field the shape reads (by its flag), flags it records, the role map."""
+        out: dict[str, Any] = {flag_of(f): getattr(self.fields, f) for f in self.spec.fields}
+        out.update((flag, getattr(config, flag)) for flag in self.spec.recorded)
+        return {**out, **({"role_map": dict(role_map)} if role_map else {})}
 
 
 @dataclass
 class _Sample:
-    """The first readable records (source, line, value), and the first bad one met before them."""
+    """The first readable records, and the first bad one met before them."""
 
-    records: list[tuple[str, int | None, object]] = field(default_factory=list)
+    records: list[Sample] = field(default_factory=list)
     bad: tuple[str, int | None, str, bool] | None = None  # (source, line, reason, indexed) of the first bad record
     n_bad: int = 0
 
@@ -57,7 +67,8 @@ def _first_records(chunks: Sequence[Chunk], config: TokenizeConfig) -> _Sample:
         records = read_chunk(chunk, separator=config.separator, max_record_bytes=config.max_record_bytes)
         for record in islice(records, DETECT_RECORDS):
             if record.error is None:
-                sample.records.append((record.source, record.line, record.value))
+                where = f"{record.source}:{record.line}"
+                sample.records.append(Sample(where, record.value, isinstance(record.value, PlainText)))
             else:
                 sample.n_bad += 1
                 if sample.bad is None:
@@ -70,62 +81,51 @@ def _first_records(chunks: Sequence[Chunk], config: TokenizeConfig) -> _Sample:
 def resolve_shape(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
     """The shape this run reads (see the module docstring)."""
     fmt = InputFormat(str(config.format))
-    default_messages = "conversations" if fmt == InputFormat.SHAREGPT else "messages"
-    messages_field = config.messages_field or default_messages
-    if fmt == InputFormat.AUTO:
-        shape, where = _detect(config, chunks)
-    else:
-        shape, where = Shape(fmt, str(fmt), messages_field, False), "--format"
-        if fmt == InputFormat.PROMPT_COMPLETION:
-            for source, line, value in _first_records(chunks, config).records[:1]:
-                prompt, reason = get_field(value, config.prompt_field or "prompt")
-                if reason is None and isinstance(prompt, list):
-                    return Shape(fmt, "conversational-prompt-completion", messages_field, False)
-                where = f"the first record, {source}:{line}"
-    if config.assistant_turns == AssistantTurns.LAST and shape.name in ("text", "prompt-completion"):
-        found = "detected" if shape.detected else "read"
-        raise ConfigError(
-            f"--assistant-turns last applies to records with assistant turns, but --format {config.format} {found} "
-            f"{shape.name} records ({where}), leave --assistant-turns out"
-        )
+    shape = _detect(config, chunks) if fmt.value == AUTO else _given(fmt, config, chunks)
+    _check_flags(shape, config)
     return shape
 
 
-def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> tuple[Shape, str]:
-    chosen: tuple[str, str, int | None] | None = None  # (shape, source, line)
+def _given(fmt: InputFormat, config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
+    base, *variants = family(fmt.value)
+    if not variants:
+        return Shape(fmt, base, _fields(base, config), False, "--format")
+    first = _first_records(chunks, config).records[:1]
+    for spec in variants:
+        fields = _fields(spec, config)
+        if first and spec.detect(first[0].record, fields) is not None:
+            return Shape(fmt, spec, fields, False, f"the first record, {first[0].where}")
+    return Shape(
+        fmt, base, _fields(base, config), False, f"the first record, {first[0].where}" if first else "--format"
+    )
+
+
+def _fields(spec: ShapeSpec, config: TokenizeConfig) -> ShapeFields:
+    """The shape's fields: as the flags name them, else the shape's defaults."""
+    return ShapeFields(**{f: getattr(config, flag_of(f)) or default for f, default in spec.fields.items()})
+
+
+def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
     sample = _first_records(chunks, config)
-    records = sample.records
-    if not records:
+    if not sample.records:
         _nothing_to_detect(sample, chunks)
-    for source, line, value in records:
-        shape = "text" if isinstance(value, PlainText) else detect_shape(value)
-        if shape is None:
-            continue
-        if chosen is None:
-            chosen = (shape, source, line)
-        elif shape != chosen[0]:
-            raise ConfigError(
-                f"--format auto found two record shapes: {chosen[0]} at {chosen[1]}:{chosen[2]} and {shape} at "
-                f"{source}:{line}, pass --format for the shape the inputs should have"
-            )
-    if chosen is None:
-        where = f"{records[0][0]}:{records[0][1]}" if records else "the inputs"
-        first = records[0][2] if records else None
-        held = f", the first holds {_fields_of(first)}" if isinstance(first, dict) else ""
+    candidate, first = choose(sample.records)
+    return Shape(InputFormat(candidate.format), candidate.spec, candidate.resolved_fields(), True, first.where)
+
+
+def _check_flags(shape: Shape, config: TokenizeConfig) -> None:
+    """Flags the resolved shape does not read (known only once records decided it) are an error naming why."""
+    found = f"--format {config.format} {'detected' if shape.detected else 'read'} {shape.name}"
+    if config.role_map is not None and not shape.spec.role_map:
+        readers = list(dict.fromkeys(fmt for fmt, spec in every_shape() if spec.role_map))
         raise ConfigError(
-            f"--format auto recognises no record shape in the first {len(records)} records ({where}{held}): "
-            "expected text, prompt/completion, messages, conversations, conversation, or instruction/output fields; "
-            "pass --format and the field flags that name them (see packtool tokenize --help)"
+            f"--role-map applies to {' and '.join(readers)} records, but {found} ({shape.where}), leave --role-map out"
         )
-    name, _, under = chosen[0].partition(":")  # a conversation shape may name the field its turns are under
-    fmt = InputFormat.PROMPT_COMPLETION if name.endswith("prompt-completion") else InputFormat(name)
-    if config.role_map is not None and fmt not in (InputFormat.CHAT, InputFormat.SHAREGPT):
+    if config.assistant_turns == AssistantTurns.LAST and not shape.spec.chat:
         raise ConfigError(
-            f"--role-map applies to chat and sharegpt records, but --format auto detected {name} "
-            f"({chosen[1]}:{chosen[2]}), leave --role-map out"
+            f"--assistant-turns last applies to records with assistant turns, but {found} records ({shape.where}), "
+            "leave --assistant-turns out"
         )
-    messages_field = under or ("conversations" if name == "sharegpt" else "messages")
-    return Shape(fmt, name, messages_field, True), f"{chosen[1]}:{chosen[2]}"
 
 
 def _nothing_to_detect(sample: _Sample, chunks: Sequence[Chunk]) -> None:
@@ -147,10 +147,3 @@ def _nothing_to_detect(sample: _Sample, chunks: Sequence[Chunk]) -> None:
         line,
         hint="fix the records, or pass --format for the shape they should have",
     )
-
-
-def _fields_of(record: dict[object, object], most: int = 8) -> str:
-    """The record's field names, for an error: `fields 'a', 'b', ...` (at most `most` of them)."""
-    names = [repr(str(k)) for k in list(record)[:most]]
-    more = ", ..." if len(record) > most else ""
-    return f"fields {', '.join(names)}{more}" if names else "no fields"
