@@ -18,8 +18,16 @@ from support import cli, write_jsonl
 import packtool
 from packtool.choices import InputFormat
 from packtool.core.encoding.shapes import registry
-from packtool.core.encoding.shapes.base import FIELD_NAMES, Conversation, ShapeFields, ShapeOptions, ShapeSpec, flag_of
-from packtool.core.encoding.shapes.detect import Sample, choose
+from packtool.core.encoding.shapes.base import (
+    FIELD_NAMES,
+    Conversation,
+    Sample,
+    ShapeFields,
+    ShapeOptions,
+    ShapeSpec,
+    flag_of,
+)
+from packtool.core.encoding.shapes.detect import choose
 from packtool.errors import ConfigError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1] / "packtool"

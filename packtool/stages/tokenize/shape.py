@@ -19,8 +19,7 @@ from itertools import islice
 from typing import Any
 
 from packtool.choices import AssistantTurns, InputFormat
-from packtool.core.encoding.shapes.base import ShapeFields, ShapeSpec, flag_of
-from packtool.core.encoding.shapes.detect import Sample, choose
+from packtool.core.encoding.shapes.base import Sample, ShapeFields, ShapeSpec, flag_of
 from packtool.core.encoding.shapes.registry import AUTO, every_shape, family
 from packtool.errors import ConfigError, InputError
 from packtool.stages.tokenize.config import TokenizeConfig
@@ -55,7 +54,7 @@ class Shape:
 class _Sample:
     """The first readable records, and the first bad one met before them."""
 
-    records: list[Sample] = field(default_factory=list)
+    records: list[Sample] = field(default_factory=list)  # what detect.choose reads
     bad: tuple[str, int | None, str, bool] | None = None  # (source, line, reason, indexed) of the first bad record
     n_bad: int = 0
 
@@ -106,6 +105,8 @@ def _fields(spec: ShapeSpec, config: TokenizeConfig) -> ShapeFields:
 
 
 def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
+    from packtool.core.encoding.shapes.detect import choose  # every shape's module: for auto runs only
+
     sample = _first_records(chunks, config)
     if not sample.records:
         _nothing_to_detect(sample, chunks)

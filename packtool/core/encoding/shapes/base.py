@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from packtool.core.encoding.shapes.roles import RoleMap
 from packtool.core.encoding.turns import ChatRecordError, Spans
@@ -94,6 +94,14 @@ class Fit:
 
 
 FIT = Fit()
+
+
+class Sample(NamedTuple):
+    """One record `--format auto` reads: where it is (`file:line`), its value, whether it is a bare document."""
+
+    where: str
+    record: Any
+    document: bool = False
 
 
 @dataclass(frozen=True)

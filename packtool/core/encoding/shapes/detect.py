@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from packtool.core.encoding.shapes.base import ShapeFields, ShapeSpec
+from packtool.core.encoding.shapes.base import Sample, ShapeFields, ShapeSpec
 from packtool.core.encoding.shapes.registry import every_shape
 from packtool.errors import ConfigError
 
@@ -35,15 +35,6 @@ class Candidate:
 
     def resolved_fields(self) -> ShapeFields:
         return ShapeFields(**{**self.spec.fields, **dict(self.fields)})
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sampled record: where it is (`file:line`), its value, and whether it is a bare document (.txt)."""
-
-    where: str
-    record: Any
-    document: bool = False
 
 
 def fits(record: Any, document: bool = False) -> list[tuple[Candidate, bool]]:
