@@ -25,6 +25,7 @@ class InputFormat(StrEnum):
     CHAT = "chat"
     SHAREGPT = "sharegpt"
     ALPACA = "alpaca"
+    OPENAI = "openai"
     AUTO = "auto"
 
 
