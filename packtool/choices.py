@@ -16,11 +16,16 @@ class StrEnum(str, Enum):
 
 
 class InputFormat(StrEnum):
+    """`--format`, and the registry of record shapes: every value but `auto` names the shape whose spec is
+    `SPEC` in `packtool/core/encoding/shapes/<value, dashes as underscores>.py` (read by
+    `core.encoding.shapes.registry`). Adding a shape is its module plus one line here (docs/ARCHITECTURE.md)."""
+
     TEXT = "text"
     PROMPT_COMPLETION = "prompt-completion"
     CHAT = "chat"
     SHAREGPT = "sharegpt"
     ALPACA = "alpaca"
+    OPENAI = "openai"
     AUTO = "auto"
 
 

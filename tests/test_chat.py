@@ -98,6 +98,34 @@ def test_render_spans_are_exact_character_ranges() -> None:
     assert [text[a:b] for a, b in spans] == ["bye</turn>"]
 
 
+def test_per_turn_targets_choose_the_spans_and_last_keeps_the_last_turn_if_a_target() -> None:
+    """`Conversation.targets`: one flag per message; `last_only` keeps the last assistant turn only when it is one."""
+    template = chat("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</turn>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<assistant>{% endif %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "bye"}]
+    for targets, last, want in [
+        ((False, True, False, True), False, ["yo</turn>", "bye</turn>"]),
+        ((False, False, False, True), False, ["bye</turn>"]),
+        ((False, True, False, False), False, ["yo</turn>"]),
+        ((False, True, False, False), True, []),  # the last turn is context: no target at all
+        ((False, False, False, True), True, ["bye</turn>"]),
+        ((False, True, False, True), True, ["bye</turn>"]),
+        ((False, False, False, False), False, []),
+    ]:
+        text, spans = render_with_spans(template, messages, last, targets=targets)
+        assert [text[a:b] for a, b in spans] == want, (targets, last)
+    with pytest.raises(ValueError, match="only assistant messages"):
+        render_with_spans(template, messages, targets=(True, True, False, True))
+    with pytest.raises(ValueError, match="4 target flags for 2 messages"):
+        render_with_spans(template, messages[:2], targets=(False, True, False, True))
+    skips = chat("{% for m in messages %}<{{ m['role'] }}>{% if m['role'] == 'assistant' and m['content'] != 'yo' %}"
+                 "{% generation %}{{ m['content'] }}</turn>{% endgeneration %}{% else %}{{ m['content'] }}</turn>"
+                 "{% endif %}\n{% endfor %}")  # its {% generation %} blocks leave "yo" out
+    with pytest.raises(ChatRecordError, match="cannot tell the assistant turns that are context"):
+        render_with_spans(skips, messages, targets=(False, False, False, True))
+
+
 def test_template_that_rewrites_history_is_located_exactly() -> None:
     """Reasoning only in the last turn (Qwen3-style), and a header appended after every conversation."""
     template = chat(

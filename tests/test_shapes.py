@@ -21,15 +21,11 @@ from test_chat_templates import build_tokenizer, fixture
 from tokenizers import Tokenizer
 
 import packtool
-from packtool.core.encoding.shapes import (
-    DEFAULT_ROLE_MAP,
-    ShapeError,
-    ShapeFields,
-    alpaca_conversation,
-    detect_shape,
-    parse_role_map,
-    sharegpt_conversation,
-)
+from packtool.core.encoding.shapes.alpaca import alpaca_conversation
+from packtool.core.encoding.shapes.base import ShapeError, ShapeFields
+from packtool.core.encoding.shapes.detect import detect_shape
+from packtool.core.encoding.shapes.roles import parse_role_map
+from packtool.core.encoding.shapes.sharegpt import DEFAULT_ROLE_MAP, sharegpt_conversation
 from packtool.errors import UsageError
 from packtool.formats.token_store import open_token_store
 

@@ -145,7 +145,7 @@ def test_prompt_completion_targets_are_completion_plus_eos(tmp_path: Path, bpe_t
     rows.append({"q": {"prompt": "empty completion:"}, "completion": ""})
     write_jsonl(tmp_path / "pc.jsonl", rows)
     cfg = packtool.TokenizeConfig(inputs=(str(tmp_path / "pc.jsonl"),), tokenizer=str(bpe_tokenizer_dir), output=str(tmp_path / "s"),
-                                  format=packtool.stages.tokenize.settings.InputFormat.PROMPT_COMPLETION, prompt_field="q.prompt",
+                                  format=packtool.choices.InputFormat.PROMPT_COMPLETION, prompt_field="q.prompt",
                                   workers=1)
     packtool.tokenize_corpus(cfg)
     store = open_token_store(tmp_path / "s")

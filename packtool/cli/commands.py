@@ -68,9 +68,13 @@ def tokenize(
     format: Annotated[
         InputFormat, typer.Option("--format", help="How records become tokens and loss.")
     ] = InputFormat.TEXT,
-    field: Annotated[str, typer.Option("--field", help="Text field (dotted path) for --format text.")] = "text",
-    prompt_field: Annotated[str, typer.Option("--prompt-field")] = "prompt",
-    completion_field: Annotated[str, typer.Option("--completion-field")] = "completion",
+    field: Annotated[
+        str | None, typer.Option("--field", help="Text field (dotted path) for --format text (default: text).")
+    ] = None,
+    prompt_field: Annotated[str | None, typer.Option("--prompt-field", help="prompt-completion: prompt.")] = None,
+    completion_field: Annotated[
+        str | None, typer.Option("--completion-field", help="prompt-completion: completion.")
+    ] = None,
     messages_field: Annotated[
         str | None, typer.Option("--messages-field", help="chat: messages; sharegpt: conversations.")
     ] = None,

@@ -9,9 +9,11 @@ from typing import Any
 def tokenize_line(result: Any) -> str:
     m = result.manifest
     state = "up to date" if result.up_to_date else f"{result.reused_chunks}/{result.n_chunks} chunks reused"
+    from packtool.core.encoding.shapes.registry import default_field
+
     shape = m.get("input_shape") or {}
     field = (m.get("fields") or {}).get("messages_field")
-    default = {"chat": "messages", "sharegpt": "conversations"}.get(str(shape.get("name")))
+    default = default_field(str(shape.get("name")), "messages")
     under = f" (turns under {field!r})" if default and field != default else ""
     detected = f"detected format {shape['name']}{under}, " if shape.get("detected") else ""
     reasons = m.get("rejected_by_reason") or {}

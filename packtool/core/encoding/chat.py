@@ -307,12 +307,13 @@ def render_with_spans(
     last_only: bool = False,
     *,
     tools: list[Any] | None = None,
-    targets_from: int = 0,
+    targets: tuple[bool, ...] | None = None,
 ) -> tuple[str, Spans]:
-    """Render a conversation; return the text and the [start, end) char span of each assistant turn's target.
+    """Render a conversation; return the text and the [start, end) char span of each target turn.
 
-    `tools` go to the template as transformers' `tools=`. Assistant messages before index
-    `targets_from` are context (TRL's conversational prompt), not targets.
+    `tools` go to the template as transformers' `tools=`. `targets` says per message whether it is a
+    target (only assistant messages can be); None: every assistant message is. `last_only` keeps the
+    last assistant message, when it is a target.
     """
     prepared = prepare(validate_messages(messages))
     if tools is not None:
@@ -322,19 +323,25 @@ def render_with_spans(
     else:
         text = chat.render(prepared)
         spans = locate_turns(chat, prepared, text)
-    if targets_from > 0:
-        spans = _from_message(prepared, spans, targets_from)
+    if targets is not None:
+        return text, _targets(prepared, spans, targets, last_only)
     return text, spans[-1:] if last_only else spans
 
 
-def _from_message(messages: list[dict[str, Any]], spans: Spans, first: int) -> Spans:
-    """The spans of the assistant messages at index >= first (spans come one per assistant message, in order)."""
-    context = sum(1 for m in messages[:first] if m.get("role") == "assistant")
-    if not context:
-        return spans
-    if len(spans) != sum(1 for m in messages if m.get("role") == "assistant"):
+def _targets(messages: list[dict[str, Any]], spans: Spans, targets: tuple[bool, ...], last_only: bool) -> Spans:
+    """The spans of the target assistant messages (spans come one per assistant message, in order)."""
+    if len(targets) != len(messages):
+        raise ValueError(f"{len(targets)} target flags for {len(messages)} messages")  # a shape's bug
+    assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if any(t and i not in assistants for i, t in enumerate(targets)):
+        raise ValueError("only assistant messages can be targets")  # a shape's bug
+    if all(targets[i] for i in assistants):  # every turn is a target: the chat rule, whatever the spans
+        return spans[-1:] if last_only else spans
+    if len(spans) != len(assistants):
         raise ChatRecordError(
-            "cannot tell the prompt's assistant turns from the completion's (the template does not render a "
-            "target for every assistant turn), move the prompt's assistant turns into a chat record"
+            "cannot tell the assistant turns that are context from the targets (the template does not render a "
+            "target for every assistant turn), make every assistant turn a target (TRL: move the prompt's "
+            "assistant turns into a chat record)"
         )
-    return spans[context:]
+    kept = [k for k, i in enumerate(assistants) if targets[i] and (not last_only or i == assistants[-1])]
+    return [spans[k] for k in kept]

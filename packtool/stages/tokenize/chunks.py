@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from packtool.choices import InputFormat, OnError
+from packtool.choices import OnError
 from packtool.core.encoding.encode import Spans, encode_batch
 from packtool.errors import InputError
 from packtool.formats.token_store import parse_dtype
@@ -119,7 +119,7 @@ def _take(chunk: Chunk, settings: ChunkSettings) -> list[tuple[str, int | None, 
 
 def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResult:
     """Tokenize every record of `chunk`; raise InputError on a bad record in fail mode."""
-    with_loss = settings.format != InputFormat.TEXT
+    with_loss = settings.loss
     tok = cached_tokenizer(settings.tokenizer_path, settings.tokenizer_sha256) if settings.backend != "fast" else None
     backend = cached_backend(settings.backend, settings.tokenizer_path, settings.tokenizer_sha256, tok)
     dtype = parse_dtype(settings.dtype, "chunk settings")

@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass
 
 from packtool.choices import AssistantTurns, BackendName, ExecutorName, InputFormat, OnError
-from packtool.core.encoding.shapes import parse_role_map
 from packtool.errors import ConfigError, UsageError
 from packtool.stages.tokenize.streams import DEFAULT_MAX_RECORD_BYTES
 
@@ -33,12 +32,14 @@ class TokenizeConfig:
     """text: every token is a target; prompt-completion: completion (+EOS); chat, sharegpt, alpaca (and TRL's
     conversational prompt-completion): assistant turns, through the chat template; auto: detected from the
     first records (docs/CHAT.md)."""
-    field: str = "text"
-    """Dotted path of the text field (format text)."""
-    prompt_field: str = "prompt"
-    completion_field: str = "completion"
+    field: str | None = None
+    """text: dotted path of the text field (default `text`)."""
+    prompt_field: str | None = None
+    """prompt-completion: the prompt (default `prompt`; a list of messages: TRL's conversational shape)."""
+    completion_field: str | None = None
+    """prompt-completion: the completion, the target (default `completion`)."""
     messages_field: str | None = None
-    """chat: `messages`, sharegpt: `conversations` when left out."""
+    """chat: `messages`, sharegpt: `conversations` when left out (each shape's default: its spec)."""
     role_map: str | None = None
     """chat / sharegpt: `from=to,...` renaming roles to system/user/assistant/tool (extends sharegpt's default map)."""
     instruction_field: str | None = None
@@ -127,23 +128,26 @@ class TokenizeConfig:
         return self
 
     def _check_shape_flags(self) -> None:
-        """Flags that the format does not read are contradictions, not silent no-ops."""
-        fmt = InputFormat(str(self.format))
-        uses = {
-            "messages_field": (InputFormat.CHAT, InputFormat.SHAREGPT),
-            "role_map": (InputFormat.CHAT, InputFormat.SHAREGPT, InputFormat.AUTO),
-            "system_field": (InputFormat.SHAREGPT, InputFormat.ALPACA),
-            **dict.fromkeys(
-                ("instruction_field", "input_field", "output_field", "history_field"), (InputFormat.ALPACA,)
-            ),
-        }
-        for name, formats in uses.items():
-            if getattr(self, name) is not None and fmt not in formats:
+        """Flags that the format does not read are contradictions, not silent no-ops (the shapes' specs say).
+
+        The shapes are imported here, not with the module: `packtool --help` imports this config."""
+        from packtool.core.encoding.shapes.registry import flags_read, formats_reading, has_turns, shape_flags
+        from packtool.core.encoding.shapes.roles import parse_role_map
+
+        fmt = str(self.format)
+        reads = flags_read(fmt)
+        for name in shape_flags():
+            if getattr(self, name) is not None and name not in reads:
                 flag = "--" + name.replace("_", "-")
                 raise UsageError(
-                    f"{flag} does not apply to --format {fmt} (it is for {', '.join(str(f) for f in formats)}), "
+                    f"{flag} does not apply to --format {fmt} (it is for {', '.join(formats_reading(name))}), "
                     f"leave {flag} out or pick the format that has it"
                 )
+        if AssistantTurns(str(self.assistant_turns)) == AssistantTurns.LAST and not has_turns(fmt):
+            raise UsageError(
+                f"--assistant-turns last does not apply to --format {fmt} (it is for records with assistant turns), "
+                "leave --assistant-turns out or pick the format of the records"
+            )
         if self.role_map is not None:
             try:
                 parse_role_map(self.role_map)

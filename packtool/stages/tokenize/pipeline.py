@@ -29,21 +29,13 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from packtool import __version__
-from packtool.choices import InputFormat, OnError
+from packtool.choices import OnError
 from packtool.core.encoding.backends import FastBackend, HFBackend
-from packtool.core.encoding.shapes import parse_role_map
-from packtool.errors import ConfigError, FormatError, InputError, PacktoolError
+from packtool.errors import FormatError, PacktoolError
 from packtool.exec import Executor, cap_malloc_arenas, make_executor, scoped_environ
 from packtool.formats.faults import fault_point
 from packtool.formats.token_resume import resume_token_store
-from packtool.formats.token_store import (
-    MANIFEST,
-    StoreMark,
-    TokenStoreWriter,
-    commit_token_store,
-    dtype_for_max_id,
-    dtype_name,
-)
+from packtool.formats.token_store import MANIFEST, StoreMark, TokenStoreWriter, commit_token_store, dtype_for_max_id
 from packtool.progress import Progress
 from packtool.stages.tokenize.backend_choice import (
     choose_backend,
@@ -56,9 +48,10 @@ from packtool.stages.tokenize.chunks import ChunkTask, prerender, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig, auto_chunk_bytes
 from packtool.stages.tokenize.early import worth_loading
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
+from packtool.stages.tokenize.manifest import token_manifest
 from packtool.stages.tokenize.output import check_output, guarded_output
-from packtool.stages.tokenize.settings import ChunkSettings, renders_chat, special_policy
-from packtool.stages.tokenize.shape import Shape, resolve_shape
+from packtool.stages.tokenize.settings import ChunkSettings, chunk_settings
+from packtool.stages.tokenize.shape import resolve_shape
 from packtool.stages.tokenize.shards import shard_build, shard_entry, shard_slice
 from packtool.stages.tokenize.sources import (
     Chunk,
@@ -68,7 +61,6 @@ from packtool.stages.tokenize.sources import (
     input_bytes,
     plan_chunks,
 )
-from packtool.stages.tokenize.template import check_chat_template, read_chat_template
 from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 
 log = logging.getLogger(__name__)
@@ -144,8 +136,8 @@ def _tokenize(
     hashes = hash_sources(sources)
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     shape = resolve_shape(config, all_chunks)
-    needs_offsets = shape.format != InputFormat.TEXT
-    settings = _settings(config, info, output, shape)
+    needs_offsets = shape.spec.loss  # target spans are character offsets: encoding needs them
+    settings = chunk_settings(config, info, output, shape)
 
     def meanwhile(pending: Callable[[], bool]) -> None:  # render chat-shaped chunks while the fast engine loads
         if needs_offsets and executor is None and config.executor == "local":
@@ -198,7 +190,7 @@ def _tokenize(
         if not journal.source_hashes:
             for source in sources:
                 journal.record_source(source.path, hashes.result()[source.path])
-        manifest = _manifest(
+        manifest = token_manifest(
             chunks, results, sources, hashes.result(), settings, info, config, build_id, choice.manifest(), shape
         )
         manifest = writer.finish({**manifest, **({"shard": shard} if shard else {})})  # shard last: merge drops it
@@ -248,7 +240,7 @@ def _resume(
         journal.store_dir,
         dtype_for_max_id(info.max_id),
         marks,
-        with_loss=settings.format != InputFormat.TEXT,
+        with_loss=settings.loss,
         with_rejects=settings.on_error == OnError.SKIP,
     )
     journal.restart(prefix[:kept], {p: h for p, h in current.items() if journal.source_hashes.get(p) == h})
@@ -297,122 +289,7 @@ def _append_in_order(
         raise FormatError(f"the executor returned {position} of {len(order)} chunks, tokenize, this is a bug")
 
 
-def _settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, shape: Shape) -> ChunkSettings:
-    fmt = shape.format
-    chat = renders_chat(fmt, shape.conversational)
-    template = info.chat_template
-    if config.chat_template is not None:
-        template = read_chat_template(config.chat_template)
-    if chat and template:
-        check_chat_template(template, config.chat_template or f"of tokenizer {info.name!r} (tokenizer_config.json)")
-    if chat and not template:
-        raise ConfigError(
-            f"{shape.name} records are rendered by a chat template but tokenizer {info.name!r} has none in "
-            "tokenizer_config.json, pass --chat-template FILE"
-        )
-    return ChunkSettings(
-        tokenizer_path=info.path,
-        tokenizer_sha256=info.sha256,
-        format=fmt.value,
-        field=config.field,
-        prompt_field=config.prompt_field,
-        completion_field=config.completion_field,
-        messages_field=shape.messages_field,
-        chat_template=template if chat else None,
-        assistant_turns=str(config.assistant_turns),
-        bos_token=info.bos_token,
-        eos_token=info.eos_token,
-        separator=config.separator,
-        on_error=str(config.on_error),
-        policy=special_policy(info, chat, config.bos, config.eos),
-        dtype=dtype_name(dtype_for_max_id(info.max_id)),
-        work_dir=str(work_dir_for(output)),
-        max_record_bytes=config.max_record_bytes,
-        conversational=shape.conversational,
-        role_map=parse_role_map(config.role_map) if config.role_map else (),
-        instruction_field=config.instruction_field or "instruction",
-        input_field=config.input_field or "input",
-        output_field=config.output_field or "output",
-        history_field=config.history_field or "history",
-        system_field=config.system_field or "system",
-    )
-
-
 def _chunk_key(fingerprint: str, chunk: Chunk) -> str:
     """What a chunk's output depends on besides its inputs' bytes (those are checked by their sha256)."""
     ident = [fingerprint, chunk.kind, chunk.start, chunk.end, chunk.first_line, list(chunk.paths)]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()
-
-
-def _manifest(
-    chunks: list[Chunk],
-    results: dict[int, ChunkResult],
-    sources: list[SourceFile],
-    digests: dict[str, str],
-    settings: ChunkSettings,
-    info: TokenizerInfo,
-    config: TokenizeConfig,
-    build: str,
-    backend: dict[str, Any],
-    shape: Shape,
-) -> dict[str, Any]:
-    """The manifest's keys that the writer does not fill in; InputError when nothing was tokenized."""
-    counts = {s.path: [0, 0, 0] for s in sources}
-    reasons: dict[str, int] = {}
-    for chunk in chunks:
-        for kind, n in results[chunk.index].reasons.items():
-            reasons[kind] = reasons.get(kind, 0) + n
-        for path, (records, documents, rejected) in results[chunk.index].sources.items():
-            got = counts[path]
-            got[0], got[1], got[2] = got[0] + records, got[1] + documents, got[2] + rejected
-    if not any(c[1] for c in counts.values()) and config.num_shards == 1:  # a shard may be empty
-        records = sum(c[0] for c in counts.values())
-        raise InputError(
-            f"no documents to tokenize ({len(sources)} input files, {records} records, "
-            f"{sum(c[2] for c in counts.values())} rejected)",
-            ", ".join(s.path for s in sources[:3]),
-            hint="check the inputs and --field / --format",
-        )
-    for path, (records, _, _) in counts.items():
-        if records == 0 and config.num_shards == 1:  # a shard reads only part of the inputs
-            log.warning("input %s holds no records", path)
-    return {
-        "packtool_version": __version__,
-        "tokenizer": info.manifest(),
-        **settings.policy.manifest,
-        "input_format": settings.format,
-        "input_shape": {"name": shape.name, "detected": shape.detected},
-        "fields": _fields(config, settings),
-        "chat_template_sha256": hashlib.sha256(settings.chat_template.encode()).hexdigest()
-        if settings.chat_template
-        else None,
-        "sources": [
-            {
-                "path": s.path,
-                "sha256": digests[s.path],
-                "records": counts[s.path][0],
-                "documents": counts[s.path][1],
-                "rejected": counts[s.path][2],
-            }
-            for s in sources
-        ],
-        "n_rejected": sum(c[2] for c in counts.values()),
-        "rejected_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "backend": backend,
-        "build": build,
-    }
-
-
-def _fields(config: TokenizeConfig, settings: ChunkSettings) -> dict[str, Any]:
-    fmt = InputFormat(settings.format)
-    if fmt == InputFormat.TEXT:
-        return {"field": config.field, "separator": config.separator}
-    if fmt == InputFormat.PROMPT_COMPLETION:
-        return {"prompt_field": config.prompt_field, "completion_field": config.completion_field}
-    roles = {"role_map": dict(settings.role_map)} if settings.role_map else {}
-    if fmt == InputFormat.ALPACA:
-        keys = ("instruction_field", "input_field", "output_field", "history_field", "system_field")
-        return {k: getattr(settings, k) for k in keys}
-    if fmt == InputFormat.SHAREGPT:
-        return {"messages_field": settings.messages_field, "system_field": settings.system_field, **roles}
-    return {"messages_field": settings.messages_field, **roles}

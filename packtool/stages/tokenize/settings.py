@@ -1,15 +1,25 @@
-"""`ChunkSettings`, the small picklable settings every chunk task gets, and how BOS/EOS are resolved."""
+"""`ChunkSettings`, the small picklable settings every chunk task gets, how a run's are made from its config
+and shape (`chunk_settings`), and how BOS/EOS are resolved."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
 
-from packtool.choices import InputFormat
 from packtool.core.encoding.encode import SpecialPolicy
+from packtool.core.encoding.shapes.base import ShapeFields, ShapeOptions, ShapeSpec
+from packtool.core.encoding.shapes.registry import shape_spec
+from packtool.core.encoding.shapes.roles import parse_role_map
 from packtool.errors import ConfigError
+from packtool.formats.token_store import dtype_for_max_id, dtype_name
+from packtool.stages.tokenize.config import TokenizeConfig
+from packtool.stages.tokenize.journal import work_dir_for
+from packtool.stages.tokenize.shape import Shape
 from packtool.stages.tokenize.streams import DEFAULT_MAX_RECORD_BYTES
+from packtool.stages.tokenize.template import check_chat_template, read_chat_template
 from packtool.stages.tokenize.tokenizer import TokenizerInfo
 
 
@@ -19,11 +29,9 @@ class ChunkSettings:
 
     tokenizer_path: str
     tokenizer_sha256: str
-    format: str
-    field: str
-    prompt_field: str
-    completion_field: str
-    messages_field: str
+    format: str  # the --format that reads the records (never auto)
+    shape: str  # the shape it reads them as: the format's own, or a variant (TRL's conversational)
+    fields: ShapeFields  # the record fields the shape reads
     chat_template: str | None
     bos_token: str | None
     eos_token: str | None
@@ -35,19 +43,14 @@ class ChunkSettings:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     threads: int = 1
     backend: str = "hf"  # "hf" or "fast": the ids are identical (verified), so not in the fingerprint
-    assistant_turns: str = "all"  # chat: "all" or "last" assistant turns are targets
-    conversational: bool = False  # prompt-completion: TRL's lists of messages (the chat path)
-    role_map: tuple[tuple[str, str], ...] = ()  # chat / sharegpt: --role-map pairs
-    instruction_field: str = "instruction"  # alpaca fields
-    input_field: str = "input"
-    output_field: str = "output"
-    history_field: str = "history"
-    system_field: str = "system"  # alpaca and sharegpt
+    assistant_turns: str = "all"  # chat shapes: "all" or "last" assistant turns are targets
+    role_map: tuple[tuple[str, str], ...] = ()  # --role-map pairs, for the shapes that read them
+    loss: bool = True  # some tokens are not targets (every shape but text): the store has tokens.loss
 
-    @property
-    def chat(self) -> bool:
-        """Records become messages rendered by the chat template (chat, sharegpt, alpaca, TRL conversational)."""
-        return renders_chat(self.format, self.conversational)
+    @cached_property
+    def reader(self) -> tuple[ShapeSpec, ShapeOptions]:
+        """The shape's spec and the options its converter reads (looked up once per settings object)."""
+        return shape_spec(self.shape), ShapeOptions(self.fields, self.role_map)
 
     def fingerprint(self) -> str:
         """sha256 of everything that changes the output bytes (not work_dir, not threads, not backend)."""
@@ -58,10 +61,37 @@ class ChunkSettings:
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
-def renders_chat(fmt: str, conversational: bool = False) -> bool:
-    """Whether a (resolved) format goes through the chat template."""
-    return fmt in (InputFormat.CHAT, InputFormat.SHAREGPT, InputFormat.ALPACA) or (
-        fmt == InputFormat.PROMPT_COMPLETION and conversational
+def chunk_settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, shape: Shape) -> ChunkSettings:
+    """The settings of a run's chunks: its shape, fields and flags, the tokenizer's specials and template."""
+    chat = shape.spec.chat
+    template = info.chat_template
+    if config.chat_template is not None:
+        template = read_chat_template(config.chat_template)
+    if chat and template:
+        check_chat_template(template, config.chat_template or f"of tokenizer {info.name!r} (tokenizer_config.json)")
+    if chat and not template:
+        raise ConfigError(
+            f"{shape.spec.name} records are rendered by a chat template but tokenizer {info.name!r} has none in "
+            "tokenizer_config.json, pass --chat-template FILE"
+        )
+    return ChunkSettings(
+        tokenizer_path=info.path,
+        tokenizer_sha256=info.sha256,
+        format=shape.format.value,
+        shape=shape.spec.name,
+        fields=shape.fields,
+        chat_template=template if chat else None,
+        assistant_turns=str(config.assistant_turns),
+        bos_token=info.bos_token,
+        eos_token=info.eos_token,
+        separator=config.separator,
+        on_error=str(config.on_error),
+        policy=special_policy(info, chat, config.bos, config.eos),
+        dtype=dtype_name(dtype_for_max_id(info.max_id)),
+        work_dir=str(work_dir_for(output)),
+        max_record_bytes=config.max_record_bytes,
+        role_map=parse_role_map(config.role_map) if config.role_map else (),
+        loss=shape.spec.loss,
     )
 
 

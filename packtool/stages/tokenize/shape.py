@@ -1,25 +1,29 @@
 """Which record shape a run reads: `--format` as given, or detected from the first records (`auto`).
 
-Detection happens once, in the coordinator, before any chunk runs, so every chunk (and every shard
+Resolution happens once, in the coordinator, before any chunk runs, so every chunk (and every shard
 of a sharded run) reads the same shape. It looks at the first `DETECT_RECORDS` readable records of
-the whole input in order: the first one that `core.encoding.shapes.detect_shape` recognises
-decides; a later sampled record of another shape is a ConfigError (name the format). Records that
-fit no shape do not decide anything: they become per-record errors of the chosen shape.
-`--format prompt-completion` is TRL's conversational prompt-completion when the first record's
-prompt is a list of messages (as TRL decides on a dataset's first example).
+the whole input in order (`core.encoding.shapes.detect.choose` decides; records that fit no shape
+become per-record errors of the chosen one). When there is nothing to decide from, the error says
+why: the inputs hold no record, or only bad ones (the first one's file:line and reason, as a run
+with `--format` would report it). A format with variants (`prompt-completion`: TRL's conversational
+shape when the first record's prompt is a list of messages, as TRL decides on a dataset's first
+example) is resolved on the first readable record. Flags the resolved shape does not read are an
+error naming the record that decided it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
-from packtool.choices import InputFormat
-from packtool.core.encoding.shapes import detect_shape
-from packtool.errors import ConfigError
+from packtool.choices import AssistantTurns, InputFormat
+from packtool.core.encoding.shapes.base import Sample, ShapeFields, ShapeSpec, flag_of
+from packtool.core.encoding.shapes.registry import AUTO, every_shape, family
+from packtool.errors import ConfigError, InputError
 from packtool.stages.tokenize.config import TokenizeConfig
-from packtool.stages.tokenize.sources import Chunk, get_field, read_chunk
+from packtool.stages.tokenize.sources import INDEXED_KINDS, Chunk, read_chunk
 from packtool.stages.tokenize.streams import PlainText
 
 DETECT_RECORDS = 64
@@ -30,79 +34,117 @@ class Shape:
     """The resolved shape of a run."""
 
     format: InputFormat  # never AUTO
-    name: str  # text, prompt-completion, conversational-prompt-completion, chat, sharegpt, alpaca
-    messages_field: str
+    spec: ShapeSpec
+    fields: ShapeFields  # the field names it reads
     detected: bool  # chosen by --format auto
+    where: str  # what decided it: `file:line` of a record, or "--format"
 
     @property
-    def conversational(self) -> bool:
-        return self.name == "conversational-prompt-completion"
+    def name(self) -> str:
+        return self.spec.name
+
+    def manifest_fields(self, config: TokenizeConfig, role_map: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+        """The manifest's `fields`: each field the shape reads (by its flag), flags it records, the role map."""
+        out: dict[str, Any] = {flag_of(f): getattr(self.fields, f) for f in self.spec.fields}
+        out.update((flag, getattr(config, flag)) for flag in self.spec.recorded)
+        return {**out, **({"role_map": dict(role_map)} if role_map else {})}
 
 
-def _first_records(chunks: Sequence[Chunk], config: TokenizeConfig) -> list[tuple[str, int | None, object]]:
-    """(source, line, value) of the first readable records, at most DETECT_RECORDS."""
-    out: list[tuple[str, int | None, object]] = []
+@dataclass
+class _Sample:
+    """The first readable records, and the first bad one met before them."""
+
+    records: list[Sample] = field(default_factory=list)  # what detect.choose reads
+    bad: tuple[str, int | None, str, bool] | None = None  # (source, line, reason, indexed) of the first bad record
+    n_bad: int = 0
+
+
+def _first_records(chunks: Sequence[Chunk], config: TokenizeConfig) -> _Sample:
+    """The first readable records, at most DETECT_RECORDS (and what was bad among them)."""
+    sample = _Sample()
     for chunk in chunks:
         records = read_chunk(chunk, separator=config.separator, max_record_bytes=config.max_record_bytes)
         for record in islice(records, DETECT_RECORDS):
             if record.error is None:
-                out.append((record.source, record.line, record.value))
-            if len(out) >= DETECT_RECORDS:
-                return out
-    return out
+                where = f"{record.source}:{record.line}"
+                sample.records.append(Sample(where, record.value, isinstance(record.value, PlainText)))
+            else:
+                sample.n_bad += 1
+                if sample.bad is None:
+                    sample.bad = (record.source, record.line, record.error, chunk.kind in INDEXED_KINDS)
+            if len(sample.records) >= DETECT_RECORDS:
+                return sample
+    return sample
 
 
 def resolve_shape(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
     """The shape this run reads (see the module docstring)."""
     fmt = InputFormat(str(config.format))
-    default_messages = "conversations" if fmt == InputFormat.SHAREGPT else "messages"
-    messages_field = config.messages_field or default_messages
-    if fmt == InputFormat.PROMPT_COMPLETION:
-        for _, _, value in _first_records(chunks, config)[:1]:
-            prompt, reason = get_field(value, config.prompt_field)
-            if reason is None and isinstance(prompt, list):
-                return Shape(fmt, "conversational-prompt-completion", messages_field, False)
-    if fmt != InputFormat.AUTO:
-        return Shape(fmt, str(fmt), messages_field, False)
-    return _detect(config, chunks)
+    shape = _detect(config, chunks) if fmt.value == AUTO else _given(fmt, config, chunks)
+    _check_flags(shape, config)
+    return shape
+
+
+def _given(fmt: InputFormat, config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
+    base, *variants = family(fmt.value)
+    if not variants:
+        return Shape(fmt, base, _fields(base, config), False, "--format")
+    first = _first_records(chunks, config).records[:1]
+    for spec in variants:
+        fields = _fields(spec, config)
+        if first and spec.detect(first[0].record, fields) is not None:
+            return Shape(fmt, spec, fields, False, f"the first record, {first[0].where}")
+    return Shape(
+        fmt, base, _fields(base, config), False, f"the first record, {first[0].where}" if first else "--format"
+    )
+
+
+def _fields(spec: ShapeSpec, config: TokenizeConfig) -> ShapeFields:
+    """The shape's fields: as the flags name them, else the shape's defaults."""
+    return ShapeFields(**{f: getattr(config, flag_of(f)) or default for f, default in spec.fields.items()})
 
 
 def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
-    chosen: tuple[str, str, int | None] | None = None  # (shape, source, line)
-    records = _first_records(chunks, config)
-    for source, line, value in records:
-        shape = "text" if isinstance(value, PlainText) else detect_shape(value)
-        if shape is None:
-            continue
-        if chosen is None:
-            chosen = (shape, source, line)
-        elif shape != chosen[0]:
-            raise ConfigError(
-                f"--format auto found two record shapes: {chosen[0]} at {chosen[1]}:{chosen[2]} and {shape} at "
-                f"{source}:{line}, pass --format for the shape the inputs should have"
-            )
-    if chosen is None:
-        where = f"{records[0][0]}:{records[0][1]}" if records else "the inputs"
-        first = records[0][2] if records else None
-        held = f", the first holds {_fields_of(first)}" if isinstance(first, dict) else ""
-        raise ConfigError(
-            f"--format auto recognises no record shape in the first {len(records)} records ({where}{held}): "
-            "expected text, prompt/completion, messages, conversations, conversation, or instruction/output fields; "
-            "pass --format and the field flags that name them (see packtool tokenize --help)"
-        )
-    name, _, field = chosen[0].partition(":")  # a conversation shape may name the field its turns are under
-    fmt = InputFormat.PROMPT_COMPLETION if name.endswith("prompt-completion") else InputFormat(name)
-    if config.role_map is not None and fmt not in (InputFormat.CHAT, InputFormat.SHAREGPT):
-        raise ConfigError(
-            f"--role-map applies to chat and sharegpt records, but --format auto detected {name} "
-            f"({chosen[1]}:{chosen[2]}), leave --role-map out"
-        )
-    messages_field = field or ("conversations" if name == "sharegpt" else "messages")
-    return Shape(fmt, name, messages_field, True)
+    from packtool.core.encoding.shapes.detect import choose  # every shape's module: for auto runs only
+
+    sample = _first_records(chunks, config)
+    if not sample.records:
+        _nothing_to_detect(sample, chunks)
+    candidate, first = choose(sample.records)
+    return Shape(InputFormat(candidate.format), candidate.spec, candidate.resolved_fields(), True, first.where)
 
 
-def _fields_of(record: dict[object, object], most: int = 8) -> str:
-    """The record's field names, for an error: `fields 'a', 'b', ...` (at most `most` of them)."""
-    names = [repr(str(k)) for k in list(record)[:most]]
-    more = ", ..." if len(record) > most else ""
-    return f"fields {', '.join(names)}{more}" if names else "no fields"
+def _check_flags(shape: Shape, config: TokenizeConfig) -> None:
+    """Flags the resolved shape does not read (known only once records decided it) are an error naming why."""
+    found = f"--format {config.format} {'detected' if shape.detected else 'read'} {shape.name}"
+    if config.role_map is not None and not shape.spec.role_map:
+        readers = list(dict.fromkeys(fmt for fmt, spec in every_shape() if spec.role_map))
+        raise ConfigError(
+            f"--role-map applies to {' and '.join(readers)} records, but {found} ({shape.where}), leave --role-map out"
+        )
+    if config.assistant_turns == AssistantTurns.LAST and not shape.spec.chat:
+        raise ConfigError(
+            f"--assistant-turns last applies to records with assistant turns, but {found} records ({shape.where}), "
+            "leave --assistant-turns out"
+        )
+
+
+def _nothing_to_detect(sample: _Sample, chunks: Sequence[Chunk]) -> None:
+    """--format auto read no good record: say whether the inputs are empty or only bad (the first one, where)."""
+    if sample.bad is None:
+        paths = sorted({p for c in chunks for p in c.paths})
+        named = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+        raise InputError(
+            "--format auto found no records to detect the record shape from (the inputs are empty)",
+            named or "the inputs",
+            hint="check the inputs, or pass --format",
+        )
+    source, line, reason, indexed = sample.bad
+    index = f" (record {line} of the JSON array, 0-based)" if indexed else ""
+    raise InputError(
+        f"--format auto found no readable record to detect the record shape from ({sample.n_bad} bad "
+        f"record{'s' if sample.n_bad != 1 else ''}, the first: {reason}{index})",
+        source,
+        line,
+        hint="fix the records, or pass --format for the shape they should have",
+    )
