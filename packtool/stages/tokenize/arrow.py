@@ -25,6 +25,7 @@ from typing import Any
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
+from packtool.formats.paths import contained
 from packtool.stages.tokenize.parquet import batch_records
 from packtool.stages.tokenize.streams import RawRecord
 
@@ -120,26 +121,28 @@ def is_saved_dataset(path: Path) -> bool:
     return ((path / STATE).is_file() and (path / INFO).is_file()) or (path / DICT).is_file()
 
 
-def saved_dataset_files(path: Path, given: str) -> list[Path]:
-    """The Arrow files of a `save_to_disk` directory, in `state.json`'s order."""
+def saved_dataset_files(path: Path, given: str, within: Path | None = None) -> list[Path]:
+    """The Arrow files of a `save_to_disk` directory, in `state.json`'s order.
+
+    Every name `state.json` lists must stay inside the directory, and its file (a link, in the hub cache)
+    inside `within` (default: the directory): `formats.paths`."""
     if (path / DICT).is_file():
-        splits = _dataset_dict_splits(path)
+        splits = _dataset_dict_splits(path, given)
         raise InputError(
             f"a DatasetDict directory (splits: {', '.join(splits) or 'none'}) is several datasets",
             given,
             hint=f"name one split's directory, e.g. {given.rstrip('/')}/{splits[0] if splits else 'train'}",
         )
-    with reading(str(path / STATE)):
-        try:
-            state = json.loads((path / STATE).read_text("utf-8"))
-            names = [str(entry["filename"]) for entry in state["_data_files"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(
-                f"cannot read the file list of a save_to_disk directory ({STATE}: {exc!r})",
-                given,
-                hint="re-save the dataset with Dataset.save_to_disk",
-            ) from exc
-    files = [path / name for name in names]
+    names = _data_file_names(path / STATE, given)
+    if not names:
+        raise InputError(
+            f"the save_to_disk directory lists no data files ({STATE}'s _data_files is empty)",
+            given,
+            hint="re-save the dataset with Dataset.save_to_disk",
+        )
+    files = [
+        contained(path, name, f"{STATE}'s _data_files", hint=_SAVED_HINT, links_within=within or path) for name in names
+    ]
     for file in files:
         if file.suffix != ".arrow" or not file.is_file():
             raise InputError(
@@ -150,9 +153,37 @@ def saved_dataset_files(path: Path, given: str) -> list[Path]:
     return files
 
 
-def _dataset_dict_splits(path: Path) -> list[str]:
+_SAVED_HINT = (
+    "packtool reads only the files inside the directory it is given; re-save the dataset with Dataset.save_to_disk"
+)
+
+
+def _data_file_names(state: Path, given: str) -> list[str]:
+    """The `filename`s of `state.json`'s `_data_files`, each a string; InputError for anything else."""
+    with reading(str(state)):
+        text = state.read_bytes()
     try:
-        splits = json.loads((path / DICT).read_text("utf-8")).get("splits", [])
-        return [str(s) for s in splits]
-    except (ValueError, AttributeError, OSError):
+        entries = json.loads(text)["_data_files"]
+        names = [entry["filename"] for entry in entries]
+        if not isinstance(entries, list) or not all(isinstance(n, str) for n in names):
+            raise TypeError("_data_files must be a list of {'filename': NAME}")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: a hostile nesting
+        raise InputError(
+            f"cannot read the file list of a save_to_disk directory ({STATE}: {type(exc).__name__}: {str(exc)[:200]})",
+            given,
+            hint="re-save the dataset with Dataset.save_to_disk",
+        ) from exc
+    return names
+
+
+def _dataset_dict_splits(path: Path, given: str) -> list[str]:
+    """The splits `dataset_dict.json` lists (each a directory name inside); else the subdirectories holding a split."""
+    try:
+        splits = json.loads((path / DICT).read_bytes()).get("splits")
+    except (ValueError, AttributeError, OSError, RecursionError):
+        splits = None
+    if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
         return sorted(p.name for p in path.iterdir() if p.is_dir() and (p / STATE).is_file())
+    for split in splits:
+        contained(path, split, f"{DICT}'s splits", hint=_SAVED_HINT, one_part=True)
+    return splits

@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 
 from packtool.errors import InputError
-from packtool.formats.hub_cache import hub_cache_dir, hub_snapshot
+from packtool.formats.hub_cache import hub_cache_dir, hub_snapshot, is_revision, repo_dir
+from packtool.formats.paths import contained
 
 PREFIX = "hf://"
 _FAMILIES = {"parquet": 0, "arrow": 1, "json": 2, "jsonl": 2, "jsonl.gz": 2, "jsonl.zst": 2, "txt": 3}
@@ -36,11 +37,12 @@ def is_hub_input(text: str) -> bool:
     return text.startswith(PREFIX)
 
 
-def hub_dataset_target(text: str) -> tuple[Path, str, str]:
-    """`hf://datasets/ORG/NAME[@REVISION][/PATH]` -> (snapshot directory, `ORG/NAME`, PATH or "").
+def hub_dataset_target(text: str) -> tuple[Path, str, Path, Path]:
+    """`hf://datasets/ORG/NAME[@REVISION][/PATH]` -> (snapshot directory, `ORG/NAME`, the target PATH names (the
+    snapshot itself without one), the repo's cache directory: where its files, links into `blobs/`, may lead).
 
     REVISION is a branch or tag the cache recorded (`refs/REVISION`) or a commit hash (`huggingface_hub`'s own
-    `@` syntax); without it, `refs/main`."""
+    `@` syntax); without it, `refs/main`. PATH must stay inside the snapshot (`formats.paths`)."""
     parts = text[len(PREFIX) :].strip("/").split("/")
     repo, at, revision = parts[2].partition("@") if len(parts) > 2 else ("", "", "")
     if len(parts) < 3 or parts[0] != "datasets" or not parts[1] or not repo or (at and not revision):
@@ -50,6 +52,13 @@ def hub_dataset_target(text: str) -> tuple[Path, str, str]:
             hint="write hf://datasets/ORG/NAME[@REVISION][/PATH]",
         )
     name = f"{parts[1]}/{repo}"
+    if at and not is_revision(revision):
+        raise InputError(
+            f"dataset {name} at revision {revision!r} is not in the local Hugging Face cache: a revision is a "
+            "branch, tag or commit name, not a path",
+            text,
+            hint="write hf://datasets/ORG/NAME@REVISION with a branch, tag or commit hash the cache holds",
+        )
     snapshot = hub_snapshot("datasets", name, Path.is_dir, revision or None)
     if snapshot is None:
         what = f"dataset {name}" + (f" at revision {revision!r}" if revision else "")
@@ -59,11 +68,24 @@ def hub_dataset_target(text: str) -> tuple[Path, str, str]:
             text,
             hint=f"fetch it with `{fetch}`, or set HF_HUB_CACHE / HF_HOME",
         )
-    return snapshot.resolve(), name, "/".join(parts[3:])
+    within = repo_dir("datasets", name).resolve()
+    inner = "/".join(parts[3:])
+    if not inner:
+        return snapshot.resolve(), name, snapshot.resolve(), within
+    target = contained(
+        snapshot.resolve(),
+        inner,
+        f"the path after hf://datasets/{name}",
+        hint="name a data file, directory or glob inside the dataset: hf://datasets/ORG/NAME/PATH",
+        links_within=within,
+    )
+    return snapshot.resolve(), name, target, within
 
 
-def pick_data_files(found: list[tuple[Path, str]], snapshot: Path) -> list[Path]:
-    """Of a whole snapshot's (file, kind) pairs, the data files users expect (see the module docstring)."""
+def pick_data_files(found: list[tuple[Path, str]], snapshot: Path, name: str, given: str) -> list[Path]:
+    """Of a whole snapshot's (file, kind) pairs, the data files users expect (see the module docstring).
+
+    Files named for splits with none of them `train` are an InputError naming the splits there."""
     data = [(p, k) for p, k in found if k in _FAMILIES]
     if not data:
         return []
@@ -77,6 +99,15 @@ def pick_data_files(found: list[tuple[Path, str]], snapshot: Path) -> list[Path]
     }
     if by_split["train"] and any(by_split[s] for s in ("validation", "test")):
         return by_split["train"]
+    named = [s for s in _SPLITS if by_split[s]]
+    if named and not by_split["train"]:
+        first = by_split[named[0]][0].relative_to(snapshot).as_posix()
+        raise InputError(
+            f"dataset {name} has no train split: its data files are named for the {' and '.join(named)} "
+            f"split{'s' if len(named) > 1 else ''} ({len(files)} files)",
+            given,
+            hint=f"name the files to read, e.g. hf://datasets/{name}/{first}",
+        )
     return files
 
 

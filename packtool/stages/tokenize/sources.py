@@ -28,6 +28,7 @@ from typing import Any
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
+from packtool.formats.paths import check_within
 from packtool.stages.tokenize.arrow import arrow_rows, is_saved_dataset, plan_arrow, saved_dataset_files
 from packtool.stages.tokenize.hub import hub_dataset_target, is_hub_input, pick_data_files
 from packtool.stages.tokenize.jsonarray import check_json_lines, json_array_records, plan_json_array, starts_as_array
@@ -144,30 +145,51 @@ def _plain(path: Path) -> dict[Path, tuple[str, int]]:
     return {path: (str(path), -1)}
 
 
-def _dataset(path: Path, given: str) -> dict[Path, tuple[str, int]]:
+_LINK_HINT = "name the file itself (a link is followed when it is named), or copy it into the directory"
+
+
+def _found(path: Path, root: Path, how: str) -> Path:
+    """A file a directory walk found: a link among them must lead inside `root` (`formats.paths`). The walk
+    follows no linked directory, so only the file itself can be a link."""
+    return check_within(path, root, f"a link that {how} found", hint=_LINK_HINT) if path.is_symlink() else path
+
+
+def _dataset(path: Path, given: str, within: Path | None = None) -> dict[Path, tuple[str, int]]:
     """A `save_to_disk` directory's files, keyed to sort in `state.json`'s order at the directory's place."""
     key = str(path.resolve())
-    return {_norm(p): (key, i) for i, p in enumerate(saved_dataset_files(path, given))}
+    return {_norm(p): (key, i) for i, p in enumerate(saved_dataset_files(path, given, within or path))}
 
 
-def _expand_dir(path: Path) -> dict[Path, tuple[str, int]]:
+def _expand_dir(path: Path, within: Path | None = None) -> dict[Path, tuple[str, int]]:
+    """A directory's supported files; links among them must lead inside it (inside `within`, when given)."""
+    root = within or path
     out: dict[Path, tuple[str, int]] = {}
     for p in _walk_files(path):
         if p.is_dir():
-            out.update(_dataset(p, str(p)))
+            out.update(_dataset(_found(p, root, "the directory walk"), str(p), root))
         elif p.is_file() and source_kind(p) and not _hidden(p, path) and p.name not in NOT_DATA_JSON:
-            out.update(_plain(p))
+            out.update(_plain(_found(p, root, "the directory walk")))
     return out
 
 
-def _expand_glob(pattern: str) -> dict[Path, tuple[str, int]]:
+def _expand_glob(pattern: str, within: Path | None = None) -> dict[Path, tuple[str, int]]:
+    """A glob's supported files; links among them must lead inside the glob's fixed directory (or `within`)."""
+    root = within or _glob_base(pattern)
     out: dict[Path, tuple[str, int]] = {}
+    found = "a path that the glob found"  # `**` follows linked directories: every match is checked
     for p in map(Path, glob.glob(pattern, recursive=True)):
         if p.is_dir() and is_saved_dataset(p):
-            out.update(_dataset(p, str(p)))
+            out.update(_dataset(check_within(p, root, found, hint=_LINK_HINT), str(p), root))
         elif p.is_file() and source_kind(p):
-            out.update(_plain(p))
+            out.update(_plain(check_within(p, root, found, hint=_LINK_HINT)))
     return out
+
+
+def _glob_base(pattern: str) -> Path:
+    """The directory a glob lies in: its parts before the first one with a wildcard."""
+    parts = Path(pattern).parts
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    return Path(*parts[:fixed]) if fixed else Path(".")
 
 
 def _expand_one(text: str) -> dict[Path, tuple[str, int]]:
@@ -200,19 +222,19 @@ def _expand_one(text: str) -> dict[Path, tuple[str, int]]:
 
 def _expand_hub(text: str) -> dict[Path, tuple[str, int]]:
     """`hf://datasets/ORG/NAME[/PATH]` -> the data files of its cached snapshot (`hub.py` says which)."""
-    snapshot, name, inner = hub_dataset_target(text)
-    target = snapshot / inner
-    if not inner:
-        walked = _expand_dir(snapshot)
-        picked = set(pick_data_files([(p, source_kind(p) or "") for p in walked], snapshot))
+    snapshot, name, target, within = hub_dataset_target(text)
+    if target == snapshot:
+        walked = _expand_dir(snapshot, within)
+        picked = set(pick_data_files([(p, source_kind(p) or "") for p in walked], snapshot, name, text))
         out = {p: key for p, key in walked.items() if p in picked}
     elif target.is_dir():
-        out = _dataset(target, text) if is_saved_dataset(target) else _expand_dir(target)
+        out = _dataset(target, text, within) if is_saved_dataset(target) else _expand_dir(target, within)
     elif target.is_file():
         out = _plain(target) if source_kind(target) else {}
     else:
-        out = _expand_glob(str(target))
+        out = _expand_glob(str(target), within)
     if not out:
+        inner = target.relative_to(snapshot).as_posix() if target != snapshot else ""
         where = f" at {inner!r}" if inner else ""
         raise InputError(
             f"dataset {name} in the hub cache ({snapshot}) holds no {_KINDS_TEXT}{where}",
