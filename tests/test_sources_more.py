@@ -36,6 +36,9 @@ def _chat_rows(n: int, seed: int) -> list[dict[str, object]]:
         messages = [{"role": "user", "content": texts[3 * i]}, {"role": "assistant", "content": texts[3 * i + 1]}]
         if i % 3 == 0:
             messages += [{"role": "user", "content": texts[3 * i + 2] + ' "q" [x] {y}, \\'}, {"role": "assistant", "content": "ok"}]
+        if i % 4 == 1:  # tool_calls on some messages only: `datasets`' json loader stores them as arrow.json
+            call = {"type": "function", "function": {"name": "lookup", "arguments": {"q": texts[3 * i + 2]}}}
+            messages[1]["tool_calls"] = [call]
         rows.append({"id": i, "messages": messages})
     return rows
 
@@ -52,6 +55,9 @@ def _sharegpt_rows(n: int, seed: int) -> list[dict[str, object]]:
     for i in range(n):
         row: dict[str, object] = {"conversations": [{"from": "human", "value": texts[2 * i]},
                                                     {"from": "gpt", "value": texts[2 * i + 1]}]}
+        if i % 5 == 2:  # turns whose keys differ between records (stored as arrow.json by `datasets`' json loader)
+            row["conversations"][0]["lang"] = "en"  # type: ignore[index]
+            row["conversations"][1]["score"] = i / 7  # type: ignore[index]
         if i % 3 == 0:
             row["system"] = f"You are assistant {i}."
         rows.append(row)
@@ -91,6 +97,11 @@ def _write_sources(root: Path, rows: list[dict[str, object]]) -> dict[str, Path]
     out["arrow_stream"] = root / "stream.arrow"
     pa_feather.write_feather(table, str(root / "r.feather"), chunksize=13)  # an IPC file, lz4-compressed buffers
     out["feather"] = root / "r.feather"
+    loaded = datasets.Dataset.from_json(str(out["jsonl"]), cache_dir=str(root / "hf-cache"))  # `datasets`' json loader
+    loaded.save_to_disk(str(root / "json_saved"), num_shards=2)
+    out["json_loader_save_to_disk"] = root / "json_saved"
+    loaded.to_parquet(str(root / "json_loaded.parquet"))
+    out["json_loader_parquet"] = root / "json_loaded.parquet"
     return out
 
 

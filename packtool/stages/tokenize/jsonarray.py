@@ -178,6 +178,8 @@ def check_json_lines(path: str) -> None:
         try:
             json.loads(text)
             return  # a whole value on its first line: JSON Lines
+        except RecursionError:
+            return  # nested deeper than any record: line 1's own error (orjson's depth limit) says so
         except json.JSONDecodeError as exc:
             if exc.pos < len(text):
                 return  # malformed, not unfinished: line 1's own error
@@ -186,6 +188,8 @@ def check_json_lines(path: str) -> None:
         peek = raw.removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
     try:
         value, _ = json.JSONDecoder().raw_decode(peek)
+    except RecursionError:
+        value = None  # an object nested deeper than Python's parser goes: no key to name
     except json.JSONDecodeError:
         if len(raw) < _OBJECT_PEEK:
             return  # the whole file is no JSON value: broken JSON Lines, line 1's own error says where
