@@ -220,7 +220,7 @@ def test_a_walk_or_glob_follows_no_link_out_of_its_directory(tmp_path: Path, bpe
     (data / "leak.jsonl").symlink_to(secret)
     for spec in (str(data), str(data / "*.jsonl"), str(data / "**" / "*.jsonl")):
         line = _tokenize_error(tmp_path, bpe_tokenizer_dir, spec)
-        assert "leak.jsonl" in line and "leads outside" in line and "name the file itself" in line, (spec, line)
+        assert "leak.jsonl" in line and "leads outside" in line and "name the file itself to read it" in line, (spec, line)
     linked_dir = tmp_path / "walk"
     linked_dir.mkdir()
     (linked_dir / "sub").symlink_to(tmp_path / "outside_dir", target_is_directory=True)
@@ -257,3 +257,33 @@ def test_the_guard_itself(tmp_path: Path) -> None:
     (root / "loop").symlink_to(root / "loop")
     with pytest.raises(packtool.errors.InputError):
         check_within(root / "loop", root, "a loop", **kw)
+
+
+def test_a_walk_or_glob_refuses_links_to_nothing(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """A dangling link (an unmounted disk) or a link loop named like data was skipped silently: data lost, exit 0."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", ROWS)
+    (data / "gone.jsonl").symlink_to(data / "missing.jsonl")
+    for spec in (str(data), str(data / "*.jsonl")):
+        line = _tokenize_error(tmp_path, bpe_tokenizer_dir, spec)
+        assert "a link that" in line and "leads to no file" in line and "gone.jsonl" in line, line
+    (data / "gone.jsonl").unlink()
+    (data / "loop.jsonl").symlink_to(data / "loop.jsonl")
+    line = _tokenize_error(tmp_path, bpe_tokenizer_dir, str(data))
+    assert "loop.jsonl" in line and "cannot be resolved" in line
+    (data / "loop.jsonl").unlink()
+    (data / "README.md").symlink_to(data / "missing.md")  # not a data file: not looked at
+    code, out, err = cli("tokenize", str(data), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                         str(tmp_path / "ok"), "-q")
+    assert code == 0 and out.startswith("tokenized 5 documents"), err
+
+
+def test_an_empty_input_argument_reads_nothing(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`packtool tokenize "$DATA"` with DATA unset tokenized the whole working directory."""
+    write_jsonl(tmp_path / "private.jsonl", SECRET)
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", "  "):
+        line = _tokenize_error(tmp_path, bpe_tokenizer_dir, empty)
+        assert "an input argument is empty" in line

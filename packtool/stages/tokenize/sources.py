@@ -109,6 +109,12 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
     found: dict[Path, tuple[str, int]] = {}
     for item in inputs:
         text = os.fspath(item)
+        if not text.strip():  # Path("") is ".": an unset shell variable must not read the working directory
+            raise InputError(
+                "an input argument is empty (an unset shell variable?)",
+                repr(text),
+                hint=f"pass files, directories or globs of {_KINDS_TEXT}",
+            )
         with reading(text):  # a directory on the way that cannot be listed, etc.
             found.update(_expand_hub(text) if is_hub_input(text) else _expand_one(text))
     return sorted(found, key=lambda p: found[p])
@@ -145,13 +151,16 @@ def _plain(path: Path) -> dict[Path, tuple[str, int]]:
     return {path: (str(path), -1)}
 
 
-_LINK_HINT = "name the file itself (a link is followed when it is named), or copy it into the directory"
+_LINK_HINT = "name the file itself to read it (a link you name is followed), or fix or remove the link"
 
 
 def _found(path: Path, root: Path, how: str) -> Path:
-    """A file a directory walk found: a link among them must lead inside `root` (`formats.paths`). The walk
-    follows no linked directory, so only the file itself can be a link."""
-    return check_within(path, root, f"a link that {how} found", hint=_LINK_HINT) if path.is_symlink() else path
+    """A file a directory walk or a glob found: a link among them must lead to a file inside `root`
+    (`formats.paths`): one leading out, nowhere or in a loop is an error, never skipped or followed."""
+    check_within(path, root, f"a {'link' if path.is_symlink() else 'path'} that {how} found", hint=_LINK_HINT)
+    if path.is_symlink() and not path.exists():
+        raise InputError(f"a link that {how} found leads to no file", str(path), hint="fix or remove the link")
+    return path
 
 
 def _dataset(path: Path, given: str, within: Path | None = None) -> dict[Path, tuple[str, int]]:
@@ -165,10 +174,13 @@ def _expand_dir(path: Path, within: Path | None = None) -> dict[Path, tuple[str,
     root = within or path
     out: dict[Path, tuple[str, int]] = {}
     for p in _walk_files(path):
-        if p.is_dir():
-            out.update(_dataset(_found(p, root, "the directory walk"), str(p), root))
-        elif p.is_file() and source_kind(p) and not _hidden(p, path) and p.name not in NOT_DATA_JSON:
-            out.update(_plain(_found(p, root, "the directory walk")))
+        if p.is_dir():  # a save_to_disk directory (the walk follows no linked directory)
+            out.update(_dataset(p, str(p), root))
+        elif source_kind(p) and not _hidden(p, path) and p.name not in NOT_DATA_JSON:
+            if p.is_symlink():  # the walk follows no linked directory: only the file itself can be a link
+                _found(p, root, "the directory walk")
+            if p.is_file():  # not a pipe or a socket
+                out.update(_plain(p))
     return out
 
 
@@ -176,12 +188,11 @@ def _expand_glob(pattern: str, within: Path | None = None) -> dict[Path, tuple[s
     """A glob's supported files; links among them must lead inside the glob's fixed directory (or `within`)."""
     root = within or _glob_base(pattern)
     out: dict[Path, tuple[str, int]] = {}
-    found = "a path that the glob found"  # `**` follows linked directories: every match is checked
-    for p in map(Path, glob.glob(pattern, recursive=True)):
+    for p in map(Path, glob.glob(pattern, recursive=True)):  # `**` enters linked directories: check every match
         if p.is_dir() and is_saved_dataset(p):
-            out.update(_dataset(check_within(p, root, found, hint=_LINK_HINT), str(p), root))
-        elif p.is_file() and source_kind(p):
-            out.update(_plain(check_within(p, root, found, hint=_LINK_HINT)))
+            out.update(_dataset(_found(p, root, "the glob"), str(p), root))
+        elif source_kind(p) and (p.is_file() or p.is_symlink()) and _found(p, root, "the glob").is_file():
+            out.update(_plain(p))
     return out
 
 
