@@ -23,8 +23,10 @@ from support import cli, cli_error, crashing_executor, write_jsonl, zipf_texts
 import packtool
 from packtool.errors import InputError
 from packtool.exec.local import thread_executor
-from packtool.stages.tokenize import jsonarray, streams
-from packtool.stages.tokenize.sources import expand_inputs, plan_chunks, read_chunk
+from packtool.stages.tokenize.inputs import jsonscan as jsonarray
+from packtool.stages.tokenize.inputs import streams
+from packtool.stages.tokenize.inputs.locators import expand_inputs
+from packtool.stages.tokenize.inputs.plan import plan_chunks, read_chunk
 
 STORE_FILES = ("tokens.bin", "tokens.boundaries", "tokens.loss")
 

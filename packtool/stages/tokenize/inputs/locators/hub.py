@@ -1,4 +1,4 @@
-"""The local Hugging Face hub cache: tokenizers by name, datasets as `hf://datasets/ORG/NAME[/PATH]`.
+"""Datasets in the local Hugging Face hub cache: `hf://datasets/ORG/NAME[@REVISION][/PATH]`.
 
 Only the cache on disk is read (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
 `~/.cache/huggingface/hub`; layout `{models,datasets}--ORG--NAME/snapshots/<rev>/`, revision
@@ -7,12 +7,14 @@ hash), so nothing ever needs the network nor `huggingface_hub`. A dataset that i
 not there is an error that names the command fetching it.
 
 Which files of a dataset snapshot are data, when no PATH narrows it: the files of the readable
-kinds (jsonl, json, parquet, arrow, txt, and `save_to_disk` directories), hidden paths and
-metadata `.json` files left out as in any directory (`sources.NOT_DATA_JSON`); of those, the
-most common family (parquet, arrow, json/jsonl, txt; a tie prefers that order), as `datasets`
-picks the most common extension; and when their names carry split names the way the hub
-names them (`train`, `validation`/`valid`/`dev`/`val`, `test`/`eval`), the `train` split only.
-A PATH (a file, a directory, or a glob inside the snapshot) takes exactly what it names.
+kinds (and `save_to_disk` directories), hidden paths and metadata left out as in any directory;
+of those, the most common hub file family (each reader names its family and the rank a tie
+prefers: parquet, arrow, json/jsonl, txt), as `datasets` picks the most common extension; and when
+their names carry split names the way the hub names them (`train`, `validation`/`valid`/`dev`/`val`,
+`test`/`eval`), the `train` split only (files named for splits with no `train` among them are an
+error naming them). A PATH (a file, a directory, or a glob inside the snapshot) takes exactly what it
+names, and must stay inside the snapshot, as its files' links must stay inside the repo
+(`formats.paths`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from pathlib import Path
 from packtool.errors import InputError
 from packtool.formats.hub_cache import hub_cache_dir, hub_snapshot, is_revision, repo_dir
 from packtool.formats.paths import contained
+from packtool.stages.tokenize.inputs.locators.base import Found, plain
+from packtool.stages.tokenize.inputs.locators.files import expand_dir, expand_glob, kinds_text
+from packtool.stages.tokenize.inputs.locators.saved import dataset, is_saved_dataset
+from packtool.stages.tokenize.inputs.readers.registry import reader_for
 
 PREFIX = "hf://"
-_FAMILIES = {"parquet": 0, "arrow": 1, "json": 2, "jsonl": 2, "jsonl.gz": 2, "jsonl.zst": 2, "txt": 3}
 _SPLITS = {
     "train": ("train", "training"),
     "validation": ("validation", "valid", "dev", "val"),
@@ -33,8 +38,34 @@ _SPLITS = {
 }
 
 
-def is_hub_input(text: str) -> bool:
-    return text.startswith(PREFIX)
+class HubLocator:
+    name: str = "hub"
+
+    def claims(self, text: str) -> bool:
+        return text.startswith(PREFIX)
+
+    def locate(self, text: str) -> Found:
+        """The data files of the cached snapshot (see the module docstring)."""
+        snapshot, name, target, within = hub_dataset_target(text)
+        if target == snapshot:
+            walked = expand_dir(snapshot, within)
+            picked = set(pick_data_files(list(walked), snapshot, name, text))
+            out = {p: key for p, key in walked.items() if p in picked}
+        elif target.is_dir():
+            out = dataset(target, text, within) if is_saved_dataset(target) else expand_dir(target, within)
+        elif target.is_file():
+            out = plain(target) if reader_for(target) else {}
+        else:
+            out = expand_glob(str(target), within)
+        if not out:
+            inner = target.relative_to(snapshot).as_posix() if target != snapshot else ""
+            where = f" at {inner!r}" if inner else ""
+            raise InputError(
+                f"dataset {name} in the hub cache ({snapshot}) holds no {kinds_text()}{where}",
+                text,
+                hint="name a data file, directory or glob inside it: hf://datasets/ORG/NAME/PATH",
+            )
+        return out
 
 
 def hub_dataset_target(text: str) -> tuple[Path, str, Path, Path]:
@@ -82,18 +113,18 @@ def hub_dataset_target(text: str) -> tuple[Path, str, Path, Path]:
     return snapshot.resolve(), name, target, within
 
 
-def pick_data_files(found: list[tuple[Path, str]], snapshot: Path, name: str, given: str) -> list[Path]:
-    """Of a whole snapshot's (file, kind) pairs, the data files users expect (see the module docstring).
+def pick_data_files(found: list[Path], snapshot: Path, name: str, given: str) -> list[Path]:
+    """Of a whole snapshot's files, the data files users expect (see the module docstring).
 
     Files named for splits with none of them `train` are an InputError naming the splits there."""
-    data = [(p, k) for p, k in found if k in _FAMILIES]
-    if not data:
+    readers = {p: r for p in found if (r := reader_for(p)) is not None}
+    if not readers:
         return []
-    counts: dict[int, int] = {}
-    for _, kind in data:
-        counts[_FAMILIES[kind]] = counts.get(_FAMILIES[kind], 0) + 1
-    family = min(counts, key=lambda f: (-counts[f], f))
-    files = [p for p, k in data if _FAMILIES[k] == family]
+    counts: dict[tuple[int, str], int] = {}  # (rank, family) -> files
+    for r in readers.values():
+        counts[r.family_rank, r.family] = counts.get((r.family_rank, r.family), 0) + 1
+    family = min(counts, key=lambda f: (-counts[f], f))  # the most files; a tie: the lowest rank
+    files = [p for p, r in readers.items() if (r.family_rank, r.family) == family]
     by_split = {
         split: [p for p in files if _split_of(p.relative_to(snapshot).as_posix()) == split] for split in _SPLITS
     }

@@ -1,69 +1,25 @@
-"""Parquet inputs: plan chunks by row groups, read rows with their 1-based row number.
+"""Arrow record batches -> records: what the parquet and Arrow readers share, so both turn the same columns
+into the same values.
 
-A row is one record; its size is the bytes of its string and binary values (nested lists and
-structs included, as chat `messages` are), checked against `--max-record-bytes` before the row
-becomes Python objects. A corrupted data page or a cut file is a file-level InputError.
+A row is one record, a dict (structs are dicts, lists are lists). Its size is the bytes of its string
+and binary values in every layout Arrow has (plain, large, view, dictionary, run-end, extension, nested
+in lists, maps and structs), measured with numpy on the columns before the row becomes Python objects,
+and held to `--max-record-bytes`. A JSON extension value (`arrow.json`, what `datasets`' json loader
+writes for records whose keys or types differ) becomes the value it holds, as in the jsonl the dataset
+came from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from packtool.errors import InputError
-from packtool.stages.tokenize.streams import RawRecord, too_long_reason
-
-try:  # orjson parses ~3x faster; plain json is the fallback
-    import orjson
-
-    _loads = orjson.loads
-    _JSONError: type[Exception] = orjson.JSONDecodeError
-except ImportError:  # pragma: no cover - orjson is a dependency
-    import json
-
-    _loads = json.loads  # type: ignore[assignment]
-    _JSONError = ValueError
-
-_HINT = "check that the file is a complete parquet file (re-write or re-download it)"
-BATCH_ROWS = 4096
-
-
-def plan_parquet(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
-    """Group consecutive row groups until their compressed size reaches `chunk_bytes`."""
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.ParquetFile(path).metadata
-    except Exception as exc:  # pyarrow raises several types (ArrowInvalid, OSError) for a broken file
-        raise InputError(f"cannot read parquet metadata ({exc})", str(path), hint=_HINT) from exc
-    groups: list[tuple[int, int, int]] = []
-    start, size = 0, 0
-    for i in range(meta.num_row_groups):
-        size += meta.row_group(i).total_byte_size
-        if size >= chunk_bytes:
-            groups.append((start, i + 1, size))
-            start, size = i + 1, 0
-    if start < meta.num_row_groups or not groups:
-        groups.append((start, meta.num_row_groups, size))
-    return groups
-
-
-def parquet_rows(path: str, start: int, end: int, limit: int) -> Iterator[RawRecord]:
-    """RawRecords of row groups `start:end`: the row as a dict, or an error for a row over `limit` bytes."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-        row = 1 + sum(pf.metadata.row_group(i).num_rows for i in range(start))
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=list(range(start, end))):
-            yield from batch_records(path, batch, row, limit)
-            row += batch.num_rows
-    except (pa.ArrowException, OSError) as exc:  # a corrupted page, a cut file, an unreadable file
-        raise InputError(f"cannot read parquet data ({exc})", path, hint=_HINT) from exc
+from packtool.stages.tokenize.inputs.record import RawRecord, too_long_reason
 
 
 def batch_records(path: str, batch: Any, row: int, limit: int) -> Iterator[RawRecord]:
@@ -86,7 +42,7 @@ def batch_records(path: str, batch: Any, row: int, limit: int) -> Iterator[RawRe
             else:
                 try:
                     yield RawRecord(path, row, decode(value))
-                except _JSONError as exc:
+                except orjson.JSONDecodeError as exc:
                     yield RawRecord(path, row, error=f"malformed JSON in an arrow.json value ({exc})")
         row += 1
 
@@ -109,8 +65,6 @@ def _decoder(schema: Any) -> Decode | None:
 
 
 def _type_decoder(t: Any) -> Decode | None:
-    import pyarrow as pa
-
     if isinstance(t, pa.BaseExtensionType):
         if t.extension_name == "arrow.json":
             return _json_value
@@ -145,7 +99,7 @@ def _struct_decoder(fields: list[tuple[str, Decode]]) -> Decode:
 
 
 def _json_value(value: Any) -> Any:
-    return None if value is None else _loads(value)
+    return None if value is None else orjson.loads(value)
 
 
 def _same(value: Any) -> Any:
@@ -153,8 +107,6 @@ def _same(value: Any) -> Any:
 
 
 def _is_list(t: Any) -> bool:
-    import pyarrow as pa
-
     return bool(
         pa.types.is_list(t)
         or pa.types.is_large_list(t)
@@ -175,9 +127,6 @@ def _row_bytes(batch: Any) -> np.ndarray:
 def _value_bytes(array: Any) -> np.ndarray:
     """Bytes per element of `array`: every layout that can hold a string counts its bytes, however encoded
     (dictionary, view, run-end, extension, nested), so no encoding passes `--max-record-bytes` unmeasured."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     t = array.type
     n = len(array)
     if isinstance(t, pa.BaseExtensionType):
