@@ -12,6 +12,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from input_support import hub_repo
 from support import cli, cli_error, write_jsonl
 
 import packtool
@@ -19,22 +20,6 @@ from packtool.formats.paths import check_within, contained
 
 ROWS = [{"text": f"inside record {i}"} for i in range(5)]
 SECRET = [{"text": "a secret outside the root"}]
-
-
-def _hub_repo(cache: Path, kind: str, name: str, files: dict[str, bytes], rev: str = "0f1e2d3c") -> Path:
-    """A hub cache repo laid out as huggingface_hub writes it: snapshot files are links into blobs/."""
-    repo = cache / f"{kind}--{name.replace('/', '--')}"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(rev)
-    (repo / "snapshots" / rev).mkdir(parents=True)
-    for i, (rel, data) in enumerate(sorted(files.items())):
-        blob = repo / "blobs" / f"{i:040x}"
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = repo / "snapshots" / rev / rel
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(blob)
-    return repo
 
 
 def _jsonl(rows: list[dict[str, str]]) -> bytes:
@@ -45,7 +30,7 @@ def _jsonl(rows: list[dict[str, str]]) -> bytes:
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cache with dataset org/ds (one jsonl) and, beside the cache, a secret jsonl outside it."""
     cache = tmp_path / "hub"
-    _hub_repo(cache, "datasets", "org/ds", {"data/train.jsonl": _jsonl(ROWS)})
+    hub_repo(cache, "datasets", "org/ds", {"data/train.jsonl": _jsonl(ROWS)})
     (tmp_path / "outside").mkdir()
     write_jsonl(tmp_path / "outside" / "secret.jsonl", SECRET)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
@@ -112,7 +97,7 @@ def test_tokenizer_by_name_reads_only_inside_its_repo(tmp_path: Path, bpe_tokeni
     """The model side of the cache: `--tokenizer org/name` follows refs/main, which must name a snapshot."""
     cache = tmp_path / "hub"
     files = {name: (bpe_tokenizer_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
-    repo = _hub_repo(cache, "models", "org/tok", files)
+    repo = hub_repo(cache, "models", "org/tok", files)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     src = write_jsonl(tmp_path / "in.jsonl", ROWS)
     code, out, err = cli("tokenize", str(src), "--tokenizer", "org/tok", "--output", str(tmp_path / "ok"), "-q")
@@ -135,7 +120,7 @@ def test_tokenizer_by_name_reads_only_inside_its_repo(tmp_path: Path, bpe_tokeni
 def test_snapshot_with_split_names_and_no_train_split_is_refused(tmp_path: Path, bpe_tokenizer_dir: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "hub"
-    _hub_repo(cache, "datasets", "org/evals", {"validation.jsonl": _jsonl(ROWS), "test.jsonl": _jsonl(SECRET)})
+    hub_repo(cache, "datasets", "org/evals", {"validation.jsonl": _jsonl(ROWS), "test.jsonl": _jsonl(SECRET)})
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     line = _tokenize_error(tmp_path, bpe_tokenizer_dir, "hf://datasets/org/evals")
     assert "org/evals has no train split" in line and "validation and test splits" in line

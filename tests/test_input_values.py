@@ -10,23 +10,10 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import cli, cli_error, write_jsonl
+from input_support import same_store_bytes, tokenize_ok
+from support import cli_error, write_jsonl
 
-STORE_FILES = ("tokens.bin", "tokens.boundaries", "tokens.loss")
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
-
-
-def _tokenize(inputs: list[Path], tok: Path, out: Path, *flags: str) -> Path:
-    code, _, err = cli("tokenize", *map(str, inputs), "--tokenizer", str(tok), "--output", str(out), "-q", *flags)
-    assert code == 0, err
-    return out
-
-
-def _same_bytes(a: Path, b: Path) -> None:
-    for name in STORE_FILES:
-        assert (a / name).is_file() == (b / name).is_file(), name
-        if (a / name).is_file():
-            assert (a / name).read_bytes() == (b / name).read_bytes(), (b, name)
 
 
 def _sharegpt_rows() -> list[dict[str, object]]:
@@ -74,12 +61,12 @@ def test_json_extension_values_give_the_bytes_of_jsonl(tmp_path: Path, bpe_token
         template.write_text(json.loads((FIXTURES / "qwen2_5.json").read_text())["chat_template"])
         flags = (*flags[:-1], str(template))
     jsonl = write_jsonl(tmp_path / "r.jsonl", rows)
-    reference = _tokenize([jsonl], bpe_tokenizer_dir, tmp_path / "ref", *flags)
+    reference = tokenize_ok([jsonl], bpe_tokenizer_dir, tmp_path / "ref", *flags)
     for kind, path in _datasets_sources(tmp_path / "src", jsonl).items():
         for workers in ("1", "2"):
-            out = _tokenize([path], bpe_tokenizer_dir, tmp_path / f"{kind}{workers}", "--workers", workers,
+            out = tokenize_ok([path], bpe_tokenizer_dir, tmp_path / f"{kind}{workers}", "--workers", workers,
                             "--on-error", "skip", "--chunk-bytes", "200", *flags)
-            _same_bytes(reference, out)
+            same_store_bytes(reference, out)
             assert not (out / "rejects.jsonl").exists() or not (out / "rejects.jsonl").read_text(), kind
 
 
@@ -120,15 +107,15 @@ def test_every_string_encoding_is_held_to_max_record_bytes(tmp_path: Path, bpe_t
         with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_file(fh, table.schema) as writer:
             writer.write_table(table)
     field = ("--field", "doc.body") if nested else ()
-    out = _tokenize([path], bpe_tokenizer_dir, tmp_path / "s", "--max-record-bytes", "100000", "--on-error", "skip",
+    out = tokenize_ok([path], bpe_tokenizer_dir, tmp_path / "s", "--max-record-bytes", "100000", "--on-error", "skip",
                     *field)
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert [(r["line"], r["reason"].split(",")[0]) for r in rejects] == [
         (2, "record is 120000 bytes"), (4, "record is 120000 bytes")] if not nested else [
         (2, "record is 120001 bytes"), (4, "record is 120001 bytes")]
-    reference = _tokenize([write_jsonl(tmp_path / "r.jsonl", [{"text": texts[0]}, {"text": texts[2]}])],
+    reference = tokenize_ok([write_jsonl(tmp_path / "r.jsonl", [{"text": texts[0]}, {"text": texts[2]}])],
                           bpe_tokenizer_dir, tmp_path / "ref")
-    _same_bytes(reference, out)
+    same_store_bytes(reference, out)
 
 
 def test_deep_nesting_is_a_bad_record_in_every_json_reader(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
@@ -142,12 +129,12 @@ def test_deep_nesting_is_a_bad_record_in_every_json_reader(tmp_path: Path, bpe_t
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     (tmp_path / "lines.jsonl.gz").write_bytes(gzip.compress(files["lines.jsonl"].encode()))
-    reference = _tokenize([write_jsonl(tmp_path / "ref.jsonl", [{"text": "a good record"}])], bpe_tokenizer_dir,
+    reference = tokenize_ok([write_jsonl(tmp_path / "ref.jsonl", [{"text": "a good record"}])], bpe_tokenizer_dir,
                           tmp_path / "ref")
     for name, where in (("first.json", "first.json:1"), ("lines.jsonl", "lines.jsonl:2"),
                         ("array.json", "array.json:1"), ("lines.jsonl.gz", "lines.jsonl.gz:2")):
         line = cli_error("tokenize", str(tmp_path / name), "--tokenizer", str(bpe_tokenizer_dir), "--output",
                          str(tmp_path / "fail"))
         assert "bad record: malformed JSON" in line and where in line, line
-        _same_bytes(reference, _tokenize([tmp_path / name], bpe_tokenizer_dir, tmp_path / name.replace(".", "_"),
+        same_store_bytes(reference, tokenize_ok([tmp_path / name], bpe_tokenizer_dir, tmp_path / name.replace(".", "_"),
                                          "--on-error", "skip"))

@@ -72,6 +72,15 @@ def split_records(blocks: Iterator[bytes], sep: bytes, limit: int) -> Iterator[b
         yield carry
 
 
+def blocks(path: str, compression: str, start: int = 0, end: int = -1) -> Iterator[bytes]:
+    """The bytes a reader reads: `start:end` of a plain file, or the whole of a `"gz"` / `"zst"` one, decompressed."""
+    if compression == "gz":
+        return gzip_blocks(path)
+    if compression == "zst":
+        return zstd_blocks(path)
+    return file_blocks(path, start, end)
+
+
 def file_blocks(path: str, start: int = 0, end: int = -1) -> Iterator[bytes]:
     """Bytes `start:end` of a plain file (to the end when `end` < 0), one block at a time."""
     with reading(path), open(path, "rb") as fh:

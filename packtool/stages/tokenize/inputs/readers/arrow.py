@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
-from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, Span, whole_file
+from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, Span, whole_file
 from packtool.stages.tokenize.inputs.record import RawRecord
 
 if TYPE_CHECKING:
@@ -55,15 +55,12 @@ def _batches(source: Any) -> Iterator[Any]:
         yield from pa.ipc.open_stream(source)
 
 
-class ArrowReader:
+class ArrowReader(ReaderDefaults):
     kind: str = "arrow"
     suffixes: tuple[str, ...] = (".arrow", ".feather")  # Feather v2 is the Arrow IPC file format
     numbering: Numbering = Numbering.ROW
     family: str = "arrow"
     family_rank: int = 1
-    joins_files: bool = False
-    record_label: str = ""
-    not_data: frozenset[str] = frozenset()
 
     def plan(self, path: str, chunk_bytes: int) -> Plan:
         return Plan(whole_file(path).n_bytes, [Span(s, e, 1, b) for s, e, b in _plan_rows(path, chunk_bytes)])

@@ -93,6 +93,14 @@ class Reader(Protocol):
     def read(self, chunk: Chunk, limit: int, separator: str | None) -> Iterator[RawRecord]: ...
 
 
+class ReaderDefaults:
+    """The constants most readers share; a reader class sets its own and inherits the rest."""
+
+    joins_files: bool = False
+    record_label: str = ""
+    not_data: frozenset[str] = frozenset()
+
+
 def whole_file(path: str) -> Plan:
     """The plan of a file read whole: its size, one span. An unreadable file fails here, before any work
     (its sha256 comes later, beside the work)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, Span
+from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, Span
 from packtool.stages.tokenize.inputs.readers.jsonl import plan_lines
 from packtool.stages.tokenize.inputs.record import RawRecord
 
@@ -37,13 +37,12 @@ NOT_DATA_JSON = frozenset(
 )
 
 
-class JsonArrayReader:
+class JsonArrayReader(ReaderDefaults):
     kind: str = "json"
     suffixes: tuple[str, ...] = (".json",)
     numbering: Numbering = Numbering.INDEX
     family: str = "json"
     family_rank: int = 2
-    joins_files: bool = False
     record_label: str = "of the JSON array"
     not_data: frozenset[str] = NOT_DATA_JSON
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from packtool.formats.oserrors import reading
-from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, Span, whole_file
+from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, Span, whole_file
 from packtool.stages.tokenize.inputs.record import BOM, RawRecord, too_long_reason
 
 if TYPE_CHECKING:
@@ -22,31 +22,23 @@ if TYPE_CHECKING:
 _BLOCK = 1 << 22
 
 
-class JsonlReader:
+class JsonlReader(ReaderDefaults):
     kind: str = "jsonl"
     suffixes: tuple[str, ...] = (".jsonl",)
     compression: str = ""  # "", "gz" or "zst"
     numbering: Numbering = Numbering.LINE
     family: str = "json"
     family_rank: int = 2
-    joins_files: bool = False
-    record_label: str = ""
-    not_data: frozenset[str] = frozenset()
 
     def plan(self, path: str, chunk_bytes: int) -> Plan:
         return plan_lines(path, chunk_bytes) if not self.compression else whole_file(path)
 
     def read(self, chunk: Chunk, limit: int, separator: str | None) -> Iterator[RawRecord]:
-        from packtool.stages.tokenize.inputs import streams
+        from packtool.stages.tokenize.inputs.streams import blocks, split_records
 
         path = chunk.paths[0]
-        if self.compression == "gz":
-            blocks = streams.gzip_blocks(path)
-        elif self.compression == "zst":
-            blocks = streams.zstd_blocks(path)
-        else:
-            blocks = streams.file_blocks(path, chunk.start, chunk.end)
-        yield from json_lines(path, streams.split_records(blocks, b"\n", limit), chunk.first_line, limit)
+        pieces = split_records(blocks(path, self.compression, chunk.start, chunk.end), b"\n", limit)
+        yield from json_lines(path, pieces, chunk.first_line, limit)
 
 
 class GzipJsonlReader(JsonlReader):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from packtool.errors import InputError
-from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, Span
+from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, Span
 from packtool.stages.tokenize.inputs.record import RawRecord
 
 if TYPE_CHECKING:
@@ -19,15 +19,12 @@ _HINT = "check that the file is a complete parquet file (re-write or re-download
 BATCH_ROWS = 4096
 
 
-class ParquetReader:
+class ParquetReader(ReaderDefaults):
     kind: str = "parquet"
     suffixes: tuple[str, ...] = (".parquet",)
     numbering: Numbering = Numbering.ROW
     family: str = "parquet"
     family_rank: int = 0
-    joins_files: bool = False
-    record_label: str = ""
-    not_data: frozenset[str] = frozenset()
 
     def plan(self, path: str, chunk_bytes: int) -> Plan:
         """Group consecutive row groups until their compressed size reaches `chunk_bytes`."""

@@ -14,22 +14,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packtool.formats.oserrors import reading
-from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, whole_file
+from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, whole_file
 from packtool.stages.tokenize.inputs.record import BOM, PlainText, RawRecord, too_long_reason
 
 if TYPE_CHECKING:
     from packtool.stages.tokenize.inputs.chunk import Chunk
 
 
-class TxtReader:
+class TxtReader(ReaderDefaults):
     kind: str = "txt"
     suffixes: tuple[str, ...] = (".txt",)
     numbering: Numbering = Numbering.LINE
     family: str = "txt"
     family_rank: int = 3
     joins_files: bool = True
-    record_label: str = ""
-    not_data: frozenset[str] = frozenset()
 
     def plan(self, path: str, chunk_bytes: int) -> Plan:
         return whole_file(path)
