@@ -2,7 +2,9 @@
 
 Layout: `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`; a repo `org/name` is
 `{models,datasets}--org--name/snapshots/<rev>/`, the current revision named by `refs/main` (another branch or
-tag by `refs/<name>`; a commit hash names its snapshot directly).
+tag by `refs/<name>`; a commit hash names its snapshot directly). Every path read from the cache (a ref's
+commit, a snapshot, a file) must stay inside the repo's directory (`formats.paths`, imported where it is used:
+this module loads at every start, for the early `--tokenizer` lookup).
 """
 
 from __future__ import annotations
@@ -10,9 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-
-from packtool.formats.oserrors import reading
-from packtool.formats.paths import check_within, contained
 
 _NOT_IN_REFS = frozenset(" ~^:?*[\\")
 #: a ref file holds one commit hash (40 hex digits): more than this is not a ref
@@ -45,6 +44,8 @@ def hub_snapshot(repo_type: str, name: str, usable: Callable[[Path], bool], revi
     With `revision` (a branch or tag `huggingface_hub` recorded under `refs/`, or a commit hash), that snapshot
     or None: never another revision in its place. A ref whose content names a path outside `snapshots/` is an
     InputError naming it (`formats.paths`), never a snapshot."""
+    from packtool.formats.paths import check_within
+
     repo = repo_dir(repo_type, name)
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
@@ -76,6 +77,9 @@ def repo_dir(repo_type: str, name: str) -> Path:
 
 def _ref_snapshot(ref: Path, repo: Path) -> Path:
     """The snapshot directory the commit in the ref file `ref` names (checked to be one inside `snapshots/`)."""
+    from packtool.formats.oserrors import reading
+    from packtool.formats.paths import check_within
+
     check_within(ref, repo / "refs", f"the ref file {ref.name!r}", hint=_HINT)
     with reading(ref), open(ref, "rb") as fh:
         data = fh.read(_REF_BYTES + 1)
@@ -86,6 +90,8 @@ def _ref_snapshot(ref: Path, repo: Path) -> Path:
 
 
 def _snapshot(repo: Path, commit: str, what: str) -> Path:
+    from packtool.formats.paths import contained
+
     return contained(repo / "snapshots", commit, what, hint=_HINT, one_part=True)
 
 
@@ -93,6 +99,8 @@ def resolve_snapshot(name: str, needed: str) -> Path | None:
     """The cached snapshot directory of model repo `org/name` holding the file `needed`, or None.
 
     The file (in the cache, a link into the repo's `blobs/`) must lie inside the repo: `formats.paths`."""
+    from packtool.formats.paths import check_within
+
     snapshot = hub_snapshot("models", name, lambda p: (p / needed).is_file())
     if snapshot is not None:
         check_within(snapshot / needed, repo_dir("models", name), f"the cached {needed} of {name}", hint=_HINT)
