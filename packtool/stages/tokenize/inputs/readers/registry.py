@@ -25,6 +25,7 @@ _MODULES = (
     "packtool.stages.tokenize.inputs.readers.parquet",
     "packtool.stages.tokenize.inputs.readers.arrow",
     "packtool.stages.tokenize.inputs.readers.txt",
+    "packtool.stages.tokenize.inputs.readers.delimited",
 )
 #: compressed variants of a suffix, shown grouped in texts: `.jsonl(.gz|.zst)`
 _COMPRESSED = (".gz", ".zst")
