@@ -237,7 +237,7 @@ def part_profile(corpus: Path, tok: Path) -> None:
 
     from packtool.core.encoding.encode import SpecialPolicy, frame
     from packtool.stages.tokenize.backend_choice import VERIFY_CHARS, verification_sample
-    from packtool.stages.tokenize.sources import plan_chunks
+    from packtool.stages.tokenize.inputs.plan import plan_chunks
     from packtool.stages.tokenize.tokenizer import load_tokenizer
 
     path = str(tok / "tokenizer.json")
@@ -288,7 +288,7 @@ def part_sources(corpus: Path, repeat: int) -> None:
     import orjson
     import pyarrow as pa
 
-    from packtool.stages.tokenize.sources import plan_chunks, read_chunk
+    from packtool.stages.tokenize.inputs.plan import plan_chunks, read_chunk
 
     array = corpus.with_suffix(".json")
     arrow = corpus.with_suffix(".arrow")

@@ -13,8 +13,10 @@ import pytest
 import zstandard
 from support import zipf_texts
 
+from packtool.core.encoding.shapes.fields import get_field, get_text_field
 from packtool.errors import InputError
-from packtool.stages.tokenize.sources import expand_inputs, get_field, get_text_field, plan_chunks, read_chunk
+from packtool.stages.tokenize.inputs.locators import expand_inputs
+from packtool.stages.tokenize.inputs.plan import plan_chunks, read_chunk
 
 
 def _jsonl(path: Path, rows: list[object], blank_every: int = 0) -> Path:
@@ -120,7 +122,7 @@ def test_nested_fields() -> None:
 @pytest.mark.parametrize("sep", [b"\n", b"<doc>", b"\n\n"])
 @pytest.mark.parametrize("block", [1, 3, 7, 64, 4096])
 def test_split_records_equals_split_with_bounded_pieces(sep: bytes, block: int) -> None:
-    from packtool.stages.tokenize.streams import TooLong, split_records
+    from packtool.stages.tokenize.inputs.streams import TooLong, split_records
 
     rng = np.random.default_rng(block)
     alphabet = np.frombuffer(b"ab\nc<do>", np.uint8)
@@ -144,7 +146,7 @@ def test_split_records_equals_split_with_bounded_pieces(sep: bytes, block: int) 
     {"write_checksum": True, "write_content_size": False, "level": 19},
 ])
 def test_zstd_frame_check_passes_whole_files_and_every_cut_inside_a_frame(tmp_path: Path, settings: dict) -> None:
-    from packtool.stages.tokenize.streams import check_zstd_frames
+    from packtool.stages.tokenize.inputs.streams import check_zstd_frames
 
     raw = "".join(json.dumps({"text": t}) + "\n" for t in zipf_texts(400, seed=6)).encode()
     frames = [zstandard.ZstdCompressor(**settings).compress(raw[i::3]) for i in range(3)]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
@@ -18,15 +17,17 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import cli, cli_error, crashing_executor, write_jsonl, zipf_texts
+from input_support import check_resume, hub_repo
+from input_support import same_store_bytes as _same_bytes
+from input_support import tokenize_ok as _tokenize
+from support import cli, cli_error, write_jsonl, zipf_texts
 
 import packtool
 from packtool.errors import InputError
-from packtool.exec.local import thread_executor
-from packtool.stages.tokenize import jsonarray, streams
-from packtool.stages.tokenize.sources import expand_inputs, plan_chunks, read_chunk
-
-STORE_FILES = ("tokens.bin", "tokens.boundaries", "tokens.loss")
+from packtool.stages.tokenize.inputs import jsonscan as jsonarray
+from packtool.stages.tokenize.inputs import streams
+from packtool.stages.tokenize.inputs.locators import expand_inputs
+from packtool.stages.tokenize.inputs.plan import plan_chunks, read_chunk
 
 
 def _chat_rows(n: int, seed: int) -> list[dict[str, object]]:
@@ -36,6 +37,9 @@ def _chat_rows(n: int, seed: int) -> list[dict[str, object]]:
         messages = [{"role": "user", "content": texts[3 * i]}, {"role": "assistant", "content": texts[3 * i + 1]}]
         if i % 3 == 0:
             messages += [{"role": "user", "content": texts[3 * i + 2] + ' "q" [x] {y}, \\'}, {"role": "assistant", "content": "ok"}]
+        if i % 4 == 1:  # tool_calls on some messages only: `datasets`' json loader stores them as arrow.json
+            call = {"type": "function", "function": {"name": "lookup", "arguments": {"q": texts[3 * i + 2]}}}
+            messages[1]["tool_calls"] = [call]
         rows.append({"id": i, "messages": messages})
     return rows
 
@@ -52,6 +56,9 @@ def _sharegpt_rows(n: int, seed: int) -> list[dict[str, object]]:
     for i in range(n):
         row: dict[str, object] = {"conversations": [{"from": "human", "value": texts[2 * i]},
                                                     {"from": "gpt", "value": texts[2 * i + 1]}]}
+        if i % 5 == 2:  # turns whose keys differ between records (stored as arrow.json by `datasets`' json loader)
+            row["conversations"][0]["lang"] = "en"  # type: ignore[index]
+            row["conversations"][1]["score"] = i / 7  # type: ignore[index]
         if i % 3 == 0:
             row["system"] = f"You are assistant {i}."
         rows.append(row)
@@ -91,35 +98,17 @@ def _write_sources(root: Path, rows: list[dict[str, object]]) -> dict[str, Path]
     out["arrow_stream"] = root / "stream.arrow"
     pa_feather.write_feather(table, str(root / "r.feather"), chunksize=13)  # an IPC file, lz4-compressed buffers
     out["feather"] = root / "r.feather"
+    loaded = datasets.Dataset.from_json(str(out["jsonl"]), cache_dir=str(root / "hf-cache"))  # `datasets`' json loader
+    loaded.save_to_disk(str(root / "json_saved"), num_shards=2)
+    out["json_loader_save_to_disk"] = root / "json_saved"
+    loaded.to_parquet(str(root / "json_loaded.parquet"))
+    out["json_loader_parquet"] = root / "json_loaded.parquet"
     return out
 
 
 def _hub_cache(cache: Path, name: str, files: dict[str, bytes], rev: str = "0f1e2d3c") -> Path:
     """A hub cache laid out as huggingface_hub writes it: snapshot files are links to blobs."""
-    repo = cache / f"datasets--{name.replace('/', '--')}"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(rev)
-    for i, (rel, data) in enumerate(sorted(files.items())):
-        blob = repo / "blobs" / f"{i:040x}"
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = repo / "snapshots" / rev / rel
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(blob)
-    return repo / "snapshots" / rev
-
-
-def _tokenize(inputs: Sequence[str | Path], tok: Path, out: Path, *flags: str) -> Path:
-    code, _, err = cli("tokenize", *map(str, inputs), "--tokenizer", str(tok), "--output", str(out), "-q", *flags)
-    assert code == 0, err
-    return out
-
-
-def _same_bytes(a: Path, b: Path) -> None:
-    for name in STORE_FILES:
-        assert (a / name).is_file() == (b / name).is_file(), name
-        if (a / name).is_file():
-            assert (a / name).read_bytes() == (b / name).read_bytes(), (b, name)
+    return hub_repo(cache, "datasets", name, files, rev) / "snapshots" / rev
 
 
 @pytest.mark.parametrize(
@@ -373,20 +362,7 @@ def test_hub_dataset_saved_to_disk_in_the_snapshot(tmp_path: Path, bpe_tokenizer
 @pytest.mark.parametrize("kind", ["json", "save_to_disk"])
 def test_interrupted_run_resumes_with_the_same_bytes(tmp_path: Path, bpe_tokenizer_dir: Path, kind: str) -> None:
     path = _write_sources(tmp_path / "src", _text_rows(400, seed=12))[kind]
-
-    def cfg(out: str) -> packtool.TokenizeConfig:
-        return packtool.TokenizeConfig(inputs=(str(path),), tokenizer=str(bpe_tokenizer_dir),
-                                       output=str(tmp_path / out), chunk_bytes=4000, workers=1)
-
-    reference = packtool.tokenize_corpus(cfg("ref"))
-    assert reference.n_chunks > 6
-
-    with pytest.raises(KeyboardInterrupt):
-        packtool.tokenize_corpus(cfg("s"), executor=crashing_executor(4))
-    resumed = packtool.tokenize_corpus(cfg("s"), executor=thread_executor(2))
-    assert resumed.reused_chunks == 4
-    _same_bytes(tmp_path / "ref", tmp_path / "s")
-    assert resumed.manifest["sources"] == reference.manifest["sources"]
+    check_resume(path, bpe_tokenizer_dir, tmp_path, chunk_bytes=4000)
 
 
 def test_expand_rejects_unknown_hub_scheme_before_any_work(tmp_path: Path) -> None:

@@ -54,14 +54,20 @@ def _root(
     """packtool: raw data -> token store -> pack store -> GPU batches."""
 
 
+def _input_help() -> str:
+    """The INPUT help; the readable suffixes come from the input readers' registry (read when typer builds
+    `tokenize`'s parameters). Help is Rich markup: `[/...]` and `[@...]` would be tags (tests/test_cli_help.py),
+    `\\[` is a bracket."""
+    from packtool.stages.tokenize.inputs.readers.registry import suffix_text
+
+    return f"Files, directories or globs: {suffix_text()}, save_to_disk dirs; hf://datasets/ORG/NAME\\[@REVISION]\\[/PATH]."
+
+
 @app.command()
 def tokenize(
     inputs: Annotated[
         list[str],
-        typer.Argument(
-            # help is Rich markup: `[/...]` and `[@...]` would be tags (tests/test_cli_help.py), `\\[` is a bracket
-            help="Files, directories or globs: .jsonl(.gz|.zst), .json, .parquet, .arrow, .feather, save_to_disk dirs, .txt; hf://datasets/ORG/NAME\\[@REVISION]\\[/PATH]."
-        ),
+        typer.Argument(help=_input_help()),
     ],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="tokenizer.json, a model directory, or a hub name.")],
     output: Annotated[Path, typer.Option("--output", help="Token store directory to create.")],

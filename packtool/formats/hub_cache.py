@@ -2,7 +2,9 @@
 
 Layout: `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`; a repo `org/name` is
 `{models,datasets}--org--name/snapshots/<rev>/`, the current revision named by `refs/main` (another branch or
-tag by `refs/<name>`; a commit hash names its snapshot directly).
+tag by `refs/<name>`; a commit hash names its snapshot directly). Every path read from the cache (a ref's
+commit, a snapshot, a file) must stay inside the repo's directory (`formats.paths`, imported where it is used:
+this module loads at every start, for the early `--tokenizer` lookup).
 """
 
 from __future__ import annotations
@@ -10,6 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+_NOT_IN_REFS = frozenset(" ~^:?*[\\")
+#: a ref file holds one commit hash (40 hex digits): more than this is not a ref
+_REF_BYTES = 256
+_HINT = "the cache entry is broken or was altered: delete the repo's directory from the hub cache and fetch it again"
 
 
 def hub_cache_dir() -> Path:
@@ -21,31 +28,80 @@ def hub_cache_dir() -> Path:
     return Path("~/.cache/huggingface/hub").expanduser()
 
 
+def is_revision(text: str) -> bool:
+    """A branch or tag name as git allows it (parts not empty, not starting with '.', no '..', no space or
+    `~^:?*[\\`), or a commit hash: never a path such as `.`, `..` or `/abs`."""
+    if not text or text.startswith("/") or text.endswith(("/", ".lock")) or ".." in text or "@{" in text:
+        return False
+    if any(ch in _NOT_IN_REFS or ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        return False
+    return all(part and not part.startswith(".") for part in text.split("/"))
+
+
 def hub_snapshot(repo_type: str, name: str, usable: Callable[[Path], bool], revision: str | None = None) -> Path | None:
     """The cached snapshot of `org/name` (a `models` or `datasets` repo): `refs/main`'s, else the newest usable.
 
     With `revision` (a branch or tag `huggingface_hub` recorded under `refs/`, or a commit hash), that snapshot
-    or None: never another revision in its place."""
-    repo = hub_cache_dir() / f"{repo_type}--{name.replace('/', '--')}"
+    or None: never another revision in its place. A ref whose content names a path outside `snapshots/` is an
+    InputError naming it (`formats.paths`), never a snapshot."""
+    from packtool.formats.paths import check_within
+
+    repo = repo_dir(repo_type, name)
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
         return None
     if revision is not None:
-        if ".." in revision.split("/") or revision.startswith("/"):
+        if not is_revision(revision):
             return None  # a name, not a path out of the cache
         ref = repo / "refs" / revision
-        commit = ref.read_text().strip() if ref.is_file() else revision
-        candidate = snapshots / commit
-        return candidate if commit and "/" not in commit and usable(candidate) else None
+        if ref.is_file():
+            candidate = _ref_snapshot(ref, repo)
+        elif "/" in revision:
+            return None  # a branch the cache did not record
+        else:
+            candidate = _snapshot(repo, revision, f"revision {revision!r}")
+        return candidate if usable(candidate) else None
     ref = repo / "refs" / "main"
     if ref.is_file():
-        candidate = snapshots / ref.read_text().strip()
+        candidate = _ref_snapshot(ref, repo)
         if usable(candidate):
             return candidate
     found = sorted((p for p in snapshots.iterdir() if usable(p)), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+    return check_within(found[-1], snapshots, "the newest snapshot", hint=_HINT) if found else None
+
+
+def repo_dir(repo_type: str, name: str) -> Path:
+    """The cache directory of repo `org/name` (`models` or `datasets`): every file of it lies inside."""
+    return hub_cache_dir() / f"{repo_type}--{name.replace('/', '--')}"
+
+
+def _ref_snapshot(ref: Path, repo: Path) -> Path:
+    """The snapshot directory the commit in the ref file `ref` names (checked to be one inside `snapshots/`)."""
+    from packtool.formats.oserrors import reading
+    from packtool.formats.paths import check_within
+
+    check_within(ref, repo / "refs", f"the ref file {ref.name!r}", hint=_HINT)
+    with reading(ref), open(ref, "rb") as fh:
+        data = fh.read(_REF_BYTES + 1)
+    commit = data.decode("utf-8", errors="replace").strip()
+    if len(data) > _REF_BYTES:
+        commit = commit[:40] + "..."
+    return _snapshot(repo, commit, f"the ref file {ref}")
+
+
+def _snapshot(repo: Path, commit: str, what: str) -> Path:
+    from packtool.formats.paths import contained
+
+    return contained(repo / "snapshots", commit, what, hint=_HINT, one_part=True)
 
 
 def resolve_snapshot(name: str, needed: str) -> Path | None:
-    """The cached snapshot directory of model repo `org/name` holding the file `needed`, or None."""
-    return hub_snapshot("models", name, lambda p: (p / needed).is_file())
+    """The cached snapshot directory of model repo `org/name` holding the file `needed`, or None.
+
+    The file (in the cache, a link into the repo's `blobs/`) must lie inside the repo: `formats.paths`."""
+    from packtool.formats.paths import check_within
+
+    snapshot = hub_snapshot("models", name, lambda p: (p / needed).is_file())
+    if snapshot is not None:
+        check_within(snapshot / needed, repo_dir("models", name), f"the cached {needed} of {name}", hint=_HINT)
+    return snapshot

@@ -30,9 +30,10 @@ from packtool.choices import BackendName
 from packtool.core.encoding.backends import FAST_PACKAGE, Backend, FastBackend, HFBackend
 from packtool.errors import ConfigError, TokenizerError
 from packtool.stages.tokenize.early import load_key, take_fast_load
+from packtool.stages.tokenize.inputs.chunk import Chunk
+from packtool.stages.tokenize.inputs.plan import read_chunk
 from packtool.stages.tokenize.records import extract
 from packtool.stages.tokenize.settings import ChunkSettings
-from packtool.stages.tokenize.sources import Chunk, read_chunk
 
 if TYPE_CHECKING:
     from packtool.core.encoding.byte_offsets import ByteTables

@@ -23,10 +23,13 @@ from packtool.core.encoding.encode import Spans, encode_batch
 from packtool.errors import InputError
 from packtool.formats.token_store import parse_dtype
 from packtool.stages.tokenize.backend_choice import cached_backend
+from packtool.stages.tokenize.inputs.chunk import Chunk
+from packtool.stages.tokenize.inputs.plan import read_chunk
+from packtool.stages.tokenize.inputs.readers.base import Numbering
+from packtool.stages.tokenize.inputs.readers.registry import reader_named
 from packtool.stages.tokenize.journal import ChunkResult
 from packtool.stages.tokenize.records import extract
 from packtool.stages.tokenize.settings import ChunkSettings
-from packtool.stages.tokenize.sources import INDEXED_KINDS, Chunk, read_chunk
 from packtool.stages.tokenize.tokenizer import cached_tokenizer
 
 BATCH_CHARS = 2_000_000
@@ -142,20 +145,21 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
 
     for path in chunk.paths:
         result.sources[path] = [0, 0, 0]
-    indexed = chunk.kind in INDEXED_KINDS  # a .json array: records are addressed by their 0-based index
+    reader = reader_named(chunk.kind)
+    indexed = reader.numbering is Numbering.INDEX  # a .json array: records are addressed by their 0-based index
     for source, line_no, got in _take(chunk, settings) or chunk_records(chunk, settings):
         counts = result.sources[source]
         counts[0] += 1
         if isinstance(got, str):
             if settings.on_error == OnError.FAIL:
                 raise InputError(
-                    f"bad record: {got}" + (f" (record {line_no} of the JSON array, 0-based)" if indexed else ""),
+                    f"bad record: {got}" + (f" (record {line_no} {reader.record_label}, 0-based)" if indexed else ""),
                     source,
                     line_no,
                     hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
                 )
             line = {"source": source, "line": line_no, "reason": got}  # SPEC's keys for every input
-            if indexed:  # a .json array: `line` is the element's 0-based index, as in its `file:N` errors
+            if indexed:  # e.g. a .json array: `line` is the element's 0-based index, as in its `file:N` errors
                 line["record"] = line_no
             rejects.append((json.dumps(line, ensure_ascii=False) + "\n").encode())
             counts[2] += 1

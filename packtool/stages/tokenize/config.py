@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from packtool.choices import AssistantTurns, BackendName, ExecutorName, InputFormat, OnError
 from packtool.errors import ConfigError, UsageError
-from packtool.stages.tokenize.streams import DEFAULT_MAX_RECORD_BYTES
+from packtool.stages.tokenize.inputs.record import DEFAULT_MAX_RECORD_BYTES
 
 #: --chunk-bytes left out: the inputs' total size / AUTO_CHUNKS, between these bounds (`auto_chunk_bytes`)
 MIN_CHUNK_BYTES = 1 << 20

@@ -47,20 +47,15 @@ from packtool.stages.tokenize.backend_choice import (
 from packtool.stages.tokenize.chunks import ChunkTask, prerender, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig, auto_chunk_bytes
 from packtool.stages.tokenize.early import worth_loading
+from packtool.stages.tokenize.inputs.chunk import Chunk
+from packtool.stages.tokenize.inputs.locators import expand_inputs
+from packtool.stages.tokenize.inputs.plan import SourceFile, hash_sources, input_bytes, plan_chunks
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.manifest import token_manifest
 from packtool.stages.tokenize.output import check_output, guarded_output
 from packtool.stages.tokenize.settings import ChunkSettings, chunk_settings
 from packtool.stages.tokenize.shape import resolve_shape
 from packtool.stages.tokenize.shards import shard_build, shard_entry, shard_slice
-from packtool.stages.tokenize.sources import (
-    Chunk,
-    SourceFile,
-    expand_inputs,
-    hash_sources,
-    input_bytes,
-    plan_chunks,
-)
 from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from packtool.core.encoding.chat import ChatRecordError, ChatTemplate, load_chat
 from packtool.core.encoding.encode import Spans
 from packtool.core.encoding.shapes.base import Conversation
 from packtool.errors import ConfigError
+from packtool.stages.tokenize.inputs.record import PlainText
 from packtool.stages.tokenize.settings import ChunkSettings
-from packtool.stages.tokenize.streams import PlainText
 from packtool.stages.tokenize.tokenizer import cached_tokenizer
 
 

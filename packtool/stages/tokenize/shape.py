@@ -23,8 +23,11 @@ from packtool.core.encoding.shapes.base import Sample, ShapeFields, ShapeSpec, f
 from packtool.core.encoding.shapes.registry import AUTO, every_shape, family
 from packtool.errors import ConfigError, InputError
 from packtool.stages.tokenize.config import TokenizeConfig
-from packtool.stages.tokenize.sources import INDEXED_KINDS, Chunk, read_chunk
-from packtool.stages.tokenize.streams import PlainText
+from packtool.stages.tokenize.inputs.chunk import Chunk
+from packtool.stages.tokenize.inputs.plan import read_chunk
+from packtool.stages.tokenize.inputs.readers.base import Numbering
+from packtool.stages.tokenize.inputs.readers.registry import reader_named
+from packtool.stages.tokenize.inputs.record import PlainText
 
 DETECT_RECORDS = 64
 
@@ -55,7 +58,7 @@ class _Sample:
     """The first readable records, and the first bad one met before them."""
 
     records: list[Sample] = field(default_factory=list)  # what detect.choose reads
-    bad: tuple[str, int | None, str, bool] | None = None  # (source, line, reason, indexed) of the first bad record
+    bad: tuple[str, int | None, str, str] | None = None  # (source, line, reason, index label) of the first bad record
     n_bad: int = 0
 
 
@@ -71,10 +74,16 @@ def _first_records(chunks: Sequence[Chunk], config: TokenizeConfig) -> _Sample:
             else:
                 sample.n_bad += 1
                 if sample.bad is None:
-                    sample.bad = (record.source, record.line, record.error, chunk.kind in INDEXED_KINDS)
+                    sample.bad = (record.source, record.line, record.error, _index_label(chunk, record.line))
             if len(sample.records) >= DETECT_RECORDS:
                 return sample
     return sample
+
+
+def _index_label(chunk: Chunk, line: int | None) -> str:
+    """` (record N of the JSON array, 0-based)` for readers that number records by index, else nothing."""
+    reader = reader_named(chunk.kind)
+    return f" (record {line} {reader.record_label}, 0-based)" if reader.numbering is Numbering.INDEX else ""
 
 
 def resolve_shape(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
@@ -139,8 +148,7 @@ def _nothing_to_detect(sample: _Sample, chunks: Sequence[Chunk]) -> None:
             named or "the inputs",
             hint="check the inputs, or pass --format",
         )
-    source, line, reason, indexed = sample.bad
-    index = f" (record {line} of the JSON array, 0-based)" if indexed else ""
+    source, line, reason, index = sample.bad
     raise InputError(
         f"--format auto found no readable record to detect the record shape from ({sample.n_bad} bad "
         f"record{'s' if sample.n_bad != 1 else ''}, the first: {reason}{index})",

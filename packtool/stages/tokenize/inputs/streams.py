@@ -1,4 +1,4 @@
-"""Raw input bytes -> records, with bounded memory and truncation checks.
+"""Raw input bytes -> pieces cut at a separator, with bounded memory and truncation checks.
 
 Every input is read as a stream of blocks (`_BLOCK` bytes) and cut at a separator (a newline
 for jsonl, `--separator` for .txt). A record longer than `max_record_bytes` is never held in
@@ -21,33 +21,13 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO, NamedTuple
+from typing import BinaryIO
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
 
 _BLOCK = 1 << 22
-#: default of --max-record-bytes: the longest record (a jsonl line, a .txt document, a parquet row).
-#: Encoding one document takes ~130 bytes of memory per byte of text in `tokenizers` (measured: a 20 MB
-#: record peaks at 2.7 GB RSS), so 16 MiB keeps one worker near 2 GB; a whole book is ~1 MB.
-DEFAULT_MAX_RECORD_BYTES = 16 << 20
-BOM = b"\xef\xbb\xbf"
 _TRUNCATED_HINT = "check that the file is complete (re-download or re-compress it)"
-
-
-class RawRecord(NamedTuple):
-    """A parsed record or the reason it is unreadable; `line` is 1-based (row number for parquet).
-
-    A named tuple, not a dataclass: one is made per record, and a tuple is cheaper to build."""
-
-    source: str
-    line: int | None
-    value: Any = None
-    error: str | None = None
-
-
-class PlainText(str):
-    """A `.txt` document: the only record that is a bare string (a JSON string record is a bad record)."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +36,6 @@ class TooLong:
 
     n_bytes: int
     newlines: int
-
-
-def too_long_reason(n_bytes: int, limit: int) -> str:
-    return f"record is {n_bytes} bytes, over --max-record-bytes {limit} (raise the limit to accept it)"
 
 
 def split_records(blocks: Iterator[bytes], sep: bytes, limit: int) -> Iterator[bytes | TooLong]:
@@ -94,6 +70,15 @@ def split_records(blocks: Iterator[bytes], sep: bytes, limit: int) -> Iterator[b
         yield TooLong(skipped + len(carry), skipped_nl + carry.count(b"\n"))
     else:
         yield carry
+
+
+def blocks(path: str, compression: str, start: int = 0, end: int = -1) -> Iterator[bytes]:
+    """The bytes a reader reads: `start:end` of a plain file, or the whole of a `"gz"` / `"zst"` one, decompressed."""
+    if compression == "gz":
+        return gzip_blocks(path)
+    if compression == "zst":
+        return zstd_blocks(path)
+    return file_blocks(path, start, end)
 
 
 def file_blocks(path: str, start: int = 0, end: int = -1) -> Iterator[bytes]:

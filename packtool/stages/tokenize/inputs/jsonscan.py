@@ -1,4 +1,4 @@
-"""`.json` inputs holding ONE JSON array of records, streamed: never the whole file in memory.
+"""The `.json` reader's machinery: ONE JSON array of records, streamed (never the whole file in memory).
 
 A compiled scanner (numba, ~1 GB/s on one core) walks the bytes with the little JSON state
 that matters at the top level: inside a string or not, an escape pending, the nesting depth.
@@ -14,7 +14,7 @@ after its `]`) is a file-level InputError found at planning, before any work; a 
 per-record error addressed by its index. Memory per reader: one block + the longest element.
 
 A `.json` file whose first character is `{` is JSON Lines, as `datasets`' json loader reads
-it (many hub datasets name their jsonl `.json`): `plan_chunks` reads it as `.jsonl`.
+it (many hub datasets name their jsonl `.json`): the reader plans it as `.jsonl`.
 """
 
 from __future__ import annotations
@@ -23,21 +23,12 @@ from collections.abc import Callable, Iterator
 from functools import cache
 
 import numpy as np
+import orjson
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
-from packtool.stages.tokenize.streams import BOM, RawRecord, file_blocks, too_long_reason
-
-try:
-    import orjson
-
-    _loads = orjson.loads
-    _JSONError: type[Exception] = orjson.JSONDecodeError
-except ImportError:  # pragma: no cover - orjson is a dependency
-    import json
-
-    _loads = json.loads  # type: ignore[assignment]
-    _JSONError = ValueError
+from packtool.stages.tokenize.inputs.record import BOM, RawRecord, too_long_reason
+from packtool.stages.tokenize.inputs.streams import file_blocks
 
 _BLOCK = 1 << 22
 _HINT = "check that the file is one complete JSON array of records (or JSON Lines, one object per line)"
@@ -178,6 +169,8 @@ def check_json_lines(path: str) -> None:
         try:
             json.loads(text)
             return  # a whole value on its first line: JSON Lines
+        except RecursionError:
+            return  # nested deeper than any record: line 1's own error (orjson's depth limit) says so
         except json.JSONDecodeError as exc:
             if exc.pos < len(text):
                 return  # malformed, not unfinished: line 1's own error
@@ -186,6 +179,8 @@ def check_json_lines(path: str) -> None:
         peek = raw.removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
     try:
         value, _ = json.JSONDecoder().raw_decode(peek)
+    except RecursionError:
+        value = None  # an object nested deeper than Python's parser goes: no key to name
     except json.JSONDecodeError:
         if len(raw) < _OBJECT_PEEK:
             return  # the whole file is no JSON value: broken JSON Lines, line 1's own error says where
@@ -299,8 +294,8 @@ def _element(
         return RawRecord(path, index, error=too_long_reason(max(dropped, pending_bytes) + len(piece), limit))
     data = b"".join((*pending, piece)) if pending else piece
     try:
-        return RawRecord(path, index, _loads(data))
-    except _JSONError as exc:
+        return RawRecord(path, index, orjson.loads(data))
+    except orjson.JSONDecodeError as exc:
         if not data.strip():
             return RawRecord(path, index, error="empty element (two commas in a row, or a comma before ']')")
         message = str(exc)

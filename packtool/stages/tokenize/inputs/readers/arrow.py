@@ -1,5 +1,5 @@
-"""Arrow inputs: IPC files and streams (`.arrow`, and `.feather`: Feather V2 is the IPC file format), and
-`datasets` `save_to_disk` directories.
+"""Arrow: IPC files and streams (`.arrow`, and `.feather`: Feather V2 is the IPC file format), as `datasets`
+writes them (a `save_to_disk` directory's files are found by `locators/saved.py`).
 
 An `.arrow` file is memory-mapped and read one record batch at a time, in slices of
 `BATCH_ROWS` rows, so memory stays bounded whatever the file's size or its batches' size. Both
@@ -10,23 +10,21 @@ the same bytes from parquet, Arrow or jsonl.
 
 Chunks are row ranges cut at about `chunk_bytes` of batch data (a large batch is cut inside),
 found by walking the batches' headers at planning, which also finds a cut or corrupted file
-before any work. A `save_to_disk` directory (`state.json` + `dataset_info.json` +
-`data-XXXXX-of-YYYYY.arrow`) is one dataset: its files in `state.json`'s order. A
-`DatasetDict` directory (`dataset_dict.json`) holds several splits: the user names one.
+before any work.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
-from packtool.stages.tokenize.parquet import batch_records
-from packtool.stages.tokenize.streams import RawRecord
+from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, Span, whole_file
+from packtool.stages.tokenize.inputs.record import RawRecord
+
+if TYPE_CHECKING:
+    from packtool.stages.tokenize.inputs.chunk import Chunk
 
 BATCH_ROWS = 4096
 _HINT = "check that the file is a complete Arrow IPC file or stream (re-write or re-download it)"
@@ -35,10 +33,6 @@ _FEATHER_V1_MAGIC = b"FEA1"
 _FEATHER_V1_HINT = (
     "re-write it as Feather V2, which is Arrow IPC: pyarrow.feather.write_feather(pyarrow.feather.read_table(OLD), NEW)"
 )
-
-STATE = "state.json"
-INFO = "dataset_info.json"
-DICT = "dataset_dict.json"
 
 
 class _NotIPC(Exception):
@@ -61,8 +55,27 @@ def _batches(source: Any) -> Iterator[Any]:
         yield from pa.ipc.open_stream(source)
 
 
-def plan_arrow(path: str, chunk_bytes: int) -> list[tuple[int, int, int]]:
+class ArrowReader(ReaderDefaults):
+    kind: str = "arrow"
+    suffixes: tuple[str, ...] = (".arrow", ".feather")  # Feather v2 is the Arrow IPC file format
+    numbering: Numbering = Numbering.ROW
+    family: str = "arrow"
+    family_rank: int = 1
+
+    def plan(self, path: str, chunk_bytes: int) -> Plan:
+        return Plan(whole_file(path).n_bytes, [Span(s, e, 1, b) for s, e, b in _plan_rows(path, chunk_bytes)])
+
+    def read(self, chunk: Chunk, limit: int, separator: str | None) -> Iterator[RawRecord]:
+        return _rows(chunk.paths[0], chunk.start, chunk.end, limit)
+
+
+READERS = (ArrowReader(),)
+
+
+def _plan_rows(path: str, chunk_bytes: int) -> list[tuple[int, int, int]]:
     """Row ranges (start, end, bytes of batch data) of about `chunk_bytes` each; InputError for a broken file."""
+    import math
+
     import pyarrow as pa
 
     chunks: list[tuple[int, int, int]] = []
@@ -91,9 +104,11 @@ def plan_arrow(path: str, chunk_bytes: int) -> list[tuple[int, int, int]]:
     return chunks
 
 
-def arrow_rows(path: str, start: int, end: int, limit: int) -> Iterator[RawRecord]:
+def _rows(path: str, start: int, end: int, limit: int) -> Iterator[RawRecord]:
     """RawRecords of rows `start:end` (0-based; numbered from 1 like parquet rows)."""
     import pyarrow as pa
+
+    from packtool.stages.tokenize.inputs.arrow_rows import batch_records
 
     with reading(path):
         mapped = pa.memory_map(path)
@@ -113,46 +128,3 @@ def arrow_rows(path: str, start: int, end: int, limit: int) -> Iterator[RawRecor
         raise InputError(str(exc), path, hint=_FEATHER_V1_HINT) from exc
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"cannot read Arrow data ({exc})", path, hint=_HINT) from exc
-
-
-def is_saved_dataset(path: Path) -> bool:
-    """A `datasets` `save_to_disk` directory (one split) or a `DatasetDict` one (several)."""
-    return ((path / STATE).is_file() and (path / INFO).is_file()) or (path / DICT).is_file()
-
-
-def saved_dataset_files(path: Path, given: str) -> list[Path]:
-    """The Arrow files of a `save_to_disk` directory, in `state.json`'s order."""
-    if (path / DICT).is_file():
-        splits = _dataset_dict_splits(path)
-        raise InputError(
-            f"a DatasetDict directory (splits: {', '.join(splits) or 'none'}) is several datasets",
-            given,
-            hint=f"name one split's directory, e.g. {given.rstrip('/')}/{splits[0] if splits else 'train'}",
-        )
-    with reading(str(path / STATE)):
-        try:
-            state = json.loads((path / STATE).read_text("utf-8"))
-            names = [str(entry["filename"]) for entry in state["_data_files"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(
-                f"cannot read the file list of a save_to_disk directory ({STATE}: {exc!r})",
-                given,
-                hint="re-save the dataset with Dataset.save_to_disk",
-            ) from exc
-    files = [path / name for name in names]
-    for file in files:
-        if file.suffix != ".arrow" or not file.is_file():
-            raise InputError(
-                f"{STATE} lists {file.name} but the directory has no such Arrow file",
-                given,
-                hint="the dataset was copied incompletely; re-save it with Dataset.save_to_disk",
-            )
-    return files
-
-
-def _dataset_dict_splits(path: Path) -> list[str]:
-    try:
-        splits = json.loads((path / DICT).read_text("utf-8")).get("splits", [])
-        return [str(s) for s in splits]
-    except (ValueError, AttributeError, OSError):
-        return sorted(p.name for p in path.iterdir() if p.is_dir() and (p / STATE).is_file())
