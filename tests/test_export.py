@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from support import big_vocab_texts, build_big_vocab_tokenizer, build_file, cli, cli_error
 
-from packtool.errors import ConfigError
-from packtool.stages.export import ExportConfig, export_store
+from packtool.choices import ExportTarget
+from packtool.errors import ConfigError, UsageError
+from packtool.stages.export import EXPORTERS, ExportConfig, Exporter, export_store
 
 torch = pytest.importorskip("torch")
 from packtool.loader import PackedDataset  # noqa: E402
@@ -190,6 +191,33 @@ def test_a_pack_file_path_fixes_split_and_size(stores: dict[str, Path], tmp_path
     assert result.n_packs == len(PackedDataset(stores["chat"])) and result.size == SIZE
     with pytest.raises(ConfigError, match="contradicts"):
         export_store(ExportConfig(stores["chat"] / f"training_{SIZE}.npy", "trl", tmp_path / "u", size=1024))
+
+
+# ---- the registry: one list of targets, tied to the `--to` choices --------------------------------
+
+
+def test_the_registry_is_the_one_list_of_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `ExportTarget` (the CLI's `--to` choices) has exactly one `Exporter`, and nothing else is registered."""
+    assert set(EXPORTERS) == set(ExportTarget), "an ExportTarget without an exporter, or an exporter without a target"
+    assert TARGETS == [t.value for t in EXPORTERS]
+    for target, spec in EXPORTERS.items():
+        assert isinstance(spec, Exporter) and spec.target is target
+        assert spec.files and spec.reader and callable(spec.check) and callable(spec.write)
+        names, shared = spec.file_names("training", 4096)
+        assert names and all("training_4096" in n for n in names) and all("4096" in n for n in shared)
+        assert len(set(names + shared)) == len(names + shared)
+    monkeypatch.setenv("COLUMNS", "200")  # Rich wraps the choices at the terminal's width
+    code, out, _ = cli("export", "--help")
+    assert code == 0 and f"<{'|'.join(TARGETS)}>" in out
+
+
+def test_out_of_domain_export_flags_are_usage_errors(stores: dict[str, Path], tmp_path: Path) -> None:
+    for flag, value in (("--size", "0"), ("--size", "-4"), ("--eos-id", "-1")):
+        line = cli_error("export", str(stores["text"]), "--to", "trl", flag, value, "--output", str(tmp_path / "o"), code=2)
+        assert f"{flag} must be an integer >=" in line
+    with pytest.raises(UsageError, match="--size must be an integer >= 1, got 0"):
+        ExportConfig(stores["text"], "trl", tmp_path / "o", size=0).validate()
+    assert not (tmp_path / "o").exists()
 
 
 # ---- failure paths: exit 1, one line, nothing left ------------------------------------------------
