@@ -11,7 +11,8 @@ import pytest
 from support import cli, zipf_texts
 
 from packtool.choices import Algorithm
-from packtool.cli.runconfig import load_run_config, run_pipeline
+from packtool.cli.runconfig import load_run_config
+from packtool.stages.run import run_pipeline
 from packtool.errors import ConfigError
 from packtool.formats.pack_store import open_pack_split
 from packtool.formats.token_store import open_token_store
@@ -87,7 +88,7 @@ steps:
     stats: {{size: 128, batch_size: 2}}
 """)
     seen: list[str] = []
-    result = run_pipeline(cfg, lambda stage, done, total: seen.append(stage))
+    result = run_pipeline(load_run_config(cfg), lambda stage, done, total: seen.append(stage))
     assert [s.name for s in result.steps] == ["jsonl", "docs"]
     assert result.steps[0].pack.metadata["seed"] == 3 and result.steps[0].pack.metadata["shuffle"] is False
     assert result.steps[1].stats.n_documents == 5 and result.steps[1].stats.size == 128  # token-store stats

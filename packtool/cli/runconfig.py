@@ -1,4 +1,4 @@
-"""`packtool run CONFIG.yaml`: tokenize -> pack -> stats (+ plot) -> verify -> export from one YAML file.
+"""`packtool run CONFIG.yaml`: the YAML parsed and checked into `stages.run.Step`s (`run_pipeline` runs them).
 
 A config is the CLI flags written down: each section is one command and each key is one of its
 flags (dashes or underscores), so `--pad-multiple 8` is `pad_multiple: 8` under `pack:`.
@@ -24,17 +24,15 @@ import enum
 import os
 import types
 import typing
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from packtool.cli import summaries
 from packtool.errors import ConfigError
 from packtool.stages.export import ExportConfig
 from packtool.stages.pack import PackConfig
+from packtool.stages.run import Step
 from packtool.stages.stats import StatsConfig
 from packtool.stages.tokenize import TokenizeConfig
 from packtool.stages.verify import VerifyConfig
@@ -52,9 +50,6 @@ EXTRA_KEYS: dict[str, dict[str, Any]] = {"stats": {"plot": Path | None, "json": 
 LINKED: dict[str, set[str]] = {"pack": {"tokens_dir"}, "stats": {"path"}, "verify": {"path"}, "export": {"path"}}
 PATH_KEYS = {"inputs", "output", "chat_template", "tokens_dir", "path", "source", "plot", "model"}
 STEP_KEYS = ("name", *SECTIONS)
-
-RunProgress = Callable[[str, int, int], None]
-"""`progress(stage, done, total)`, stage like "chat: tokenize"; the CLI draws one bar per stage."""
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -82,38 +77,6 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
 
 
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One pipeline: the configs of the sections it has, in run order; stats/verify may be partial."""
-
-    name: str
-    tokenize: TokenizeConfig | None = None
-    pack: PackConfig | None = None
-    stats: dict[str, Any] | None = None  # StatsConfig keys + plot/json; path/size filled at run time
-    verify: dict[str, Any] | None = None  # VerifyConfig keys; path/source filled at run time
-    export: dict[str, Any] | None = None  # ExportConfig keys; path/size/split filled at run time
-
-
-@dataclass
-class StepResult:
-    """What each stage of one step returned (None for a stage the step does not have)."""
-
-    name: str
-    tokenize: Any = None
-    pack: Any = None
-    stats: Any = None
-    plot: Path | None = None
-    stats_json: bool = False
-    verify: Any = None
-    export: Any = None
-
-
-@dataclass
-class RunResult:
-    config: Path
-    steps: list[StepResult] = field(default_factory=list)
 
 
 def load_run_config(path: str | Path) -> list[Step]:
@@ -339,90 +302,3 @@ def _resolve(value: str, base: Path, key: str) -> str:
     if key not in PATH_KEYS or value.startswith("hf://"):  # a hub dataset is no path
         return value
     return os.path.normpath(base / Path(value).expanduser())  # an absolute value replaces base
-
-
-def run_pipeline(path: str | Path, progress: RunProgress | None = None) -> RunResult:
-    """Load `path` and run every step: tokenize -> pack -> stats (+ plot) -> verify.
-
-    Raises ConfigError before any work for a bad config, the stage's own PacktoolError when a stage
-    fails, and FormatError when verify finds a violated invariant.
-    """
-    steps = load_run_config(path)
-    result = RunResult(Path(path))
-    for step in steps:
-        result.steps.append(_run_step(step, progress))
-    return result
-
-
-def _stage(progress: RunProgress | None, label: str) -> Callable[[int, int], None] | None:
-    if progress is None:
-        return None
-    return lambda done, total: progress(label, done, total)
-
-
-def _run_step(step: Step, progress: RunProgress | None) -> StepResult:
-    from packtool.stages.export import export_store
-    from packtool.stages.pack import pack_store
-    from packtool.stages.stats import compute_stats, plot_stats
-    from packtool.stages.tokenize import tokenize_corpus
-    from packtool.stages.verify import verify_path
-
-    out = StepResult(step.name)
-    tokens_dir: Path | None = Path(step.tokenize.output) if step.tokenize else None
-    packed: Path | None = None
-    if step.tokenize is not None:
-        out.tokenize = tokenize_corpus(step.tokenize, _stage(progress, f"{step.name}: tokenize"))
-    if step.pack is not None:
-        out.pack = pack_store(step.pack, _stage(progress, f"{step.name}: pack"))
-        packed, tokens_dir = out.pack.directory, step.pack.tokens_dir  # type: ignore[assignment]  # a mixture: a tuple
-    if step.stats is not None:
-        keys = dict(step.stats)
-        out.plot, out.stats_json = keys.pop("plot", None), bool(keys.pop("json", False))
-        keys.setdefault("path", packed or tokens_dir)
-        if step.pack is not None and "path" not in step.stats:
-            keys.setdefault("size", step.pack.size)
-            keys.setdefault("split", step.pack.split)
-        out.stats = compute_stats(StatsConfig(**keys))
-        if out.plot is not None:
-            plot_stats(out.stats, out.plot)
-    if step.verify is not None:
-        keys = dict(step.verify)
-        if "path" not in keys:
-            keys["path"] = packed or tokens_dir
-            if packed is not None:
-                keys.setdefault("source", tokens_dir)
-        out.verify = verify_path(VerifyConfig(**keys))  # raises FormatError at the first violated invariant
-    if step.export is not None:
-        keys = dict(step.export)
-        if "path" not in keys:
-            keys["path"] = packed
-            if step.pack is not None:
-                keys.setdefault("size", step.pack.size)
-                keys.setdefault("split", str(step.pack.split))
-        if keys["path"] is None:
-            raise ConfigError(
-                f"section 'export' of step {step.name!r} has no path and no pack section, add `path: ...`"
-            )
-        out.export = export_store(ExportConfig(**keys).validate(), _stage(progress, f"{step.name}: export"))
-    return out
-
-
-def describe(result: RunResult) -> list[str]:
-    """What the CLI prints: each stage's own summary line, prefixed with the step name."""
-    lines = []
-    for step in result.steps:
-        tag = f"[{step.name}]"
-        if step.tokenize is not None:
-            lines.append(f"{tag} {summaries.tokenize_line(step.tokenize)}")
-        if step.pack is not None:
-            lines.append(f"{tag} {summaries.pack_line(step.pack)}")
-        if step.stats is not None:
-            lines.append(summaries.stats_text(step.stats, step.stats_json))
-            if step.plot is not None:
-                lines.append(f"{tag} plot -> {step.plot}")
-        if step.verify is not None:
-            lines.append(f"{tag} verify {summaries.verify_line(step.verify)}")
-        if step.export is not None:
-            first, *rest = summaries.export_lines(step.export)
-            lines += [f"{tag} {first}", *rest]
-    return lines

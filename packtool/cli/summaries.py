@@ -72,3 +72,24 @@ def export_lines(result: Any) -> list[str]:
 
 def audit_text(report: Any, as_json: bool) -> str:
     return json.dumps(report.to_dict(), sort_keys=True) if as_json else report.to_text()
+
+
+def run_lines(result: Any) -> list[str]:
+    """What `packtool run` prints: each stage's own summary line, prefixed with the step name."""
+    lines = []
+    for step in result.steps:
+        tag = f"[{step.name}]"
+        if step.tokenize is not None:
+            lines.append(f"{tag} {tokenize_line(step.tokenize)}")
+        if step.pack is not None:
+            lines.append(f"{tag} {pack_line(step.pack)}")
+        if step.stats is not None:
+            lines.append(stats_text(step.stats, step.stats_json))
+            if step.plot is not None:
+                lines.append(f"{tag} plot -> {step.plot}")
+        if step.verify is not None:
+            lines.append(f"{tag} verify {verify_line(step.verify)}")
+        if step.export is not None:
+            first, *rest = export_lines(step.export)
+            lines += [f"{tag} {first}", *rest]
+    return lines
