@@ -91,50 +91,6 @@ class AuditReport:
         out["documents"] = list(probe.DOC_LENGTHS)
         return out
 
-    def to_text(self) -> str:
-        """The table (style x implementation -> max |Δ|, verdict), the reasons, the setup to use."""
-        kinds = ", ".join(self.layer_kinds) or "uniform"
-        lines = [
-            f"audit {self.model}: {self.model_type} ({self.architecture or 'not buildable'}), layer kinds: {kinds}; "
-            f"tiny random model {self.tiny}; documents of {'+'.join(map(str, probe.DOC_LENGTHS))} tokens, "
-            "packed vs each alone, forward and backward",
-            f"{'style':26} {'attention':18} {'dtype':8} {'max|Δ| logits':>13} {'max|Δ| grads':>13}  verdict",
-        ]
-        reasons: dict[str, list[str]] = {}
-        for r in self.results:
-            dl = "-" if r.max_abs_diff_logits is None else f"{r.max_abs_diff_logits:.2e}"
-            dg = "-" if r.max_abs_diff_grads is None else f"{r.max_abs_diff_grads:.2e}"
-            mark = ""
-            if r.reason:
-                tags = reasons.setdefault(r.reason, [])
-                tags.append(f"{r.style}/{r.attn_implementation}")
-                mark = f" [{list(reasons).index(r.reason) + 1}]"
-            lines.append(f"{r.style:26} {r.attn_implementation:18} {r.dtype:8} {dl:>13} {dg:>13}  {r.verdict}{mark}")
-        for i, reason in enumerate(reasons, 1):
-            lines.append(f"[{i}] {reason}")
-        lines.append("tolerance: max |Δ| <= 1e-6 (float64 runs) / 1e-4 (float32) x the reference's largest |value|")
-        c = self.use_cache_check
-        if c and c.get("max_abs_diff_logits") is not None:
-            lines.append(
-                f"with use_cache=True ({c['style']}, {c['attn_implementation']}): max |Δ| logits "
-                f"{c['max_abs_diff_logits']:.2e}, {c['verdict']}"
-            )
-        pc = self.padded_check
-        if pc and pc.get("max_abs_diff_logits") is not None:
-            lines.append(
-                f"padded fallback (PaddedCollator, {pc['attn_implementation']}): max |Δ| logits "
-                f"{pc['max_abs_diff_logits']:.2e}, grads {pc['max_abs_diff_grads']:.2e}, {pc['verdict']}"
-            )
-        if self.recommended:
-            lines.append(
-                f"recommended: {self.recommended['style']} with attn_implementation={self.recommended['attn_implementation']!r}; "
-                f"batch keys: {', '.join(self.keys)}"
-            )
-        else:
-            lines.append("recommended: none")
-        lines.append(self.advice)
-        return "\n".join(lines)
-
 
 def audit_model(config: AuditConfig) -> AuditReport:
     """Measure packed vs separate documents on `config.model`'s architecture (tiny, CPU)."""
