@@ -199,7 +199,7 @@ def test_a_pack_file_path_fixes_split_and_size(stores: dict[str, Path], tmp_path
 def test_the_registry_is_the_one_list_of_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every `ExportTarget` (the CLI's `--to` choices) has exactly one `Exporter`, and nothing else is registered."""
     assert set(EXPORTERS) == set(ExportTarget), "an ExportTarget without an exporter, or an exporter without a target"
-    assert TARGETS == [t.value for t in EXPORTERS]
+    assert [t.value for t in EXPORTERS] == TARGETS
     for target, spec in EXPORTERS.items():
         assert isinstance(spec, Exporter) and spec.target is target
         assert spec.files and spec.reader and callable(spec.check) and callable(spec.write)

@@ -19,7 +19,6 @@ from packtool.formats.exports import StagedExport
 from packtool.formats.pack_store import PackSplit
 from packtool.progress import Progress
 
-
 _FIX = {"--size": "pass the packed size N", "--eos-id": "pass the tokenizer's EOS id"}
 
 
