@@ -14,7 +14,9 @@ Several pipelines (e.g. a chat and a text corpus) go in a list: `steps: [{name: 
 a config runs the same from any working directory (a `tokenizer` that is not an existing path
 there is kept as given: a hub name in the local cache). Everything is checked before any work
 starts: an unknown key, a missing required key, a wrong type or a YAML syntax error is a
-ConfigError naming file:line, the section and the valid keys.
+ConfigError naming file:line, the section and the valid keys (exit 1); a value of the right type
+outside its domain (a range, a choice, a weight, contradictory keys) is the UsageError its flag
+gives (exit 2), located at its file:line.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from packtool.errors import ConfigError
+from packtool.core.mixture import check_weight
+from packtool.errors import ConfigError, UsageError
 from packtool.stages.export import ExportConfig
 from packtool.stages.pack import PackConfig
 from packtool.stages.run import Step
@@ -50,6 +55,7 @@ EXTRA_KEYS: dict[str, dict[str, Any]] = {"stats": {"plot": Path | None, "json": 
 LINKED: dict[str, set[str]] = {"pack": {"tokens_dir"}, "stats": {"path"}, "verify": {"path"}, "export": {"path"}}
 PATH_KEYS = {"inputs", "output", "chat_template", "tokens_dir", "path", "source", "plot", "model"}
 STEP_KEYS = ("name", *SECTIONS)
+_INLINE = "\0inline weights"  # weights parsed out of pack.tokens_dir, until the section's keys are all read
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -158,19 +164,36 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
                     f"{_at(file, raw, section)}, e.g. `{section}: {{key: value}}`"
                 )
             sections[section] = _section(file, base, section, body, linked=_has_link(section, raw))
-    tokenize = TokenizeConfig(**sections["tokenize"]).validate() if "tokenize" in sections else None
+
+    def check(section: str, build: Callable[[], Any]) -> Any:
+        """`build()` (a config's validate()), its ConfigError located at the YAML key it names."""
+        try:
+            return build()
+        except ConfigError as exc:
+            flag = re.search(r"--([a-z][a-z-]*)", str(exc))
+            body = raw[section]
+            key = flag[1].replace("-", "_") if flag else "weights" if "mixture weight" in str(exc) else None
+            at = next((k for k in getattr(body, "lines", {}) if str(k).replace("-", "_") == key), None)
+            where = (
+                f"{section}.{at}, {_at(file, body, at)}" if at is not None else f"{section}, {_at(file, raw, section)}"
+            )
+            raise type(exc)(f"{where}: {exc}") from None
+
+    tokenize = (
+        check("tokenize", lambda: TokenizeConfig(**sections["tokenize"]).validate()) if "tokenize" in sections else None
+    )
     pack_keys = sections.get("pack")
     if pack_keys is not None and "tokens_dir" not in pack_keys:
         pack_keys["tokens_dir"] = Path(tokenize.output) if tokenize is not None else None
-    pack = PackConfig(**pack_keys).validate() if pack_keys is not None else None
+    pack = check("pack", lambda: PackConfig(**pack_keys).validate()) if pack_keys is not None else None
     if "stats" in sections:  # path and size may come from the pack step: check the ranges with stand-ins
         keys = {k: v for k, v in sections["stats"].items() if k not in EXTRA_KEYS["stats"]}
-        StatsConfig(**{"path": Path("."), **keys}).validate()
+        check("stats", lambda: StatsConfig(**{"path": Path("."), **keys}).validate())
         plot = sections["stats"].get("plot")
         if plot is not None and Path(plot).suffix.lower() != ".png":
-            raise ConfigError(f"stats.plot writes a PNG, got {plot}, {_at(file, raw, 'stats')}, end the name in .png")
+            raise UsageError(f"stats.plot writes a PNG, got {plot}, {_at(file, raw, 'stats')}, end the name in .png")
     if "export" in sections:  # path may come from the pack step: check the choices with a stand-in
-        ExportConfig(**{"path": ".", **sections["export"]}).validate()
+        check("export", lambda: ExportConfig(**{"path": ".", **sections["export"]}).validate())
     return Step(name, tokenize, pack, sections.get("stats"), sections.get("verify"), sections.get("export"))
 
 
@@ -200,11 +223,21 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
                 f"{_at(file, body, key)}, keep one"
             )
         if section == "pack" and norm == "tokens_dir":  # a store, or a mixture: [a:2, {path: b, weight: 0.5}]
-            out[norm], weights = _mixture(value, base, f"{section}.{key}, {_at(file, body, key)}")
-            if weights is not None:
-                out["weights"] = weights
+            out[norm], inline = _mixture(value, base, f"{section}.{key}, {_at(file, body, key)}")
+            if inline is not None:
+                out[_INLINE] = (key, inline)
             continue
         out[norm] = _coerce(value, types_[norm], norm, base, f"{section}.{key}, {_at(file, body, key)}")
+    if _INLINE in out:  # weights written inside tokens_dir (STORE:W, {path, weight}) and maybe as `weights:` too
+        key, inline = out.pop(_INLINE)
+        if "weights" in out:
+            given = next(k for k in body if str(k).replace("-", "_") == "weights")
+            raise UsageError(
+                f"pack.{key} gives weights inline (STORE:WEIGHT or {{path, weight}}), {_at(file, body, key)}, "
+                f"and pack.weights gives them again, {_at(file, body, given)}, give each weight once: "
+                "inline or in `weights:`"
+            )
+        out["weights"] = inline
     required = [
         n
         for n, f in fields.items()
@@ -232,6 +265,10 @@ def _mixture(value: Any, base: Path, where: str) -> tuple[Path | tuple[Path, ...
             weight = item.get("weight", 1)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)):
                 raise ConfigError(f"{where}: weight {weight!r} of {item['path']!r} is not a number, write `weight: 2`")
+            try:
+                check_weight(weight, repr(item["path"]))  # `.inf`, `.nan`, 0: named here, not as a missing store
+            except UsageError as exc:
+                raise UsageError(f"{where}: {exc}") from None
             specs.append(f"{_resolve(item['path'], base, 'tokens_dir')}:{weight!r}")
         elif isinstance(item, str) and item:
             specs.append(_resolve(item, base, "tokens_dir"))
@@ -244,8 +281,8 @@ def _mixture(value: Any, base: Path, where: str) -> tuple[Path | tuple[Path, ...
         raise ConfigError(f"{where}: the list of token stores is empty, name at least one")
     try:
         return mixture_args(specs)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    except ConfigError as exc:  # a weight out of its domain stays a usage error (exit 2)
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
@@ -275,8 +312,8 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(value)
-        except ValueError:
-            raise ConfigError(
+        except ValueError:  # a value outside the choices: a usage error, as for the flag
+            raise UsageError(
                 f"{where}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}, pick one"
             ) from None
     if typing.get_origin(tp) is tuple:  # inputs: one path/glob or a list of them
