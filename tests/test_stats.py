@@ -124,3 +124,13 @@ def test_bad_input_exits_1_with_one_line(tmp_path: Path, zipf_store: Path) -> No
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "manifest.json").write_text("{not json")
     assert "manifest.json is not valid JSON" in cli_error("stats", str(tmp_path / "broken"))
+
+
+def test_a_huge_batch_size_is_one_batch_not_an_allocation(zipf_store: Path) -> None:
+    """`--batch-size 1e14` was an ArrayMemoryError traceback (B padded slots); 1e16 overflowed the compiled
+    dynamic batcher's int64 budget. A batch size past the item count is one batch of every item."""
+    n_items = stats_json(str(zipf_store), "--size", "128")["n_items"]
+    one_batch = stats_json(str(zipf_store), "--size", "128", "--batch-size", str(n_items))
+    for huge in ("100000000000000", "10000000000000000", str(10**30)):
+        got = stats_json(str(zipf_store), "--size", "128", "--batch-size", huge)
+        assert got["waste"] == one_batch["waste"] and got["rows"] == one_batch["rows"]
