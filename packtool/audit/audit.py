@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from packtool.audit import probe
-from packtool.audit.source import load_config, require_transformers
-from packtool.audit.tiny import tiny_config_dict
-from packtool.errors import ConfigError
+from packtool.audit.source import code_note, load_model, offline, require_transformers
+from packtool.audit.tiny import check_size, tiny_config_dict
+from packtool.errors import ConfigError, InputError
 
 #: simplest keys first: the recommendation is the first exact (style, implementation)
 STYLE_ORDER = tuple(probe.STYLES)
@@ -80,6 +80,8 @@ class AuditReport:
     use_cache_check: dict[str, Any] | None = None
     #: the fallback measured: `PaddedCollator` batches (right padding + attention_mask), first implementation
     padded_check: dict[str, Any] | None = None
+    #: whose code was audited when config.json's `auto_map` names the model's own (None: no auto_map)
+    code: str | None = None
 
     @property
     def exact(self) -> bool:
@@ -93,12 +95,17 @@ class AuditReport:
 
 
 def audit_model(config: AuditConfig) -> AuditReport:
-    """Measure packed vs separate documents on `config.model`'s architecture (tiny, CPU)."""
+    """Measure packed vs separate documents on `config.model`'s architecture (tiny, CPU), never reaching the network."""
     config.validate()
+    with offline():
+        return _measure(config)
+
+
+def _measure(config: AuditConfig) -> AuditReport:
     transformers = require_transformers()
-    text_config = load_config(config.model, config.trust_remote_code)
-    tiny_dict, kept = tiny_config_dict(text_config.to_dict())
-    tiny = type(text_config).from_dict(tiny_dict)
+    source = load_model(config.model, config.trust_remote_code)
+    text_config = source.config
+    tiny, tiny_dict, kept = _tiny(transformers, text_config, source, config)
     docs = probe.documents(int(tiny.vocab_size), config.seed)
     results: list[probe.Measurement] = []
     models: dict[str, Any] = {}
@@ -129,7 +136,33 @@ def audit_model(config: AuditConfig) -> AuditReport:
         keys=list(probe.STYLES[recommended["style"]][1]) if recommended else [],
         use_cache_check=cache,
         padded_check=padded,
+        code=code_note(source, type(next(iter(models.values()))) if models else None),
     )
+
+
+def _tiny(
+    transformers: Any, text_config: Any, source: Any, config: AuditConfig
+) -> tuple[Any, dict[str, Any], list[int]]:
+    """The shrunk config (`tiny.py`), its dict and kept layers; refused when its model (counted on the meta
+    device, nothing allocated) is still large."""
+    try:
+        tiny_dict, kept = tiny_config_dict(text_config.to_dict(), dict(getattr(type(text_config), "attribute_map", {})))
+        tiny = type(text_config).from_dict(tiny_dict)
+        tiny.name_or_path = text_config.name_or_path  # where the model's own code (auto_map) is found
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        raise InputError(
+            f"cannot shrink the config to a tiny model ({probe.first_line(exc)})",
+            str(source.path),
+            hint="fix the per-layer fields of config.json (layer types, index lists)",
+        ) from None
+    try:
+        with torch.device("meta"):
+            shape = transformers.AutoModelForCausalLM.from_config(tiny, trust_remote_code=config.trust_remote_code)
+    except Exception:  # noqa: BLE001 - a model that cannot be built is reported per implementation below
+        shape = None
+    if shape is not None:
+        check_size(shape)
+    return tiny, tiny_dict, kept
 
 
 def _padded_check(models: dict[str, Any], docs: list[torch.Tensor]) -> dict[str, Any] | None:
@@ -298,6 +331,13 @@ def _advice(
                 f"(max |Δ| logits {cache['max_abs_diff_logits']:.1e})"
             )
         return text
+    if not any(r.verdict == "leaks" for r in results):  # nothing ran: no evidence of a leak either
+        reason = next((r.reason for r in results if r.reason), "no reason given")
+        return (
+            "nothing could be measured: no batch style ran under the attention implementations present "
+            f"(first reason: {reason}), so the audit cannot tell whether packing is exact for this model; "
+            "fix what the reasons name or try another --attn-implementation, and re-run the audit"
+        )
     named = sorted({m.group(1) for r in results if r.reason for m in [re.search(r"without `([^`]+)`", r.reason)] if m})
     kernels = sorted({v for k, v in KERNELS.items() if tiny_config.get(k) is not None})
     need = " / ".join(kernels) or ", ".join(named) or "kernels that honour cu_seqlens or seq_idx"

@@ -108,6 +108,8 @@ def audit_text(report: Any, as_json: bool) -> str:
             f"padded fallback (PaddedCollator, {pc['attn_implementation']}): max |Δ| logits "
             f"{pc['max_abs_diff_logits']:.2e}, grads {pc['max_abs_diff_grads']:.2e}, {pc['verdict']}"
         )
+    if d.get("code"):
+        lines.append(d["code"])
     rec = d["recommended"]
     if rec:
         lines.append(
