@@ -220,6 +220,23 @@ def test_out_of_domain_export_flags_are_usage_errors(stores: dict[str, Path], tm
     assert not (tmp_path / "o").exists()
 
 
+def test_an_eos_id_outside_the_vocabulary_is_refused(stores: dict[str, Path], tmp_path: Path) -> None:
+    """`--eos-id 99999999999999` was written into Megatron's metadata and config lines as the EOS id."""
+    vocab = json.loads((stores["text"].parents[2] / "text_tok" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    for target in ("megatron-bridge", "olmo-core", "trl"):
+        line = cli_error("export", str(stores["text"]), "--to", target, "--eos-id", "99999999999999",
+                         "--output", str(tmp_path / "o"), code=2)  # fmt: skip
+        assert f"--eos-id 99999999999999 is not a token id of the tokenizer's vocabulary of {vocab}" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_output_may_not_be_a_token_store(stores: dict[str, Path]) -> None:
+    tokens = stores["text"].parents[2] / "text_tok"
+    before = sorted(p.name for p in tokens.iterdir())
+    line = cli_error("export", str(stores["text"]), "--to", "trl", "--output", str(tokens))
+    assert "--output is a token store" in line and sorted(p.name for p in tokens.iterdir()) == before
+
+
 # ---- failure paths: exit 1, one line, nothing left ------------------------------------------------
 
 
@@ -305,7 +322,7 @@ def test_run_yaml_export_section(tmp_path: Path) -> None:
     assert "exported" in out and "NumpyFSLDataset(" in out
     assert (tmp_path / "out" / "olmo" / f"training_{SIZE}.label_mask.npy").exists()
     cfg.write_text(cfg.read_text().replace("to: olmo-core", "to: axolotl"))
-    line = cli_error("run", str(cfg), "-q")
+    line = cli_error("run", str(cfg), "-q", code=2)  # a value outside its choices, as `--to axolotl`
     assert "'axolotl' is not one of megatron-bridge, nemo, trl, olmo-core" in line
 
 

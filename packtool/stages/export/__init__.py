@@ -21,7 +21,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError
+import numpy as np
+
+from packtool.errors import ConfigError, UsageError
 from packtool.formats.exports import StagedExport
 from packtool.formats.locks import exclusive_output
 from packtool.formats.pack_store import (
@@ -49,6 +51,10 @@ def export_store(config: ExportConfig, progress: Progress | None = None) -> Expo
     if output.resolve() == directory.resolve():
         raise ConfigError(
             f"--output is the pack directory itself, {output}, choose another directory (export file names would clash with the store's)"
+        )
+    if (output / MANIFEST).is_file():
+        raise ConfigError(
+            f"--output is a token store, {output}, choose another directory (an export never writes into a store)"
         )
     store = open_pack_split(directory, split, size)
     ids = _tokenizer_ids(store, config.eos_id)
@@ -119,6 +125,18 @@ def _tokenizer_ids(store: PackSplit, eos_override: int | None) -> TokenizerIds:
         else:
             log.warning("token store manifest %s changed since packing; not using its token ids", mpath)
     tok = manifest.get("tokenizer", {})
+    if eos_override is not None:  # an id the store cannot hold would be written into every trainer's files
+        vocab = tok.get("vocab_size") if isinstance(tok.get("vocab_size"), int) else None
+        limit = vocab if vocab is not None else int(np.iinfo(store.tokens.dtype).max) + 1
+        if eos_override >= limit:
+            what = (
+                f"the tokenizer's vocabulary of {vocab}"
+                if vocab is not None
+                else f"the store's {store.tokens.dtype} ids"
+            )
+            raise UsageError(
+                f"--eos-id {eos_override} is not a token id of {what}, {store.directory}, pass an id below {limit}"
+            )
     eos = eos_override if eos_override is not None else tok.get("eos_id")
     return TokenizerIds(
         pad_id=pad_id,
