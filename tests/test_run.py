@@ -120,6 +120,12 @@ def test_shipped_configs_parse() -> None:
     ("tokenize: [\n", ["invalid YAML", ":2:"]),
     ("- 1\n- 2\n", ["must be a mapping"]),
     ("steps: []\n", ["non-empty list"]),
+    # hostile YAML: complex keys (were TypeError tracebacks), nesting past the parser's recursion, aliased names
+    ("? [a, b]\n: 1\n", ["a key must be a plain name, got a list", ":1:"]),
+    ("pack:\n  ? {a: 1}\n  : 1\n", ["a key must be a plain name, got a mapping", ":2:"]),
+    ("pack: {size: " + "[" * 5000 + "]" * 5000 + "}\n", ["nested too deep to read"]),
+    ("steps:\n  - name: [x]\n    verify: {path: x}\n", ["the name of steps[0] must be a string", ":2"]),
+    ("steps:\n  - name: true\n    verify: {path: x}\n", ["the name of steps[0] must be a string"]),
     ("steps:\n  - name: a\n    verify: {path: x}\n  - name: a\n    verify: {path: y}\n", ["used twice"]),
 ])
 def test_config_errors_are_one_line_exit_1(tmp_path: Path, text: str, expect: list[str]) -> None:
@@ -164,3 +170,18 @@ def test_every_section_is_checked_before_the_first_step_runs(corpus: Path, bpe_t
     assert code == (1 if "given twice" in expect else 2) and expect.format(cfg=cfg) in err, err
     assert err.count("\n") == 1, err
     assert not (corpus / "out").exists() and not list(corpus.glob(".out*"))  # no step ran
+
+
+def test_an_aliased_value_is_quoted_bounded_and_a_name_is_never_expanded(tmp_path: Path) -> None:
+    """YAML aliases make a 9**k-item value of a few lines: an error quotes it bounded, and a step name is not
+    stringified (9**8 items took 10 s and 0.5 GB before the first check; 9**10 would not finish)."""
+    lines = ['steps:', '  - name: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]',
+             '    verify: {path: x}']  # fmt: skip
+    for prev, this in zip("abcde", "bcdef", strict=True):
+        lines += [f"  - name: &{this} [{', '.join(['*' + prev] * 9)}]", "    verify: {path: x}"]
+    cfg = write(tmp_path / "lol.yaml", "\n".join(lines) + "\n")
+    code, _, err = cli("run", str(cfg), "-q")
+    assert code == 1 and "the name of steps[0] must be a string" in err and len(err) < 400, err
+    cfg = write(tmp_path / "big.yaml", f"pack: {{size: {list(range(100_000))}, output: o, tokens_dir: t}}\n")
+    code, _, err = cli("run", str(cfg), "-q")
+    assert code == 1 and "expected an integer, got [0, 1, 2, 3, 4, 5, ...]" in err and len(err) < 400, err

@@ -25,6 +25,7 @@ import dataclasses
 import enum
 import os
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Callable
@@ -71,9 +72,13 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
+        if not isinstance(key, (str, int, float, bool)) and key is not None:  # `? [a, b]`: no flag is named so
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a plain name, got a {'mapping' if isinstance(key, dict) else type(key).__name__}", key_node.start_mark
+            )
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} is given twice (first on line {seen[key]})", key_node.start_mark
+                None, None, f"key {_show(key)} is given twice (first on line {seen[key]})", key_node.start_mark
             )
         seen[key] = line
     out = _Mapping(loader.construct_mapping(node, deep=True))
@@ -101,6 +106,10 @@ def load_run_config(path: str | Path) -> list[Step]:
         raise ConfigError(
             f"invalid YAML ({problem}), {where}, fix the YAML (duplicate keys, indentation, quotes, colons)"
         ) from exc
+    except RecursionError:
+        raise ConfigError(
+            f"invalid YAML (nested too deep to read), {file}, a config holds flat sections of flags: remove the nesting"
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config is not UTF-8 text ({exc.reason}), {file}, save it as UTF-8") from exc
     except OSError as exc:
@@ -134,6 +143,15 @@ def load_run_config(path: str | Path) -> list[Step]:
     return parsed
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 6, 80, 80
+
+
+def _show(value: Any) -> str:
+    """A config value as errors quote it: bounded (a YAML alias can make a value of 10^9 items)."""
+    return _REPR.repr(value)
+
+
 def _at(file: Path, mapping: Any, key: Any = None) -> str:
     lines = getattr(mapping, "lines", {})
     line = lines.get(key, lines.get(None))
@@ -148,12 +166,17 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
     unknown = [k for k in raw if k not in STEP_KEYS]
     if unknown:
         raise ConfigError(
-            f"unknown section {unknown[0]!r} in {where}, {_at(file, raw, unknown[0])}, "
+            f"unknown section {_show(unknown[0])} in {where}, {_at(file, raw, unknown[0])}, "
             f"valid sections: {', '.join(STEP_KEYS)}" + (" (or a top-level `steps` list)" if where == "config" else "")
         )
     if not any(k in raw for k in SECTIONS):
         raise ConfigError(f"{where} has none of the sections {', '.join(SECTIONS)}, {_at(file, raw)}, add at least one")
-    name = str(raw.get("name", default_name))
+    name = raw.get("name", default_name)
+    if not isinstance(name, (str, int)) or isinstance(name, bool) or name == "":
+        raise ConfigError(
+            f"the name of {where} must be a string, got {_show(name)}, {_at(file, raw, 'name')}, write `name: chat`"
+        )
+    name = str(name)
     sections: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
         if section in raw:
@@ -215,7 +238,7 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
         norm = str(key).replace("-", "_")
         if norm not in types_:
             raise ConfigError(
-                f"unknown key {key!r} in section {section!r}, {_at(file, body, key)}, valid keys: {valid}"
+                f"unknown key {_show(key)} in section {section!r}, {_at(file, body, key)}, valid keys: {valid}"
             )
         if norm in out:
             raise ConfigError(
@@ -264,7 +287,9 @@ def _mixture(value: Any, base: Path, where: str) -> tuple[Path | tuple[Path, ...
         if isinstance(item, dict) and isinstance(item.get("path"), str) and set(item) <= {"path", "weight"}:
             weight = item.get("weight", 1)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                raise ConfigError(f"{where}: weight {weight!r} of {item['path']!r} is not a number, write `weight: 2`")
+                raise ConfigError(
+                    f"{where}: weight {_show(weight)} of {_show(item['path'])} is not a number, write `weight: 2`"
+                )
             try:
                 check_weight(weight, repr(item["path"]))  # `.inf`, `.nan`, 0: named here, not as a missing store
             except UsageError as exc:
@@ -275,7 +300,7 @@ def _mixture(value: Any, base: Path, where: str) -> tuple[Path | tuple[Path, ...
         else:
             raise ConfigError(
                 f"{where}: expected a token store, STORE:WEIGHT, or a list of those or of {{path, weight}}, "
-                f"got {item!r}, write e.g. `tokens_dir: [out/a:2, out/b:0.5]`"
+                f"got {_show(item)}, write e.g. `tokens_dir: [out/a:2, out/b:0.5]`"
             )
     if not specs:
         raise ConfigError(f"{where}: the list of token stores is empty, name at least one")
@@ -297,15 +322,15 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}, write `{key}: true` or `{key}: false`")
+        raise ConfigError(f"{where}: expected true or false, got {_show(value)}, write `{key}: true` or `{key}: false`")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}, write e.g. `{key}: 4096`")
+        raise ConfigError(f"{where}: expected an integer, got {_show(value)}, write e.g. `{key}: 4096`")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{where}: expected a number, got {value!r}, write e.g. `{key}: 0.01`")
+        raise ConfigError(f"{where}: expected a number, got {_show(value)}, write e.g. `{key}: 0.01`")
     if typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is float:  # weights
         items = value if isinstance(value, list) else [value]
         return tuple(_coerce(v, float, key, base, where) for v in items)
@@ -314,18 +339,20 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
             return tp(value)
         except ValueError:  # a value outside the choices: a usage error, as for the flag
             raise UsageError(
-                f"{where}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}, pick one"
+                f"{where}: {_show(value)} is not one of {', '.join(str(m.value) for m in tp)}, pick one"
             ) from None
     if typing.get_origin(tp) is tuple:  # inputs: one path/glob or a list of them
         items = value if isinstance(value, list) else [value]
         if not items or not all(isinstance(v, str) for v in items):
             raise ConfigError(
-                f"{where}: expected a path or a list of paths, got {value!r}, write `{key}: [a.jsonl, dir/]`"
+                f"{where}: expected a path or a list of paths, got {_show(value)}, write `{key}: [a.jsonl, dir/]`"
             )
         return tuple(_resolve(v, base, key) for v in items)
     if tp is Path or tp is str:
         if not isinstance(value, str) or (not value and key in PATH_KEYS):
-            raise ConfigError(f"{where}: expected a string, got {value!r}, quote it if YAML read it as something else")
+            raise ConfigError(
+                f"{where}: expected a string, got {_show(value)}, quote it if YAML read it as something else"
+            )
         resolved = _resolve(value, base, key)
         return Path(resolved) if tp is Path else resolved
     raise ConfigError(f"{where}: unsupported key type {tp!r}, this is a bug in packtool")
