@@ -18,7 +18,7 @@ from support import cli, cli_error
 
 transformers = pytest.importorskip("transformers")
 
-from packtool.audit import AuditConfig, audit_model  # noqa: E402
+from packtool.audit import STYLES, AuditConfig, audit_model  # noqa: E402
 from packtool.audit.source import locate_config  # noqa: E402
 from packtool.audit.tiny import keep_layers, layer_kinds, tiny_config_dict  # noqa: E402
 
@@ -162,7 +162,20 @@ def test_errors_are_one_line(tmp_path) -> None:
     assert "--trust-remote-code" in cli_error("audit", str(remote))
     assert "not in the local Hugging Face cache" in cli_error("audit", "nobody/no-such-model")
     path = save_config(tmp_path / "llama", "llama")
-    assert "unknown attention implementation 'fancy'" in cli_error("audit", str(path), "--attn-implementation", "fancy")
+    line = cli_error("audit", str(path), "--attn-implementation", "fancy", code=2)  # a value outside its domain
+    assert "unknown attention implementation 'fancy'" in line
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**70)])
+def test_a_seed_outside_its_domain_is_a_usage_error(tmp_path: Path, seed: str) -> None:
+    """`--seed -1` was a numpy ValueError traceback; `--seed 2**70` reported every run "unsupported" (an overflow)."""
+    line = cli_error("audit", str(save_config(tmp_path / "llama", "llama")), "--seed", seed, *FAST, code=2)
+    assert f"--seed must be an integer from 0 to 2**63-1, got {seed}" in line
+
+
+def test_an_implementation_named_twice_runs_once(tmp_path: Path) -> None:
+    report = audit_model(AuditConfig(str(save_config(tmp_path / "llama", "llama")), implementations=("sdpa", "sdpa")))
+    assert len(report.results) == len({(r.style, r.attn_implementation) for r in report.results}) == len(STYLES)
 
 
 def test_missing_transformers_names_the_extra(tmp_path, monkeypatch) -> None:

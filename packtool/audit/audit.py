@@ -22,7 +22,7 @@ import torch
 from packtool.audit import probe
 from packtool.audit.source import code_note, load_model, offline, require_transformers
 from packtool.audit.tiny import check_size, tiny_config_dict
-from packtool.errors import ConfigError, InputError
+from packtool.errors import InputError, UsageError
 
 #: simplest keys first: the recommendation is the first exact (style, implementation)
 STYLE_ORDER = tuple(probe.STYLES)
@@ -55,9 +55,11 @@ class AuditConfig:
     seed: int = 0
 
     def validate(self) -> AuditConfig:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise UsageError(f"--seed must be an integer from 0 to 2**63-1, got {self.seed!r}, pass e.g. --seed 0")
         unknown = sorted(set(self.implementations) - set(probe.IMPLEMENTATIONS))
         if unknown:
-            raise ConfigError(
+            raise UsageError(
                 f"unknown attention implementation {unknown[0]!r}, AuditConfig.implementations, use some of {', '.join(probe.IMPLEMENTATIONS)}"
             )
         return self
@@ -109,7 +111,7 @@ def _measure(config: AuditConfig) -> AuditReport:
     docs = probe.documents(int(tiny.vocab_size), config.seed)
     results: list[probe.Measurement] = []
     models: dict[str, Any] = {}
-    impls = config.implementations or tuple(probe.IMPLEMENTATIONS)
+    impls = tuple(dict.fromkeys(config.implementations)) or tuple(probe.IMPLEMENTATIONS)  # each once
     with _flex_mask_reference() if "flex_attention" in impls else contextlib.nullcontext():
         for impl in impls:
             _run_implementation(transformers, tiny, impl, docs, config, results, models)
