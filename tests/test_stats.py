@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import cli, cli_error, write_random_store, zipf_texts
 
 from packtool import StatsConfig, compute_stats
@@ -134,3 +137,17 @@ def test_a_huge_batch_size_is_one_batch_not_an_allocation(zipf_store: Path) -> N
     for huge in ("100000000000000", "10000000000000000", str(10**30)):
         got = stats_json(str(zipf_store), "--size", "128", "--batch-size", huge)
         assert got["waste"] == one_batch["waste"] and got["rows"] == one_batch["rows"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 500), max_size=60), st.integers(1, 80), st.integers(1, 600))
+def test_padded_batches_equal_the_padded_reference(lengths: list[int], batch: int, cap: int) -> None:
+    """The O(n) batch padding equals padding every batch of B to its longest (the old, O(B)-memory form)."""
+    from packtool.stages.stats.compute import _padded_batches
+
+    arr = np.asarray(lengths, np.int64)
+    want = (0, 0)
+    if arr.size:
+        rows = [arr[i : i + batch] for i in range(0, arr.size, batch)]
+        want = (arr.size, sum(min(int(r.max()), cap) * r.size for r in rows))
+    assert _padded_batches(arr, batch, cap) == want
