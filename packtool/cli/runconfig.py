@@ -74,7 +74,10 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
         line = key_node.start_mark.line + 1
         if not isinstance(key, (str, int, float, bool)) and key is not None:  # `? [a, b]`: no flag is named so
             raise yaml.constructor.ConstructorError(
-                None, None, f"a key must be a plain name, got a {'mapping' if isinstance(key, dict) else type(key).__name__}", key_node.start_mark
+                None,
+                None,
+                f"a key must be a plain name, got a {'mapping' if isinstance(key, dict) else type(key).__name__}",
+                key_node.start_mark,
             )
         if key in seen:
             raise yaml.constructor.ConstructorError(
