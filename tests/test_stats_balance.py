@@ -158,3 +158,15 @@ def test_integral_floats_and_per_layer_widths_are_read(tmp_path: Path) -> None:
     plain = CostModel.from_config({**base, "intermediate_size": 96})
     assert CostModel.from_config({**base, "hidden_size": 64.0, "intermediate_size": 96.0}) == plain
     assert CostModel.from_config({**base, "intermediate_size": [64, 128]}) == plain
+
+
+def test_a_model_config_that_is_no_small_regular_file_is_refused_unread(packs: Path, tmp_path: Path) -> None:
+    """`--model /dev/zero` read forever (memory grows until killed); a 20 MB file is no config.json either."""
+    big = tmp_path / "config.json"
+    with open(big, "wb") as fh:
+        fh.truncate(20 << 20)  # sparse: nothing is written
+    line = cli_error("stats", str(packs), "--world-size", "2", "--model", str(big))
+    assert "model config is 20,971,520 bytes, more than a config.json holds" in line
+    if Path("/dev/zero").exists():
+        line = cli_error("stats", str(packs), "--world-size", "2", "--model", "/dev/zero")
+        assert "model config is not a regular file, /dev/zero" in line

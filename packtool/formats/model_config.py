@@ -21,6 +21,8 @@ from packtool.errors import ConfigError
 CONFIG_JSON = "config.json"
 #: the largest width any size field may hold (no released model comes near: 2**31 - 1)
 MAX_SIZE = 2**31 - 1
+#: the largest config.json read (released ones are a few kB; per-layer tables of a large model, some 100 kB)
+MAX_CONFIG_BYTES = 16 << 20
 
 
 def config_path(path: str | os.PathLike[str]) -> Path:
@@ -32,6 +34,13 @@ def config_path(path: str | os.PathLike[str]) -> Path:
 def read_model_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON object of a transformers `config.json` (a file or a model directory holding one)."""
     file = config_path(path)
+    if file.exists() and not file.is_file():  # /dev/zero, a FIFO: reading would never end
+        raise ConfigError(f"model config is not a regular file, {file}, pass a transformers config.json")
+    if file.is_file() and file.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"model config is {file.stat().st_size:,} bytes, more than a config.json holds ({MAX_CONFIG_BYTES:,}), "
+            f"{file}, pass the model's config.json"
+        )
     try:
         raw = json.loads(file.read_text("utf-8"))
     except FileNotFoundError:
