@@ -408,3 +408,9 @@ def test_own_code_named_by_auto_map_is_said_to_be_unused(tmp_path: Path, monkeyp
     assert code == 0, err
     assert json.loads(out)["code"] == ("the model's own code was audited (configuration_x.XConfig, "
                                        "modeling_x.XForCausalLM, from disk)")
+
+
+def test_a_config_the_shrink_cannot_rebuild_is_one_line(tmp_path: Path) -> None:
+    """Zamba's config class refuses the shrunk layer count (strict dataclass validation): was a traceback."""
+    line = cli_error("audit", str(save_config(tmp_path / "zamba", "zamba")), *FAST)
+    assert "cannot shrink the config to a tiny model" in line and "`num_hidden_layers` (2) must be equal" in line

@@ -151,11 +151,13 @@ def _tiny(
         tiny_dict, kept = tiny_config_dict(text_config.to_dict(), dict(getattr(type(text_config), "attribute_map", {})))
         tiny = type(text_config).from_dict(tiny_dict)
         tiny.name_or_path = text_config.name_or_path  # where the model's own code (auto_map) is found
-    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the config class validating the shrunk dict (strict dataclasses)
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())  # strict dataclasses put the reason on line 2
         raise InputError(
-            f"cannot shrink the config to a tiny model ({probe.first_line(exc)})",
+            f"cannot shrink the config to a tiny model ({detail[:240]})",
             str(source.path),
-            hint="fix the per-layer fields of config.json (layer types, index lists)",
+            hint="check config.json's per-layer fields (layer types, index lists); if they are right, the audit "
+            "does not support this architecture's layout yet",
         ) from None
     try:
         with torch.device("meta"):
