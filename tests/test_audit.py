@@ -414,3 +414,12 @@ def test_a_config_the_shrink_cannot_rebuild_is_one_line(tmp_path: Path) -> None:
     """Zamba's config class refuses the shrunk layer count (strict dataclass validation): was a traceback."""
     line = cli_error("audit", str(save_config(tmp_path / "zamba", "zamba")), *FAST)
     assert "cannot shrink the config to a tiny model" in line and "`num_hidden_layers` (2) must be equal" in line
+
+
+@pytest.mark.parametrize(("field", "value", "kind"), [
+    ("model_type", list(range(100_000)), "a string"), ("text_config", 5, "a mapping"), ("auto_map", "x.Y", "a mapping"),
+])  # fmt: skip
+def test_config_fields_of_the_wrong_kind_are_named(tmp_path: Path, field: str, value: object, kind: str) -> None:
+    """A 100k-item model_type was quoted whole (a 689 kB error line); `text_config: 5` was "not a causal LM"."""
+    line = cli_error("audit", str(_config(tmp_path / "m", "llama", **{field: value})), *FAST)
+    assert f"config.json field {field!r} must be {kind}" in line and len(line) < 400

@@ -108,6 +108,15 @@ def load_model(spec: str, trust_remote_code: bool = False) -> ModelSource:
         raise InputError(
             "config.json has no model_type", str(path), hint="pass a transformers config.json (save_pretrained)"
         )
+    for key, kind, ok in (("model_type", "a string", isinstance(raw["model_type"], str)),
+                          ("text_config", "a mapping", isinstance(raw.get("text_config", {}), (dict, type(None)))),
+                          ("auto_map", "a mapping", isinstance(raw.get("auto_map", {}), (dict, type(None))))):  # fmt: skip
+        if not ok:
+            raise InputError(
+                f"config.json field {key!r} must be {kind}, got {type(raw[key]).__name__}",
+                str(path),
+                hint=f"fix {key!r} (a transformers config.json has it as {kind})",
+            )
     check_fields(raw, path, _aliases(transformers, raw))
     if trust_remote_code:
         _require_code_on_disk(raw, path)
