@@ -421,5 +421,7 @@ def test_a_config_the_shrink_cannot_rebuild_is_one_line(tmp_path: Path) -> None:
 ])  # fmt: skip
 def test_config_fields_of_the_wrong_kind_are_named(tmp_path: Path, field: str, value: object, kind: str) -> None:
     """A 100k-item model_type was quoted whole (a 689 kB error line); `text_config: 5` was "not a causal LM"."""
-    line = cli_error("audit", str(_config(tmp_path / "m", "llama", **{field: value})), *FAST)
+    d = {**transformers.AutoConfig.for_model("llama").to_dict(), field: value}
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    line = cli_error("audit", str(tmp_path / "config.json"), *FAST)
     assert f"config.json field {field!r} must be {kind}" in line and len(line) < 400
