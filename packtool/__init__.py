@@ -25,6 +25,7 @@ _PUBLIC = {
     "verify_path": "packtool.stages.verify",
     "ExportConfig": "packtool.stages.export",
     "export_store": "packtool.stages.export",
+    "run_pipeline": "packtool.stages.run",
     "CostModel": "packtool.core.cost",
 }
 

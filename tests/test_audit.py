@@ -18,7 +18,7 @@ from support import cli, cli_error
 
 transformers = pytest.importorskip("transformers")
 
-from packtool.audit import AuditConfig, audit_model  # noqa: E402
+from packtool.audit import STYLES, AuditConfig, audit_model  # noqa: E402
 from packtool.audit.source import locate_config  # noqa: E402
 from packtool.audit.tiny import keep_layers, layer_kinds, tiny_config_dict  # noqa: E402
 
@@ -162,7 +162,20 @@ def test_errors_are_one_line(tmp_path) -> None:
     assert "--trust-remote-code" in cli_error("audit", str(remote))
     assert "not in the local Hugging Face cache" in cli_error("audit", "nobody/no-such-model")
     path = save_config(tmp_path / "llama", "llama")
-    assert "unknown attention implementation 'fancy'" in cli_error("audit", str(path), "--attn-implementation", "fancy")
+    line = cli_error("audit", str(path), "--attn-implementation", "fancy", code=2)  # a value outside its domain
+    assert "unknown attention implementation 'fancy'" in line
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**70)])
+def test_a_seed_outside_its_domain_is_a_usage_error(tmp_path: Path, seed: str) -> None:
+    """`--seed -1` was a numpy ValueError traceback; `--seed 2**70` reported every run "unsupported" (an overflow)."""
+    line = cli_error("audit", str(save_config(tmp_path / "llama", "llama")), "--seed", seed, *FAST, code=2)
+    assert f"--seed must be an integer from 0 to 2**63-1, got {seed}" in line
+
+
+def test_an_implementation_named_twice_runs_once(tmp_path: Path) -> None:
+    report = audit_model(AuditConfig(str(save_config(tmp_path / "llama", "llama")), implementations=("sdpa", "sdpa")))
+    assert len(report.results) == len({(r.style, r.attn_implementation) for r in report.results}) == len(STYLES)
 
 
 def test_missing_transformers_names_the_extra(tmp_path, monkeypatch) -> None:
@@ -225,3 +238,190 @@ def test_hybrid_families_are_never_reported_exact_where_they_leak(tmp_path, mode
     text = transformers.AutoConfig.for_model(model_type, **HYBRID[model_type])
     tiny = type(text).from_dict(tiny_config_dict(text.to_dict())[0])
     assert independent_leak(tiny) > 1e-6  # the same architecture, packed by transformers' collator, leaks too
+
+
+# ---- hostile configs (issue 26): never the network, never a traceback, never a false verdict ----
+
+
+def _config(directory: Path, model_type: str, **overrides: object) -> Path:
+    """`model_type`'s default config.json with `overrides` written raw (values transformers would refuse too)."""
+    d = transformers.AutoConfig.for_model(model_type).to_dict()
+    d.update(overrides)
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(d))
+    return directory
+
+
+REMOTE_CONFIG = '''from transformers import LlamaConfig
+
+
+class XConfig(LlamaConfig):
+    model_type = "x_custom"
+'''
+REMOTE_MODEL = '''from transformers import LlamaForCausalLM
+
+from .configuration_x import XConfig
+
+
+class XForCausalLM(LlamaForCausalLM):
+    config_class = XConfig
+'''
+
+
+def _audit_against_a_counting_hub(tmp_path: Path, cache: Path, *args: str) -> tuple[int, str, str, list[str]]:
+    """`python -m packtool audit ARGS` with HF_ENDPOINT on a loopback server that records every request."""
+    import http.server
+    import os
+    import subprocess
+    import threading
+
+    hits: list[str] = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}", HF_HUB_CACHE=str(cache),
+               HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HOME=str(tmp_path / "hf_home"))  # fmt: skip
+    try:
+        run = subprocess.run([sys.executable, "-m", "packtool", "audit", *args], env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    finally:
+        server.shutdown()
+    return run.returncode, run.stdout, run.stderr, hits
+
+
+def test_trust_remote_code_never_reaches_the_network(tmp_path: Path) -> None:
+    """An `auto_map` naming another repo's code (`org/repo--module.Class`): the old audit asked the hub endpoint
+    for it (3 requests to a local HF_ENDPOINT; 26 s of retries and a traceback against the real one)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "x_custom", "auto_map": {"AutoConfig": "someorg/somerepo--configuration_x.XConfig",
+                                               "AutoModelForCausalLM": "someorg/somerepo--modeling_x.XForCausalLM"},
+    }))  # fmt: skip
+    code, out, err, hits = _audit_against_a_counting_hub(tmp_path, tmp_path / "empty", str(model), "--trust-remote-code")
+    assert hits == [] and code == 1, (hits, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and out == ""
+    assert "configuration_x.py of someorg/somerepo" in lines[0] and "not in the local Hugging Face cache" in lines[0]
+    assert "never downloads" in lines[0]
+    # the code in the local cache: audited from disk, still without one request
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someorg--somerepo"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit / "configuration_x.py").write_text(REMOTE_CONFIG)
+    (repo / "snapshots" / commit / "modeling_x.py").write_text(REMOTE_MODEL)
+    code, out, err, hits = _audit_against_a_counting_hub(
+        tmp_path, tmp_path / "hub", str(model), "--trust-remote-code", "--json", "--attn-implementation", "sdpa"
+    )
+    assert hits == [] and code == 0, (hits, err)
+    report = json.loads(out)
+    assert report["architecture"] == "XForCausalLM" and report["recommended"]["attn_implementation"] == "sdpa"
+    assert report["code"].startswith("the model's own code was audited")
+
+
+def test_the_offline_switch_is_restored(tmp_path: Path) -> None:
+    import huggingface_hub.constants as hub_constants
+
+    from packtool.audit.source import offline
+
+    before = hub_constants.HF_HUB_OFFLINE
+    with offline():
+        assert hub_constants.HF_HUB_OFFLINE is True and sys.modules["os"].environ["HF_HUB_OFFLINE"] == "1"
+    assert before == hub_constants.HF_HUB_OFFLINE
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("hidden_size", "abc"), ("hidden_size", float("nan")), ("num_key_value_heads", "x"), ("vocab_size", "big"),
+    ("num_hidden_layers", 100_000_000), ("num_hidden_layers", 1e8), ("intermediate_size", {"a": 1}),
+])  # fmt: skip
+def test_a_bad_size_field_is_named_in_one_line(tmp_path: Path, field: str, value: object) -> None:
+    """`hidden_size: "abc"` was a TypeError traceback; `num_hidden_layers: 1e8` a MemoryError after 2.4 GB."""
+    line = cli_error("audit", str(_config(tmp_path / "m", "llama", **{field: value})), *FAST)
+    assert f"model config field {field!r} must be an integer" in line and "config.json" in line
+
+
+def test_gpt2_style_widths_shrink_too(tmp_path: Path) -> None:
+    """`n_embd: 100000` (GPT-2's name for hidden_size) tried 120 GB and the verdict said "leaks"."""
+    path = _config(tmp_path / "gpt2", "gpt2", n_embd=100_000, n_positions=1_000_000_000, n_head=50, n_inner=400_000)
+    code, out, err = cli("audit", str(path), "--json", "--attn-implementation", "sdpa")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["recommended"] is not None and all(r["verdict"] == "exact" for r in report["results"])
+    small, _ = tiny_config_dict(json.loads((path / "config.json").read_text()), transformers.GPT2Config.attribute_map)
+    assert (small["n_embd"], small["n_head"], small["n_inner"], small["n_positions"]) == (64, 4, 96, 4096)
+
+
+def test_a_size_field_the_shrink_does_not_know_is_refused_before_allocating(tmp_path: Path) -> None:
+    """A width under a name no attribute_map gives (CTRL's `dff`) is caught on the meta device: one line, no GBs."""
+    line = cli_error("audit", str(_config(tmp_path / "ctrl", "ctrl", dff=10_000_000)), *FAST)
+    assert "the tiny model of this config would still have" in line and "parameters" in line
+
+
+def test_an_encoder_decoder_is_not_audited_as_leaking(tmp_path: Path) -> None:
+    """T5: every style was "unsupported", yet the advice said documents leak and to install CUDA kernels."""
+    line = cli_error("audit", str(save_config(tmp_path / "t5", "t5")), *FAST)
+    assert "'t5' (T5Config) (an encoder-decoder) is not a causal language model" in line
+    assert "leak" not in line and "CUDA" not in line
+
+
+def test_nothing_measured_says_so_instead_of_leaks(tmp_path: Path) -> None:
+    """Only flash_attention_2 on a CPU: every run unsupported; the advice must not claim a leak."""
+    path = save_config(tmp_path / "llama", "llama")
+    code, out, err = cli("audit", str(path), "--json", "--attn-implementation", "flash_attention_2")
+    assert code == 1, err
+    report = json.loads(out)
+    assert all(r["verdict"] == "unsupported" for r in report["results"])
+    assert report["advice"].startswith("nothing could be measured") and "leak" not in report["advice"]
+
+
+def test_own_code_named_by_auto_map_is_said_to_be_unused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A known model_type whose auto_map names the model's own code was audited with the built-in class silently."""
+    from transformers import dynamic_module_utils
+
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))  # not ~/.cache
+    auto_map = {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    path = _config(tmp_path / "m", "llama", auto_map=auto_map)
+    code, out, err = cli("audit", str(path), "--attn-implementation", "sdpa")
+    assert code == 0, err
+    assert ("the model's own code (configuration_x.XConfig, modeling_x.XForCausalLM, named by auto_map) was NOT "
+            "used: transformers' built-in LlamaForCausalLM was audited instead; pass --trust-remote-code") in out
+    # with --trust-remote-code the code must be on disk: one line saying so, no download
+    line = cli_error("audit", str(path), "--trust-remote-code", *FAST)
+    assert "the model's own code configuration_x.py" in line and "is not beside config.json" in line
+    (path / "configuration_x.py").write_text(REMOTE_CONFIG)
+    (path / "modeling_x.py").write_text(REMOTE_MODEL)
+    code, out, err = cli("audit", str(path), "--trust-remote-code", "--json", "--attn-implementation", "sdpa")
+    assert code == 0, err
+    assert json.loads(out)["code"] == ("the model's own code was audited (configuration_x.XConfig, "
+                                       "modeling_x.XForCausalLM, from disk)")
+
+
+def test_a_config_the_shrink_cannot_rebuild_is_one_line(tmp_path: Path) -> None:
+    """Zamba's config class refuses the shrunk layer count (strict dataclass validation): was a traceback."""
+    line = cli_error("audit", str(save_config(tmp_path / "zamba", "zamba")), *FAST)
+    assert "cannot shrink the config to a tiny model" in line and "`num_hidden_layers` (2) must be equal" in line
+
+
+@pytest.mark.parametrize(("field", "value", "kind"), [
+    ("model_type", list(range(100_000)), "a string"), ("text_config", 5, "a mapping"), ("auto_map", "x.Y", "a mapping"),
+])  # fmt: skip
+def test_config_fields_of_the_wrong_kind_are_named(tmp_path: Path, field: str, value: object, kind: str) -> None:
+    """A 100k-item model_type was quoted whole (a 689 kB error line); `text_config: 5` was "not a causal LM"."""
+    d = {**transformers.AutoConfig.for_model("llama").to_dict(), field: value}
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    line = cli_error("audit", str(tmp_path / "config.json"), *FAST)
+    assert f"config.json field {field!r} must be {kind}" in line and len(line) < 400

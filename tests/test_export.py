@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from support import big_vocab_texts, build_big_vocab_tokenizer, build_file, cli, cli_error
 
-from packtool.errors import ConfigError
-from packtool.stages.export import ExportConfig, export_store
+from packtool.choices import ExportTarget
+from packtool.errors import ConfigError, UsageError
+from packtool.stages.export import EXPORTERS, ExportConfig, Exporter, export_store
 
 torch = pytest.importorskip("torch")
 from packtool.loader import PackedDataset  # noqa: E402
@@ -192,6 +193,50 @@ def test_a_pack_file_path_fixes_split_and_size(stores: dict[str, Path], tmp_path
         export_store(ExportConfig(stores["chat"] / f"training_{SIZE}.npy", "trl", tmp_path / "u", size=1024))
 
 
+# ---- the registry: one list of targets, tied to the `--to` choices --------------------------------
+
+
+def test_the_registry_is_the_one_list_of_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `ExportTarget` (the CLI's `--to` choices) has exactly one `Exporter`, and nothing else is registered."""
+    assert set(EXPORTERS) == set(ExportTarget), "an ExportTarget without an exporter, or an exporter without a target"
+    assert [t.value for t in EXPORTERS] == TARGETS
+    for target, spec in EXPORTERS.items():
+        assert isinstance(spec, Exporter) and spec.target is target
+        assert spec.files and spec.reader and callable(spec.check) and callable(spec.write)
+        names, shared = spec.file_names("training", 4096)
+        assert names and all("training_4096" in n for n in names) and all("4096" in n for n in shared)
+        assert len(set(names + shared)) == len(names + shared)
+    monkeypatch.setenv("COLUMNS", "200")  # Rich wraps the choices at the terminal's width
+    code, out, _ = cli("export", "--help")
+    assert code == 0 and f"<{'|'.join(TARGETS)}>" in out
+
+
+def test_out_of_domain_export_flags_are_usage_errors(stores: dict[str, Path], tmp_path: Path) -> None:
+    for flag, value in (("--size", "0"), ("--size", "-4"), ("--eos-id", "-1")):
+        line = cli_error("export", str(stores["text"]), "--to", "trl", flag, value, "--output", str(tmp_path / "o"), code=2)
+        assert f"{flag} must be an integer >=" in line
+    with pytest.raises(UsageError, match="--size must be an integer >= 1, got 0"):
+        ExportConfig(stores["text"], "trl", tmp_path / "o", size=0).validate()
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_eos_id_outside_the_vocabulary_is_refused(stores: dict[str, Path], tmp_path: Path) -> None:
+    """`--eos-id 99999999999999` was written into Megatron's metadata and config lines as the EOS id."""
+    vocab = json.loads((stores["text"].parents[2] / "text_tok" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    for target in ("megatron-bridge", "olmo-core", "trl"):
+        line = cli_error("export", str(stores["text"]), "--to", target, "--eos-id", "99999999999999",
+                         "--output", str(tmp_path / "o"), code=2)  # fmt: skip
+        assert f"--eos-id 99999999999999 is not a token id of the tokenizer's vocabulary of {vocab}" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_output_may_not_be_a_token_store(stores: dict[str, Path]) -> None:
+    tokens = stores["text"].parents[2] / "text_tok"
+    before = sorted(p.name for p in tokens.iterdir())
+    line = cli_error("export", str(stores["text"]), "--to", "trl", "--output", str(tokens))
+    assert "--output is a token store" in line and sorted(p.name for p in tokens.iterdir()) == before
+
+
 # ---- failure paths: exit 1, one line, nothing left ------------------------------------------------
 
 
@@ -277,7 +322,7 @@ def test_run_yaml_export_section(tmp_path: Path) -> None:
     assert "exported" in out and "NumpyFSLDataset(" in out
     assert (tmp_path / "out" / "olmo" / f"training_{SIZE}.label_mask.npy").exists()
     cfg.write_text(cfg.read_text().replace("to: olmo-core", "to: axolotl"))
-    line = cli_error("run", str(cfg), "-q")
+    line = cli_error("run", str(cfg), "-q", code=2)  # a value outside its choices, as `--to axolotl`
     assert "'axolotl' is not one of megatron-bridge, nemo, trl, olmo-core" in line
 
 

@@ -203,7 +203,7 @@ def test_run_config_takes_a_mixture(stores: dict[str, Path], tmp_path: Path) -> 
     meta = metadata_for(tmp_path / "out" / "packed" / TOK, "training", N)
     assert [s["weight"] for s in meta["source"]] == [2.0, 0.5]
     cfg.write_text(f"pack:\n  tokens_dir: ['{stores['a']}:0']\n  size: {N}\n  output: out\n")
-    assert "must be a finite number > 0" in cli_error("run", str(cfg))
+    assert "must be a finite number > 0" in cli_error("run", str(cfg), code=2)  # as `pack STORE:0` does
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -247,3 +247,66 @@ def test_fractional_part_rounds_halves_up_whatever_the_integer_part(weight: floa
     assert fractional_count(weight, n) == extra
     counts = np.bincount(repeat_documents(np.arange(n), weight, seed=0, store_key="ab" * 32), minlength=n)
     assert sorted(counts.tolist()) == [int(weight)] * (n - extra) + [int(weight) + 1] * extra
+
+
+# ---- weights out of their domain: usage errors naming the weight (and the YAML line), before any work ----
+
+
+@pytest.mark.parametrize("weight", ["nan", "inf", "-inf", "Infinity", "1e400", "abc", "0x10"])
+def test_a_weight_that_is_no_finite_number_is_named(stores: dict[str, Path], tmp_path: Path, weight: str) -> None:
+    """`A:nan`, `A:inf`: was 'token store A:inf does not exist' (exit 1); the weight is the problem (exit 2)."""
+    line = cli_error("pack", f"{stores['a']}:{weight}", "--size", str(N), "--output", str(tmp_path / "o"), code=2)
+    assert "mixture weight" in line and str(stores["a"]) in line and "does not exist" not in line
+    assert "is not a number" in line if weight in ("abc", "0x10") else "must be a finite number > 0" in line
+    assert not (tmp_path / "o").exists()
+    # a colon in a path that does not exist is still a missing store, not a weight
+    assert "does not exist" in cli_error("pack", str(tmp_path / "no:pe"), "--size", str(N), "--output", str(tmp_path / "o"))
+
+
+def test_a_weight_too_large_for_memory_is_refused_before_allocating(
+    stores: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pack A:1e12` was a MemoryError traceback in repeat_documents (A:1e7 reached ~10 GB RSS first)."""
+    line = cli_error("pack", f"{stores['a']}:1e12", str(stores["b"]), "--size", str(N), "--output", str(tmp_path / "o"),
+                     code=2)  # fmt: skip
+    assert "300,000,000,000,200 document occurrences" in line and "GiB" in line and "lower its weight" in line
+    assert f"{stores['a']}:1e+12 alone repeats 300 documents into 300,000,000,000,000" in line
+    assert not (tmp_path / "o").exists()
+    from packtool.stages.pack import mixture
+
+    monkeypatch.setattr(mixture, "physical_memory", lambda: 300 * 1000 * mixture.BYTES_PER_OCCURRENCE - 1)
+    assert "300,000 document occurrences" in cli_error(
+        "pack", f"{stores['a']}:1000", "--size", str(N), "--output", str(tmp_path / "o"), code=2
+    )
+    _pack(tmp_path / "o", f"{stores['a']}:999.5")  # 299,850 occurrences fit
+
+
+def test_run_config_weights_out_of_domain_name_the_line(stores: dict[str, Path], tmp_path: Path) -> None:
+    """YAML `weight: .inf` was 'token store …:inf does not exist' (exit 1): exit 2 naming the weight and file:line."""
+    cfg = tmp_path / "mix.yaml"
+    cfg.write_text(f"pack:\n  size: {N}\n  tokens_dir: [{{path: '{stores['a']}', weight: .inf}}]\n  output: out\n")
+    line = cli_error("run", str(cfg), code=2)
+    assert f"pack.tokens_dir, {cfg}:3" in line and "mixture weight inf" in line and "does not exist" not in line
+    cfg.write_text(f"pack:\n  size: {N}\n  tokens_dir: ['{stores['a']}:nan']\n  output: out\n")
+    assert f"{cfg}:3" in (line := cli_error("run", str(cfg), code=2)) and "mixture weight nan" in line
+    cfg.write_text(f"pack:\n  size: {N}\n  output: out\n  tokens_dir: ['{stores['a']}', '{stores['b']}']\n"
+                   "  weights: [1, .inf]\n")  # fmt: skip
+    assert f"pack.weights, {cfg}:5" in (line := cli_error("run", str(cfg), code=2)) and "inf" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("order", ["inline first", "weights first"])
+def test_run_config_weights_given_twice_names_the_conflict(stores: dict[str, Path], tmp_path: Path, order: str) -> None:
+    """`tokens_dir: [A:3, B]` plus `weights:` said "key 'weights' given twice" (or dropped one silently)."""
+    mix = f"  tokens_dir: ['{stores['a']}:3', '{stores['b']}']\n"
+    weights = "  weights: [1, 2]\n"
+    body = mix + weights if order == "inline first" else weights + mix
+    cfg = tmp_path / "mix.yaml"
+    cfg.write_text(f"pack:\n  size: {N}\n  output: out\n{body}")
+    line = cli_error("run", str(cfg), code=2)
+    at_mix, at_weights = (4, 5) if order == "inline first" else (5, 4)
+    assert f"pack.tokens_dir gives weights inline (STORE:WEIGHT or {{path, weight}}), {cfg}:{at_mix}" in line
+    assert f"pack.weights gives them again, {cfg}:{at_weights}" in line and "given twice" not in line
+    cfg.write_text(f"pack:\n  size: {N}\n  output: out\n  tokens_dir: ['{stores['a']}', '{stores['b']}']\n{weights}")
+    code, _, err = cli("run", str(cfg), "-q")  # weights only in `weights:`: fine
+    assert code == 0, err

@@ -88,7 +88,7 @@ def _drop_entry(out: Path) -> None:
 CASES: list[tuple[str, tuple[str, ...], Callable[[Path], None] | None, str, str, str | None]] = [
     ("pack-output-is-a-file", ("tok", "afile"), None, "pack {t}/tok --size 64 --output {t}/afile", "cannot create the pack directory", None),
     ("pack-output-under-proc", ("tok",), None, "pack {t}/tok --size 64 --output /proc/packtool-x", "cannot create the pack directory", None),
-    ("pack-seed-negative", ("tok", "out"), None, "pack {t}/tok --size 32 --output {t}/out --seed -1", "--seed must be >= 0", "out/packed/org--tiny-tok/32_metadata.jsonl"),
+    ("pack-seed-negative", ("tok", "out"), None, "pack {t}/tok --size 32 --output {t}/out --seed -1", "--seed must be an integer >= 0", "out/packed/org--tiny-tok/32_metadata.jsonl"),
     ("pack-size-huge", ("tok", "out"), None, "pack {t}/tok --size 99999999999999999999999 --output {t}/out", "supported maximum", None),
     ("pack-size-zero", ("tok", "out"), None, "pack {t}/tok --size 0 --output {t}/out", "positive integer", None),
     ("pack-missing-store", ("out",), None, "pack {t}/nope --size 32 --output {t}/out", "does not exist", "out/packed/org--tiny-tok/32_metadata.jsonl"),
@@ -98,7 +98,7 @@ CASES: list[tuple[str, tuple[str, ...], Callable[[Path], None] | None, str, str,
     ("pack-corrupted-store", ("tok", "out"), lambda t: _flip(t / "tok/tokens.bin"),
      "pack {t}/tok --size 32 --output {t}/out", "sha256", "out/packed/org--tiny-tok/32_metadata.jsonl"),
     ("stats-size-zero", ("tok",), None, "stats {t}/tok --size 0", "positive integer", None),
-    ("stats-seed-negative", ("tok",), None, "stats {t}/tok --seed -1", "--seed must be >= 0", None),
+    ("stats-seed-negative", ("tok",), None, "stats {t}/tok --seed -1", "--seed must be an integer >= 0", None),
     ("stats-size-huge", ("tok",), None, "stats {t}/tok --size 99999999999999999999999", "supported maximum", None),
     ("stats-plot-not-png", ("tok",), None, "stats {t}/tok --plot {t}/x.txt", "PNG", "x.txt"),
     ("stats-a-plain-file", ("afile",), None, "stats {t}/afile", "neither a token store nor a pack file", None),
@@ -122,9 +122,14 @@ CASES: list[tuple[str, tuple[str, ...], Callable[[Path], None] | None, str, str,
 ]
 
 
-@pytest.mark.parametrize(("copies", "setup", "args", "message", "absent"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+#: flag values outside their domain: usage errors, exit 2 (the rest are data, format or environment problems: 1)
+USAGE = {"pack-seed-negative", "pack-size-huge", "pack-size-zero", "stats-size-zero", "stats-seed-negative",
+         "stats-size-huge", "stats-plot-not-png"}
+
+
+@pytest.mark.parametrize(("case", "copies", "setup", "args", "message", "absent"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_and_loses_nothing(
-    world: Path, tmp_path: Path, copies: tuple[str, ...], setup: Callable[[Path], None] | None, args: str,
+    world: Path, tmp_path: Path, case: str, copies: tuple[str, ...], setup: Callable[[Path], None] | None, args: str,
     message: str, absent: str | None,
 ) -> None:
     _copy(world, tmp_path, *copies)
@@ -133,7 +138,7 @@ def test_bad_input_is_one_line_and_loses_nothing(
     before = snapshot(tmp_path)
     code, out, err = cli(*args.format(t=tmp_path).split(), "-q" if args.startswith(("pack", "verify", "merge")) else "--json")
     lines = err.strip().splitlines()
-    assert code == 1, (out, err)
+    assert code == (2 if case in USAGE else 1), (out, err)
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert message in lines[0] and "Traceback" not in err
     assert out == ""  # nothing printed before the failure (stats --plot is checked first)

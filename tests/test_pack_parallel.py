@@ -111,12 +111,12 @@ def test_failing_block_aborts_and_leaves_no_files(tmp_path: Path, store: Path, s
     assert not any(d.iterdir())  # temps removed, nothing under final names
 
 
-def test_executor_errors_exit_1(tmp_path: Path, store: Path) -> None:
+def test_executor_errors_are_usage_errors(tmp_path: Path, store: Path) -> None:
     code, _, msg = cli("pack", str(store), "--size", "64", "--output", str(tmp_path), "-q", "--ray-address", "auto")
-    assert code == 1 and "--ray-address needs --executor ray" in msg and msg.count("\n") == 1
+    assert code == 2 and "--ray-address needs --executor ray" in msg and msg.count("\n") == 1
     code, _, msg = cli("pack", str(store), "--size", "64", "--output", str(tmp_path), "-q", "--executor", "slurm")
     assert code == 2 and "'slurm' is not one of" in msg and "Traceback" not in msg  # a usage error
-    with pytest.raises(ConfigError, match="--workers must be >= 1"):
+    with pytest.raises(ConfigError, match="--workers must be an integer >= 1"):
         pack_store(PackConfig(store, 64, tmp_path, workers=0))
     assert make_executor("local", 1)([]) is not None
 

@@ -69,10 +69,10 @@ def test_pad_multiple_rounds_segments_and_counts_against_size(tmp_path: Path) ->
     assert meta["pad_multiple"] == 8 and meta["dataset_max_seqlen"] <= 56
 
 
-def test_pad_multiple_larger_than_size_is_a_config_error(tmp_path: Path) -> None:
+def test_pad_multiple_larger_than_size_is_a_usage_error(tmp_path: Path) -> None:
     store = make_store(tmp_path / "tok", np.array([3, 4]))
     code, out = run_pack(store, tmp_path / "out", "--size", "8", "--pad-multiple", "16")
-    assert code == 1 and "--pad-multiple 16" in out
+    assert code == 2 and "--pad-multiple 16" in out  # contradictory flags
 
 
 def test_max_docs_per_pack(tmp_path: Path) -> None:

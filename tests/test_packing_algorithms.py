@@ -184,3 +184,13 @@ def test_public_name_and_enum() -> None:
 def test_invalid_input_raises_config_error(lengths: list, capacity: int, kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         pack_lengths(np.array(lengths), capacity, **kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+def test_a_cap_above_the_item_count_is_no_cap(algorithm: str) -> None:
+    """`--max-docs-per-pack 10**24` overflowed the compiled packers' int64; a cap >= n binds nothing."""
+    lengths = np.random.default_rng(3).integers(1, 300, 500)
+    free = pack_lengths(lengths, 512, algorithm=algorithm, seed=1)
+    for cap in (500, 501, 2**63, 10**24):
+        got = pack_lengths(lengths, 512, algorithm=algorithm, seed=1, max_items_per_pack=cap)
+        assert all(np.array_equal(a, b) for a, b in zip(got, free, strict=True))

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import cli, cli_error, write_random_store, zipf_texts
 
 from packtool import StatsConfig, compute_stats
@@ -116,7 +119,7 @@ def test_plot_writes_png(tmp_path: Path, zipf_store: Path) -> None:
 
 def test_bad_input_exits_1_with_one_line(tmp_path: Path, zipf_store: Path) -> None:
     assert "no token store or pack store" in cli_error("stats", str(tmp_path / "missing"))
-    assert "--batch-size" in cli_error("stats", str(zipf_store), "--batch-size", "0")
+    assert "--batch-size" in cli_error("stats", str(zipf_store), "--batch-size", "0", code=2)  # out of its domain
     for size in ("64", "128"):
         code, _, err = cli("pack", str(zipf_store), "--size", size, "--output", str(tmp_path / "two"), "--quiet")
         assert code == 0, err
@@ -124,3 +127,27 @@ def test_bad_input_exits_1_with_one_line(tmp_path: Path, zipf_store: Path) -> No
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "manifest.json").write_text("{not json")
     assert "manifest.json is not valid JSON" in cli_error("stats", str(tmp_path / "broken"))
+
+
+def test_a_huge_batch_size_is_one_batch_not_an_allocation(zipf_store: Path) -> None:
+    """`--batch-size 1e14` was an ArrayMemoryError traceback (B padded slots); 1e16 overflowed the compiled
+    dynamic batcher's int64 budget. A batch size past the item count is one batch of every item."""
+    n_items = stats_json(str(zipf_store), "--size", "128")["n_items"]
+    one_batch = stats_json(str(zipf_store), "--size", "128", "--batch-size", str(n_items))
+    for huge in ("100000000000000", "10000000000000000", str(10**30)):
+        got = stats_json(str(zipf_store), "--size", "128", "--batch-size", huge)
+        assert got["waste"] == one_batch["waste"] and got["rows"] == one_batch["rows"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 500), max_size=60), st.integers(1, 80), st.integers(1, 600))
+def test_padded_batches_equal_the_padded_reference(lengths: list[int], batch: int, cap: int) -> None:
+    """The O(n) batch padding equals padding every batch of B to its longest (the old, O(B)-memory form)."""
+    from packtool.stages.stats.compute import _padded_batches
+
+    arr = np.asarray(lengths, np.int64)
+    want = (0, 0)
+    if arr.size:
+        rows = [arr[i : i + batch] for i in range(0, arr.size, batch)]
+        want = (arr.size, sum(min(int(r.max()), cap) * r.size for r in rows))
+    assert _padded_batches(arr, batch, cap) == want

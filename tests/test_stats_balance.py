@@ -13,6 +13,7 @@ from support import cli, cli_error, write_random_store
 
 from packtool import CostModel
 from packtool.core.balance import DEFAULT_WINDOW, step_costs
+from packtool.errors import ConfigError
 from packtool.loader import PackedDataset, PackedSampler
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -98,14 +99,74 @@ def test_run_config_keys(packs: Path, tmp_path: Path) -> None:
     assert code == 1 and "does not exist" in err
 
 
-def test_bad_flags_exit_1_with_one_line(packs: Path, tmp_path: Path) -> None:
-    assert "pass --model CONFIG.json or --hidden-size H" in cli_error("stats", str(packs), "--world-size", "8")
-    assert "pass --world-size too" in cli_error("stats", str(packs), "--hidden-size", "64")
-    assert "pass one of them" in cli_error("stats", str(packs), "--world-size", "2", "--hidden-size", "64",
-                                           "--model", str(tmp_path / "c.json"))
-    assert "--world-size must be >= 1" in cli_error("stats", str(packs), "--world-size", "0", "--hidden-size", "8")
-    assert "--micro-batches must be >= 1" in cli_error("stats", str(packs), "--world-size", "2", "--hidden-size", "8",
-                                                       "--micro-batches", "0")
+def test_bad_flags_exit_2_and_bad_data_exit_1_with_one_line(packs: Path, tmp_path: Path) -> None:
+    """Out-of-domain or contradictory flags are usage errors (exit 2), as everywhere else; a missing file is 1."""
+    usage = lambda *a: cli_error("stats", str(packs), *a, code=2)  # noqa: E731
+    assert "pass --model CONFIG.json or --hidden-size H" in usage("--world-size", "8")
+    assert "pass --world-size too" in usage("--hidden-size", "64")
+    assert "pass one of them" in usage("--world-size", "2", "--hidden-size", "64", "--model", str(tmp_path / "c.json"))
+    for flag, value in (("--world-size", "0"), ("--world-size", "-1"), ("--micro-batches", "-1"),
+                        ("--micro-batches", "0"), ("--hidden-size", "0")):  # fmt: skip
+        args = {"--world-size": "2", "--hidden-size": "8", flag: value}
+        assert f"{flag} must be an integer >= 1, got {value}" in usage(*(x for kv in args.items() for x in kv))
     assert "does not exist" in cli_error("stats", str(packs), "--world-size", "2", "--model", str(tmp_path / "no.json"))
     tokens = packs.parent / "tokens"
-    assert "pack it first" in cli_error("stats", str(tokens), "--world-size", "2", "--hidden-size", "8")
+    assert "pack it first" in cli_error("stats", str(tokens), "--world-size", "2", "--hidden-size", "8", code=2)
+
+
+def test_world_size_is_bounded_by_the_store(packs: Path) -> None:
+    """`--world-size 1000000000` on a store of fewer packs: a usage error naming the pack count, not 7.45 GiB."""
+    n = json.loads(cli("stats", str(packs), "--json")[1])["n_packs"]
+    line = cli_error("stats", str(packs), "--world-size", "1000000000", "--hidden-size", "8", code=2)
+    assert f"--world-size 1000000000 is more ranks than the split has packs ({n})" in line
+    assert f"pass --world-size {n} or fewer" in line
+    code, out, err = cli("stats", str(packs), "--world-size", str(n), "--hidden-size", "8", "--json")
+    assert code == 0 and json.loads(out)["step_efficiency"]["world_size"] == n, err
+
+
+BAD_FIELDS = [  # (config.json text, the field the error must name)
+    ('{"hidden_size": "abc", "num_hidden_layers": 2}', "'hidden_size'"),
+    ('{"hidden_size": NaN, "num_hidden_layers": 2}', "'hidden_size'"),
+    ('{"hidden_size": [64], "num_hidden_layers": 2}', "'hidden_size'"),
+    ('{"hidden_size": 1e400, "num_hidden_layers": 2}', "'hidden_size'"),
+    ('{"hidden_size": 64.5, "num_hidden_layers": 2}', "'hidden_size'"),
+    ('{"hidden_size": true, "num_hidden_layers": 2}', "'hidden_size'"),
+    ('{"hidden_size": 64, "num_hidden_layers": -2}', "'num_hidden_layers'"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "num_key_value_heads": "x"}', "'num_key_value_heads'"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": "big"}', "'vocab_size'"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "num_experts_per_tok": "two", "num_experts": 8}',
+     "'num_experts_per_tok'"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": {"a": 1}}', "'intermediate_size'"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "head_dim": 1e30}', "'head_dim'"),
+    ('{"text_config": {"hidden_size": "abc", "num_hidden_layers": 2}}', "'hidden_size'"),
+]
+
+
+@pytest.mark.parametrize(("text", "field"), BAD_FIELDS)
+def test_a_bad_model_config_field_is_named_in_one_line(packs: Path, tmp_path: Path, text: str, field: str) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    line = cli_error("stats", str(packs), "--world-size", "2", "--model", str(config))
+    assert f"model config field {field} must be an integer from" in line and str(config) in line
+    with pytest.raises(ConfigError, match=f"field {field}"):
+        CostModel.from_config(config)
+
+
+def test_integral_floats_and_per_layer_widths_are_read(tmp_path: Path) -> None:
+    """`4096.0` is 4096; Gemma 3n's per-layer `intermediate_size` list costs as its mean (the same total)."""
+    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    plain = CostModel.from_config({**base, "intermediate_size": 96})
+    assert CostModel.from_config({**base, "hidden_size": 64.0, "intermediate_size": 96.0}) == plain
+    assert CostModel.from_config({**base, "intermediate_size": [64, 128]}) == plain
+
+
+def test_a_model_config_that_is_no_small_regular_file_is_refused_unread(packs: Path, tmp_path: Path) -> None:
+    """`--model /dev/zero` read forever (memory grows until killed); a 20 MB file is no config.json either."""
+    big = tmp_path / "config.json"
+    with open(big, "wb") as fh:
+        fh.truncate(20 << 20)  # sparse: nothing is written
+    line = cli_error("stats", str(packs), "--world-size", "2", "--model", str(big))
+    assert "model config is 20,971,520 bytes, more than a config.json holds" in line
+    if Path("/dev/zero").exists():
+        line = cli_error("stats", str(packs), "--world-size", "2", "--model", "/dev/zero")
+        assert "model config is not a regular file, /dev/zero" in line

@@ -148,13 +148,13 @@ def test_killed_cli_leaves_nothing_final_and_rerun_matches(tmp_path: Path, bpe_t
 
 
 @pytest.mark.parametrize(("flags", "code", "reason"), [(["--executor", "nope"], 2, "'nope' is not one of"),
-                                                      (["--ray-address", "auto"], 1, "--ray-address needs --executor ray")])
+                                                      (["--ray-address", "auto"], 2, "--ray-address needs --executor ray")])
 def test_bad_executor_flags_fail_before_any_work(tmp_path: Path, bpe_tokenizer_dir: Path, flags: list[str], code: int,
                                                 reason: str) -> None:
     src = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}])
     got, _, err = cli(*["tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"), *flags])
     assert got == code and reason in err and "Traceback" not in err, err
-    assert code == 2 or err.count("\n") == 1
+    assert flags[0] == "--executor" or err.count("\n") == 1  # typer's own usage box, or one line
     assert not list(tmp_path.glob(".s*"))  # no partial directory: choices are checked before any work
     assert not (tmp_path / "s").exists()
 

@@ -185,6 +185,17 @@ def test_source_must_be_the_store_the_packs_came_from(packed: Path, text_store: 
     assert "packs were made from another token store" in cli_error("verify", str(packed), "--source", str(text_store))
 
 
+def test_a_source_given_more_often_than_listed_is_refused(packed: Path, chat_store: Path) -> None:
+    """`--source S --source S` on a store packed from S once said every document of "S, S" round-trips."""
+    line = cli_error("verify", str(packed), "--source", str(chat_store), "--source", str(chat_store))
+    assert f"--source {chat_store} is given 2 times but training_{N} lists that store 1 time" in line
+
+
+def test_source_on_a_token_store_is_a_usage_error(chat_store: Path) -> None:
+    line = cli_error("verify", str(chat_store), "--source", str(chat_store), code=2)
+    assert "--source applies to a pack store" in line
+
+
 def test_token_store_manifest_not_matching_its_files(tmp_path: Path, chat_store: Path) -> None:
     store = Path(shutil.copytree(chat_store, tmp_path / "s"))
     manifest = json.loads((store / "manifest.json").read_text())

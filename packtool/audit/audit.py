@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from packtool.audit import probe
-from packtool.audit.source import load_config, require_transformers
-from packtool.audit.tiny import tiny_config_dict
-from packtool.errors import ConfigError
+from packtool.audit.source import code_note, load_model, offline, require_transformers
+from packtool.audit.tiny import check_size, tiny_config_dict
+from packtool.errors import InputError, UsageError
 
 #: simplest keys first: the recommendation is the first exact (style, implementation)
 STYLE_ORDER = tuple(probe.STYLES)
@@ -56,9 +56,11 @@ class AuditConfig:
     seed: int = 0
 
     def validate(self) -> AuditConfig:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise UsageError(f"--seed must be an integer from 0 to 2**63-1, got {self.seed!r}, pass e.g. --seed 0")
         unknown = sorted(set(self.implementations) - set(probe.IMPLEMENTATIONS))
         if unknown:
-            raise ConfigError(
+            raise UsageError(
                 f"unknown attention implementation {unknown[0]!r}, AuditConfig.implementations, use some of {', '.join(probe.IMPLEMENTATIONS)}"
             )
         return self
@@ -81,6 +83,8 @@ class AuditReport:
     use_cache_check: dict[str, Any] | None = None
     #: the fallback measured: `PaddedCollator` batches (right padding + attention_mask), first implementation
     padded_check: dict[str, Any] | None = None
+    #: whose code was audited when config.json's `auto_map` names the model's own (None: no auto_map)
+    code: str | None = None
 
     @property
     def exact(self) -> bool:
@@ -92,62 +96,23 @@ class AuditReport:
         out["documents"] = list(probe.DOC_LENGTHS)
         return out
 
-    def to_text(self) -> str:
-        """The table (style x implementation -> max |Δ|, verdict), the reasons, the setup to use."""
-        kinds = ", ".join(self.layer_kinds) or "uniform"
-        lines = [
-            f"audit {self.model}: {self.model_type} ({self.architecture or 'not buildable'}), layer kinds: {kinds}; "
-            f"tiny random model {self.tiny}; documents of {'+'.join(map(str, probe.DOC_LENGTHS))} tokens, "
-            "packed vs each alone, forward and backward",
-            f"{'style':26} {'attention':18} {'dtype':8} {'max|Δ| logits':>13} {'max|Δ| grads':>13}  verdict",
-        ]
-        reasons: dict[str, list[str]] = {}
-        for r in self.results:
-            dl = "-" if r.max_abs_diff_logits is None else f"{r.max_abs_diff_logits:.2e}"
-            dg = "-" if r.max_abs_diff_grads is None else f"{r.max_abs_diff_grads:.2e}"
-            mark = ""
-            if r.reason:
-                tags = reasons.setdefault(r.reason, [])
-                tags.append(f"{r.style}/{r.attn_implementation}")
-                mark = f" [{list(reasons).index(r.reason) + 1}]"
-            lines.append(f"{r.style:26} {r.attn_implementation:18} {r.dtype:8} {dl:>13} {dg:>13}  {r.verdict}{mark}")
-        for i, reason in enumerate(reasons, 1):
-            lines.append(f"[{i}] {reason}")
-        lines.append("tolerance: max |Δ| <= 1e-6 (float64 runs) / 1e-4 (float32) x the reference's largest |value|")
-        c = self.use_cache_check
-        if c and c.get("max_abs_diff_logits") is not None:
-            lines.append(
-                f"with use_cache=True ({c['style']}, {c['attn_implementation']}): max |Δ| logits "
-                f"{c['max_abs_diff_logits']:.2e}, {c['verdict']}"
-            )
-        pc = self.padded_check
-        if pc and pc.get("max_abs_diff_logits") is not None:
-            lines.append(
-                f"padded fallback (PaddedCollator, {pc['attn_implementation']}): max |Δ| logits "
-                f"{pc['max_abs_diff_logits']:.2e}, grads {pc['max_abs_diff_grads']:.2e}, {pc['verdict']}"
-            )
-        if self.recommended:
-            lines.append(
-                f"recommended: {self.recommended['style']} with attn_implementation={self.recommended['attn_implementation']!r}; "
-                f"batch keys: {', '.join(self.keys)}"
-            )
-        else:
-            lines.append("recommended: none")
-        lines.append(self.advice)
-        return "\n".join(lines)
-
 
 def audit_model(config: AuditConfig) -> AuditReport:
-    """Measure packed vs separate documents on `config.model`'s architecture (tiny, CPU)."""
+    """Measure packed vs separate documents on `config.model`'s architecture (tiny, CPU), never reaching the network."""
     config.validate()
+    with offline():
+        return _measure(config)
+
+
+def _measure(config: AuditConfig) -> AuditReport:
     transformers = require_transformers()
-    text_config = load_config(config.model, config.trust_remote_code)
-    tiny_dict, kept = tiny_config_dict(text_config.to_dict())
-    tiny = type(text_config).from_dict(tiny_dict)
+    source = load_model(config.model, config.trust_remote_code)
+    text_config = source.config
+    tiny, tiny_dict, kept = _tiny(transformers, text_config, source, config)
     docs = probe.documents(int(tiny.vocab_size), config.seed)
     results: list[probe.Measurement] = []
     models: dict[str, Any] = {}
-    impls = config.implementations or tuple(probe.IMPLEMENTATIONS)
+    impls = tuple(dict.fromkeys(config.implementations)) or tuple(probe.IMPLEMENTATIONS)  # each once
     with _flex_mask_reference() if "flex_attention" in impls else contextlib.nullcontext():
         for impl in impls:
             _run_implementation(transformers, tiny, impl, docs, config, results, models)
@@ -174,7 +139,35 @@ def audit_model(config: AuditConfig) -> AuditReport:
         keys=list(probe.STYLES[recommended["style"]][1]) if recommended else [],
         use_cache_check=cache,
         padded_check=padded,
+        code=code_note(source, type(next(iter(models.values()))) if models else None),
     )
+
+
+def _tiny(
+    transformers: Any, text_config: Any, source: Any, config: AuditConfig
+) -> tuple[Any, dict[str, Any], list[int]]:
+    """The shrunk config (`tiny.py`), its dict and kept layers; refused when its model (counted on the meta
+    device, nothing allocated) is still large."""
+    try:
+        tiny_dict, kept = tiny_config_dict(text_config.to_dict(), dict(getattr(type(text_config), "attribute_map", {})))
+        tiny = type(text_config).from_dict(tiny_dict)
+        tiny.name_or_path = text_config.name_or_path  # where the model's own code (auto_map) is found
+    except Exception as exc:  # noqa: BLE001 - the config class validating the shrunk dict (strict dataclasses)
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())  # strict dataclasses put the reason on line 2
+        raise InputError(
+            f"cannot shrink the config to a tiny model ({detail[:240]})",
+            str(source.path),
+            hint="check config.json's per-layer fields (layer types, index lists); if they are right, the audit "
+            "does not support this architecture's layout yet",
+        ) from None
+    try:
+        with torch.device("meta"):
+            shape = transformers.AutoModelForCausalLM.from_config(tiny, trust_remote_code=config.trust_remote_code)
+    except Exception:  # noqa: BLE001 - a model that cannot be built is reported per implementation below
+        shape = None
+    if shape is not None:
+        check_size(shape)
+    return tiny, tiny_dict, kept
 
 
 def _padded_check(models: dict[str, Any], docs: list[torch.Tensor]) -> dict[str, Any] | None:
@@ -345,6 +338,13 @@ def _advice(
                 f"(max |Δ| logits {cache['max_abs_diff_logits']:.1e})"
             )
         return text
+    if not any(r.verdict == "leaks" for r in results):  # nothing ran: no evidence of a leak either
+        reason = next((r.reason for r in results if r.reason), "no reason given")
+        return (
+            "nothing could be measured: no batch style ran under the attention implementations present "
+            f"(first reason: {reason}), so the audit cannot tell whether packing is exact for this model; "
+            "fix what the reasons name or try another --attn-implementation, and re-run the audit"
+        )
     named = sorted({m.group(1) for r in results if r.reason for m in [re.search(r"without `([^`]+)`", r.reason)] if m})
     kernels = sorted({v for k, v in KERNELS.items() if tiny_config.get(k) is not None})
     need = " / ".join(kernels) or ", ".join(named) or "kernels that honour cu_seqlens or seq_idx"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from packtool.errors import InputError
+
 HIDDEN = 64
 HEADS = 4
 HEAD_DIM = HIDDEN // HEADS
@@ -72,7 +74,27 @@ SIZES: dict[str, int] = {
     "expand": 2,
     "block_multiple_of": 32,  # LFM2 rounds its FFN width up to this
     "num_nextn_predict_layers": 0,
+    # widths under names of their own (not in any attribute_map): GPT-2 / OPT MLPs, GPT-J / CodeGen rotary dims
+    "n_inner": 96,
+    "ffn_dim": 96,
+    "rotary_dim": HEAD_DIM,
 }
+#: layer-count fields (and every name a config class's `attribute_map` gives `num_hidden_layers`)
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+#: no config names more layers than this: the per-layer loops stay bounded whatever a config says
+MAX_LAYERS = 1 << 14
+#: position-table sizes, capped (learned position embeddings are `positions x hidden` parameters): GPT-2's
+#: names (learned positions) at 4096, the others at 2**20; every released family's default is at or below
+#: its cap (transformers 5.23), so only a config beyond it changes
+POSITION_CAPS = {"max_position_embeddings": 1 << 20, "max_seq_len": 1 << 20, "seq_length": 1 << 20,
+                 "n_positions": 4096, "n_ctx": 4096}  # fmt: skip
+POSITION_KEYS = tuple(POSITION_CAPS)
+#: integer fields the shrink reads or replaces: a non-integer there is refused by name before transformers sees it
+INT_FIELDS = (*SIZES, *LAYER_KEYS, *POSITION_KEYS, "num_key_value_heads")
+#: parameters of the shrunk model (counted on the meta device, nothing allocated) above which the audit refuses:
+#: a size field the shrink does not know stayed large. Causal-LM families shrink to 0.07-8M parameters
+#: (transformers 5.23); a few multimodal ones keep a vision tower (git: 86M); 2**27 float64 weights are 1 GiB
+MAX_PARAMS = 1 << 27
 #: fields switched off: randomness, extra outputs, kernels the CPU lacks
 OFF: dict[str, Any] = {
     "router_jitter_noise": 0.0,
@@ -130,10 +152,20 @@ def keep_layers(kinds: list[tuple[Any, ...]]) -> list[int]:
     return keep
 
 
-def tiny_config_dict(d: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
-    """The shrunk config dict and the original indices of the layers it keeps."""
+def aliased(keys: tuple[str, ...] | list[str], aliases: dict[str, str]) -> list[str]:
+    """`keys` and the names a config class's `attribute_map` stores them under (GPT-2: `n_embd` for `hidden_size`)."""
+    return list(dict.fromkeys([*keys, *(aliases[k] for k in keys if k in aliases)]))
+
+
+def tiny_config_dict(d: dict[str, Any], aliases: dict[str, str] | None = None) -> tuple[dict[str, Any], list[int]]:
+    """The shrunk config dict and the original indices of the layers it keeps.
+
+    `aliases`: the config class's `attribute_map` (canonical name -> the field it is stored in), so that a
+    size stored under another name (`n_embd`, `n_head`, `n_positions`, `n_routed_experts`, ...) shrinks too.
+    """
+    aliases = aliases or {}
     d = {k: v for k, v in d.items() if k not in DERIVED and k not in ("dtype", "torch_dtype", "_name_or_path")}
-    n = _n_layers(d)
+    n = _n_layers(d, aliases)
     kinds = layer_kinds(d, n)
     keep = keep_layers(kinds)
     new_index = {old: new for new, old in enumerate(keep)}
@@ -153,13 +185,19 @@ def tiny_config_dict(d: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         d["mlp_only_layers"] = sorted({*(j for j, s in enumerate(sparse) if not s), *d.get("mlp_only_layers", [])})
     if isinstance(d.get("first_k_dense_replace"), int):
         d["first_k_dense_replace"] = sum(1 for i in keep if i < d["first_k_dense_replace"])
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+    for key in aliased(LAYER_KEYS, aliases):
         if key in d:
             d[key] = len(keep)
-    heads, kv_heads = d.get("num_attention_heads"), d.get("num_key_value_heads")
+    heads = next((d[k] for k in aliased(["num_attention_heads"], aliases) if d.get(k) is not None), None)
+    kv_heads = d.get("num_key_value_heads")
     for key, value in SIZES.items():
-        if d.get(key) is not None:
-            d[key] = value
+        for name in aliased([key], aliases):
+            if d.get(name) is not None:
+                d[name] = value
+    for canonical, cap in POSITION_CAPS.items():
+        for key in aliased([canonical], aliases):
+            if isinstance(d.get(key), int) and d[key] > cap:
+                d[key] = cap
     for key, value in OFF.items():
         if key in d:
             d[key] = value
@@ -177,10 +215,10 @@ def tiny_config_dict(d: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     return d, keep
 
 
-def _n_layers(d: dict[str, Any]) -> int:
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+def _n_layers(d: dict[str, Any], aliases: dict[str, str]) -> int:
+    for key in aliased(LAYER_KEYS, aliases):
         if isinstance(d.get(key), int):
-            return int(d[key])
+            return min(int(d[key]), MAX_LAYERS)  # the config's fields were checked (`check_fields`): a guard
     for key in ("layer_types", "layers_block_type"):
         if isinstance(d.get(key), list):
             return len(d[key])
@@ -201,3 +239,17 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
     return value
+
+
+def check_size(model: Any) -> None:
+    """Refuse a shrunk model (built on the meta device) with more than MAX_PARAMS parameters, naming the largest."""
+    params = dict(model.named_parameters())
+    total = sum(int(p.numel()) for p in params.values())
+    if total <= MAX_PARAMS:
+        return
+    name, biggest = max(params.items(), key=lambda kv: int(kv[1].numel()))
+    raise InputError(
+        f"the tiny model of this config would still have {total:,} parameters (largest: {name} "
+        f"{list(biggest.shape)}), more than the audit's {MAX_PARAMS:,}: a size field it does not shrink is that large",
+        hint="fix that field of config.json, or audit a config with the model's usual sizes",
+    )

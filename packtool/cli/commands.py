@@ -251,11 +251,13 @@ def run(
     quiet: Quiet = False,
 ) -> None:
     """Run tokenize -> pack -> stats (+ plot) -> verify from one config file (examples in configs/)."""
-    from packtool.cli.runconfig import describe, run_pipeline
+    from packtool.cli.runconfig import load_run_config
+    from packtool.stages.run import run_pipeline
 
+    steps = load_run_config(config)  # every section checked before the first step runs
     with progress_bar(quiet, "run", "it") as update:
         progress = None if update is None else (lambda stage, done, total: update(done, total))
-        for line in describe(run_pipeline(config, progress)):
+        for line in summaries.run_lines(run_pipeline(steps, progress)):
             typer.echo(line)
 
 

@@ -1,4 +1,4 @@
-"""`packtool run CONFIG.yaml`: tokenize -> pack -> stats (+ plot) -> verify -> export from one YAML file.
+"""`packtool run CONFIG.yaml`: the YAML parsed and checked into `stages.run.Step`s (`run_pipeline` runs them).
 
 A config is the CLI flags written down: each section is one command and each key is one of its
 flags (dashes or underscores), so `--pad-multiple 8` is `pad_multiple: 8` under `pack:`.
@@ -14,7 +14,9 @@ Several pipelines (e.g. a chat and a text corpus) go in a list: `steps: [{name: 
 a config runs the same from any working directory (a `tokenizer` that is not an existing path
 there is kept as given: a hub name in the local cache). Everything is checked before any work
 starts: an unknown key, a missing required key, a wrong type or a YAML syntax error is a
-ConfigError naming file:line, the section and the valid keys.
+ConfigError naming file:line, the section and the valid keys (exit 1); a value of the right type
+outside its domain (a range, a choice, a weight, contradictory keys) is the UsageError its flag
+gives (exit 2), located at its file:line.
 """
 
 from __future__ import annotations
@@ -22,19 +24,21 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
+import reprlib
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from packtool.cli import summaries
-from packtool.errors import ConfigError
+from packtool.core.mixture import check_weight
+from packtool.errors import ConfigError, UsageError
 from packtool.stages.export import ExportConfig
 from packtool.stages.pack import PackConfig
+from packtool.stages.run import Step
 from packtool.stages.stats import StatsConfig
 from packtool.stages.tokenize import TokenizeConfig
 from packtool.stages.verify import VerifyConfig
@@ -52,9 +56,7 @@ EXTRA_KEYS: dict[str, dict[str, Any]] = {"stats": {"plot": Path | None, "json": 
 LINKED: dict[str, set[str]] = {"pack": {"tokens_dir"}, "stats": {"path"}, "verify": {"path"}, "export": {"path"}}
 PATH_KEYS = {"inputs", "output", "chat_template", "tokens_dir", "path", "source", "plot", "model"}
 STEP_KEYS = ("name", *SECTIONS)
-
-RunProgress = Callable[[str, int, int], None]
-"""`progress(stage, done, total)`, stage like "chat: tokenize"; the CLI draws one bar per stage."""
+_INLINE = "\0inline weights"  # weights parsed out of pack.tokens_dir, until the section's keys are all read
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -70,9 +72,16 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
+        if not isinstance(key, (str, int, float, bool)) and key is not None:  # `? [a, b]`: no flag is named so
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"a key must be a plain name, got a {'mapping' if isinstance(key, dict) else type(key).__name__}",
+                key_node.start_mark,
+            )
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} is given twice (first on line {seen[key]})", key_node.start_mark
+                None, None, f"key {_show(key)} is given twice (first on line {seen[key]})", key_node.start_mark
             )
         seen[key] = line
     out = _Mapping(loader.construct_mapping(node, deep=True))
@@ -82,38 +91,6 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
 
 
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One pipeline: the configs of the sections it has, in run order; stats/verify may be partial."""
-
-    name: str
-    tokenize: TokenizeConfig | None = None
-    pack: PackConfig | None = None
-    stats: dict[str, Any] | None = None  # StatsConfig keys + plot/json; path/size filled at run time
-    verify: dict[str, Any] | None = None  # VerifyConfig keys; path/source filled at run time
-    export: dict[str, Any] | None = None  # ExportConfig keys; path/size/split filled at run time
-
-
-@dataclass
-class StepResult:
-    """What each stage of one step returned (None for a stage the step does not have)."""
-
-    name: str
-    tokenize: Any = None
-    pack: Any = None
-    stats: Any = None
-    plot: Path | None = None
-    stats_json: bool = False
-    verify: Any = None
-    export: Any = None
-
-
-@dataclass
-class RunResult:
-    config: Path
-    steps: list[StepResult] = field(default_factory=list)
 
 
 def load_run_config(path: str | Path) -> list[Step]:
@@ -132,6 +109,10 @@ def load_run_config(path: str | Path) -> list[Step]:
         raise ConfigError(
             f"invalid YAML ({problem}), {where}, fix the YAML (duplicate keys, indentation, quotes, colons)"
         ) from exc
+    except RecursionError:
+        raise ConfigError(
+            f"invalid YAML (nested too deep to read), {file}, a config holds flat sections of flags: remove the nesting"
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config is not UTF-8 text ({exc.reason}), {file}, save it as UTF-8") from exc
     except OSError as exc:
@@ -165,6 +146,15 @@ def load_run_config(path: str | Path) -> list[Step]:
     return parsed
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 6, 80, 80
+
+
+def _show(value: Any) -> str:
+    """A config value as errors quote it: bounded (a YAML alias can make a value of 10^9 items)."""
+    return _REPR.repr(value)
+
+
 def _at(file: Path, mapping: Any, key: Any = None) -> str:
     lines = getattr(mapping, "lines", {})
     line = lines.get(key, lines.get(None))
@@ -179,12 +169,17 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
     unknown = [k for k in raw if k not in STEP_KEYS]
     if unknown:
         raise ConfigError(
-            f"unknown section {unknown[0]!r} in {where}, {_at(file, raw, unknown[0])}, "
+            f"unknown section {_show(unknown[0])} in {where}, {_at(file, raw, unknown[0])}, "
             f"valid sections: {', '.join(STEP_KEYS)}" + (" (or a top-level `steps` list)" if where == "config" else "")
         )
     if not any(k in raw for k in SECTIONS):
         raise ConfigError(f"{where} has none of the sections {', '.join(SECTIONS)}, {_at(file, raw)}, add at least one")
-    name = str(raw.get("name", default_name))
+    name = raw.get("name", default_name)
+    if not isinstance(name, (str, int)) or isinstance(name, bool) or name == "":
+        raise ConfigError(
+            f"the name of {where} must be a string, got {_show(name)}, {_at(file, raw, 'name')}, write `name: chat`"
+        )
+    name = str(name)
     sections: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
         if section in raw:
@@ -195,19 +190,36 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
                     f"{_at(file, raw, section)}, e.g. `{section}: {{key: value}}`"
                 )
             sections[section] = _section(file, base, section, body, linked=_has_link(section, raw))
-    tokenize = TokenizeConfig(**sections["tokenize"]).validate() if "tokenize" in sections else None
+
+    def check(section: str, build: Callable[[], Any]) -> Any:
+        """`build()` (a config's validate()), its ConfigError located at the YAML key it names."""
+        try:
+            return build()
+        except ConfigError as exc:
+            flag = re.search(r"--([a-z][a-z-]*)", str(exc))
+            body = raw[section]
+            key = flag[1].replace("-", "_") if flag else "weights" if "mixture weight" in str(exc) else None
+            at = next((k for k in getattr(body, "lines", {}) if str(k).replace("-", "_") == key), None)
+            where = (
+                f"{section}.{at}, {_at(file, body, at)}" if at is not None else f"{section}, {_at(file, raw, section)}"
+            )
+            raise type(exc)(f"{where}: {exc}") from None
+
+    tokenize = (
+        check("tokenize", lambda: TokenizeConfig(**sections["tokenize"]).validate()) if "tokenize" in sections else None
+    )
     pack_keys = sections.get("pack")
     if pack_keys is not None and "tokens_dir" not in pack_keys:
         pack_keys["tokens_dir"] = Path(tokenize.output) if tokenize is not None else None
-    pack = PackConfig(**pack_keys).validate() if pack_keys is not None else None
+    pack = check("pack", lambda: PackConfig(**pack_keys).validate()) if pack_keys is not None else None
     if "stats" in sections:  # path and size may come from the pack step: check the ranges with stand-ins
         keys = {k: v for k, v in sections["stats"].items() if k not in EXTRA_KEYS["stats"]}
-        StatsConfig(**{"path": Path("."), **keys}).validate()
+        check("stats", lambda: StatsConfig(**{"path": Path("."), **keys}).validate())
         plot = sections["stats"].get("plot")
         if plot is not None and Path(plot).suffix.lower() != ".png":
-            raise ConfigError(f"stats.plot writes a PNG, got {plot}, {_at(file, raw, 'stats')}, end the name in .png")
+            raise UsageError(f"stats.plot writes a PNG, got {plot}, {_at(file, raw, 'stats')}, end the name in .png")
     if "export" in sections:  # path may come from the pack step: check the choices with a stand-in
-        ExportConfig(**{"path": ".", **sections["export"]}).validate()
+        check("export", lambda: ExportConfig(**{"path": ".", **sections["export"]}).validate())
     return Step(name, tokenize, pack, sections.get("stats"), sections.get("verify"), sections.get("export"))
 
 
@@ -229,7 +241,7 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
         norm = str(key).replace("-", "_")
         if norm not in types_:
             raise ConfigError(
-                f"unknown key {key!r} in section {section!r}, {_at(file, body, key)}, valid keys: {valid}"
+                f"unknown key {_show(key)} in section {section!r}, {_at(file, body, key)}, valid keys: {valid}"
             )
         if norm in out:
             raise ConfigError(
@@ -237,11 +249,21 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
                 f"{_at(file, body, key)}, keep one"
             )
         if section == "pack" and norm == "tokens_dir":  # a store, or a mixture: [a:2, {path: b, weight: 0.5}]
-            out[norm], weights = _mixture(value, base, f"{section}.{key}, {_at(file, body, key)}")
-            if weights is not None:
-                out["weights"] = weights
+            out[norm], inline = _mixture(value, base, f"{section}.{key}, {_at(file, body, key)}")
+            if inline is not None:
+                out[_INLINE] = (key, inline)
             continue
         out[norm] = _coerce(value, types_[norm], norm, base, f"{section}.{key}, {_at(file, body, key)}")
+    if _INLINE in out:  # weights written inside tokens_dir (STORE:W, {path, weight}) and maybe as `weights:` too
+        key, inline = out.pop(_INLINE)
+        if "weights" in out:
+            given = next(k for k in body if str(k).replace("-", "_") == "weights")
+            raise UsageError(
+                f"pack.{key} gives weights inline (STORE:WEIGHT or {{path, weight}}), {_at(file, body, key)}, "
+                f"and pack.weights gives them again, {_at(file, body, given)}, give each weight once: "
+                "inline or in `weights:`"
+            )
+        out["weights"] = inline
     required = [
         n
         for n, f in fields.items()
@@ -268,21 +290,27 @@ def _mixture(value: Any, base: Path, where: str) -> tuple[Path | tuple[Path, ...
         if isinstance(item, dict) and isinstance(item.get("path"), str) and set(item) <= {"path", "weight"}:
             weight = item.get("weight", 1)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                raise ConfigError(f"{where}: weight {weight!r} of {item['path']!r} is not a number, write `weight: 2`")
+                raise ConfigError(
+                    f"{where}: weight {_show(weight)} of {_show(item['path'])} is not a number, write `weight: 2`"
+                )
+            try:
+                check_weight(weight, repr(item["path"]))  # `.inf`, `.nan`, 0: named here, not as a missing store
+            except UsageError as exc:
+                raise UsageError(f"{where}: {exc}") from None
             specs.append(f"{_resolve(item['path'], base, 'tokens_dir')}:{weight!r}")
         elif isinstance(item, str) and item:
             specs.append(_resolve(item, base, "tokens_dir"))
         else:
             raise ConfigError(
                 f"{where}: expected a token store, STORE:WEIGHT, or a list of those or of {{path, weight}}, "
-                f"got {item!r}, write e.g. `tokens_dir: [out/a:2, out/b:0.5]`"
+                f"got {_show(item)}, write e.g. `tokens_dir: [out/a:2, out/b:0.5]`"
             )
     if not specs:
         raise ConfigError(f"{where}: the list of token stores is empty, name at least one")
     try:
         return mixture_args(specs)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    except ConfigError as exc:  # a weight out of its domain stays a usage error (exit 2)
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
@@ -297,35 +325,37 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}, write `{key}: true` or `{key}: false`")
+        raise ConfigError(f"{where}: expected true or false, got {_show(value)}, write `{key}: true` or `{key}: false`")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}, write e.g. `{key}: 4096`")
+        raise ConfigError(f"{where}: expected an integer, got {_show(value)}, write e.g. `{key}: 4096`")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{where}: expected a number, got {value!r}, write e.g. `{key}: 0.01`")
+        raise ConfigError(f"{where}: expected a number, got {_show(value)}, write e.g. `{key}: 0.01`")
     if typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is float:  # weights
         items = value if isinstance(value, list) else [value]
         return tuple(_coerce(v, float, key, base, where) for v in items)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(value)
-        except ValueError:
-            raise ConfigError(
-                f"{where}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}, pick one"
+        except ValueError:  # a value outside the choices: a usage error, as for the flag
+            raise UsageError(
+                f"{where}: {_show(value)} is not one of {', '.join(str(m.value) for m in tp)}, pick one"
             ) from None
     if typing.get_origin(tp) is tuple:  # inputs: one path/glob or a list of them
         items = value if isinstance(value, list) else [value]
         if not items or not all(isinstance(v, str) for v in items):
             raise ConfigError(
-                f"{where}: expected a path or a list of paths, got {value!r}, write `{key}: [a.jsonl, dir/]`"
+                f"{where}: expected a path or a list of paths, got {_show(value)}, write `{key}: [a.jsonl, dir/]`"
             )
         return tuple(_resolve(v, base, key) for v in items)
     if tp is Path or tp is str:
         if not isinstance(value, str) or (not value and key in PATH_KEYS):
-            raise ConfigError(f"{where}: expected a string, got {value!r}, quote it if YAML read it as something else")
+            raise ConfigError(
+                f"{where}: expected a string, got {_show(value)}, quote it if YAML read it as something else"
+            )
         resolved = _resolve(value, base, key)
         return Path(resolved) if tp is Path else resolved
     raise ConfigError(f"{where}: unsupported key type {tp!r}, this is a bug in packtool")
@@ -339,90 +369,3 @@ def _resolve(value: str, base: Path, key: str) -> str:
     if key not in PATH_KEYS or value.startswith("hf://"):  # a hub dataset is no path
         return value
     return os.path.normpath(base / Path(value).expanduser())  # an absolute value replaces base
-
-
-def run_pipeline(path: str | Path, progress: RunProgress | None = None) -> RunResult:
-    """Load `path` and run every step: tokenize -> pack -> stats (+ plot) -> verify.
-
-    Raises ConfigError before any work for a bad config, the stage's own PacktoolError when a stage
-    fails, and FormatError when verify finds a violated invariant.
-    """
-    steps = load_run_config(path)
-    result = RunResult(Path(path))
-    for step in steps:
-        result.steps.append(_run_step(step, progress))
-    return result
-
-
-def _stage(progress: RunProgress | None, label: str) -> Callable[[int, int], None] | None:
-    if progress is None:
-        return None
-    return lambda done, total: progress(label, done, total)
-
-
-def _run_step(step: Step, progress: RunProgress | None) -> StepResult:
-    from packtool.stages.export import export_store
-    from packtool.stages.pack import pack_store
-    from packtool.stages.stats import compute_stats, plot_stats
-    from packtool.stages.tokenize import tokenize_corpus
-    from packtool.stages.verify import verify_path
-
-    out = StepResult(step.name)
-    tokens_dir: Path | None = Path(step.tokenize.output) if step.tokenize else None
-    packed: Path | None = None
-    if step.tokenize is not None:
-        out.tokenize = tokenize_corpus(step.tokenize, _stage(progress, f"{step.name}: tokenize"))
-    if step.pack is not None:
-        out.pack = pack_store(step.pack, _stage(progress, f"{step.name}: pack"))
-        packed, tokens_dir = out.pack.directory, step.pack.tokens_dir  # type: ignore[assignment]  # a mixture: a tuple
-    if step.stats is not None:
-        keys = dict(step.stats)
-        out.plot, out.stats_json = keys.pop("plot", None), bool(keys.pop("json", False))
-        keys.setdefault("path", packed or tokens_dir)
-        if step.pack is not None and "path" not in step.stats:
-            keys.setdefault("size", step.pack.size)
-            keys.setdefault("split", step.pack.split)
-        out.stats = compute_stats(StatsConfig(**keys))
-        if out.plot is not None:
-            plot_stats(out.stats, out.plot)
-    if step.verify is not None:
-        keys = dict(step.verify)
-        if "path" not in keys:
-            keys["path"] = packed or tokens_dir
-            if packed is not None:
-                keys.setdefault("source", tokens_dir)
-        out.verify = verify_path(VerifyConfig(**keys))  # raises FormatError at the first violated invariant
-    if step.export is not None:
-        keys = dict(step.export)
-        if "path" not in keys:
-            keys["path"] = packed
-            if step.pack is not None:
-                keys.setdefault("size", step.pack.size)
-                keys.setdefault("split", str(step.pack.split))
-        if keys["path"] is None:
-            raise ConfigError(
-                f"section 'export' of step {step.name!r} has no path and no pack section, add `path: ...`"
-            )
-        out.export = export_store(ExportConfig(**keys).validate(), _stage(progress, f"{step.name}: export"))
-    return out
-
-
-def describe(result: RunResult) -> list[str]:
-    """What the CLI prints: each stage's own summary line, prefixed with the step name."""
-    lines = []
-    for step in result.steps:
-        tag = f"[{step.name}]"
-        if step.tokenize is not None:
-            lines.append(f"{tag} {summaries.tokenize_line(step.tokenize)}")
-        if step.pack is not None:
-            lines.append(f"{tag} {summaries.pack_line(step.pack)}")
-        if step.stats is not None:
-            lines.append(summaries.stats_text(step.stats, step.stats_json))
-            if step.plot is not None:
-                lines.append(f"{tag} plot -> {step.plot}")
-        if step.verify is not None:
-            lines.append(f"{tag} verify {summaries.verify_line(step.verify)}")
-        if step.export is not None:
-            first, *rest = summaries.export_lines(step.export)
-            lines += [f"{tag} {first}", *rest]
-    return lines

@@ -73,4 +73,77 @@ def export_lines(result: Any) -> list[str]:
 
 
 def audit_text(report: Any, as_json: bool) -> str:
-    return json.dumps(report.to_dict(), sort_keys=True) if as_json else report.to_text()
+    """`packtool audit`: the report's JSON, or the table (style x implementation -> max |Δ|, verdict),
+    the reasons, the checks and the setup to use, drawn from the same data."""
+    d = report.to_dict()
+    if as_json:
+        return json.dumps(d, sort_keys=True)
+    kinds = ", ".join(d["layer_kinds"]) or "uniform"
+    lines = [
+        f"audit {d['model']}: {d['model_type']} ({d['architecture'] or 'not buildable'}), layer kinds: {kinds}; "
+        f"tiny random model {d['tiny']}; documents of {'+'.join(map(str, d['documents']))} tokens, "
+        "packed vs each alone, forward and backward",
+        f"{'style':26} {'attention':18} {'dtype':8} {'max|Δ| logits':>13} {'max|Δ| grads':>13}  verdict",
+    ]
+    reasons: list[str] = []
+    for r in d["results"]:
+        dl, dg = (_sci(r[k]) for k in ("max_abs_diff_logits", "max_abs_diff_grads"))
+        mark = ""
+        if r["reason"]:
+            if r["reason"] not in reasons:
+                reasons.append(r["reason"])
+            mark = f" [{reasons.index(r['reason']) + 1}]"
+        lines.append(
+            f"{r['style']:26} {r['attn_implementation']:18} {r['dtype']:8} {dl:>13} {dg:>13}  {r['verdict']}{mark}"
+        )
+    lines += [f"[{i}] {reason}" for i, reason in enumerate(reasons, 1)]
+    lines.append("tolerance: max |Δ| <= 1e-6 (float64 runs) / 1e-4 (float32) x the reference's largest |value|")
+    c = d.get("use_cache_check")
+    if c and c.get("max_abs_diff_logits") is not None:
+        lines.append(
+            f"with use_cache=True ({c['style']}, {c['attn_implementation']}): max |Δ| logits "
+            f"{c['max_abs_diff_logits']:.2e}, {c['verdict']}"
+        )
+    pc = d.get("padded_check")
+    if pc and pc.get("max_abs_diff_logits") is not None:
+        lines.append(
+            f"padded fallback (PaddedCollator, {pc['attn_implementation']}): max |Δ| logits "
+            f"{pc['max_abs_diff_logits']:.2e}, grads {pc['max_abs_diff_grads']:.2e}, {pc['verdict']}"
+        )
+    if d.get("code"):
+        lines.append(d["code"])
+    rec = d["recommended"]
+    if rec:
+        lines.append(
+            f"recommended: {rec['style']} with attn_implementation={rec['attn_implementation']!r}; "
+            f"batch keys: {', '.join(d['keys'])}"
+        )
+    else:
+        lines.append("recommended: none")
+    lines.append(d["advice"])
+    return "\n".join(lines)
+
+
+def _sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def run_lines(result: Any) -> list[str]:
+    """What `packtool run` prints: each stage's own summary line, prefixed with the step name."""
+    lines = []
+    for step in result.steps:
+        tag = f"[{step.name}]"
+        if step.tokenize is not None:
+            lines.append(f"{tag} {tokenize_line(step.tokenize)}")
+        if step.pack is not None:
+            lines.append(f"{tag} {pack_line(step.pack)}")
+        if step.stats is not None:
+            lines.append(stats_text(step.stats, step.stats_json))
+            if step.plot is not None:
+                lines.append(f"{tag} plot -> {step.plot}")
+        if step.verify is not None:
+            lines.append(f"{tag} verify {verify_line(step.verify)}")
+        if step.export is not None:
+            first, *rest = export_lines(step.export)
+            lines += [f"{tag} {first}", *rest]
+    return lines

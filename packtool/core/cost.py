@@ -32,15 +32,14 @@ embedding lookups, norms and softmax (O(h) per token), and kernels' fixed per-se
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packtool.errors import ConfigError
+from packtool.formats.model_config import config_path, first_int, int_field, read_model_config
 
 TRAINING_FACTOR = 3.0
 """Forward + backward ≈ 3 x forward (the backward computes gradients of activations and weights)."""
@@ -135,51 +134,41 @@ class CostModel:
         if isinstance(config, dict):
             raw: Any = config
         else:
-            path = Path(config)
-            where = str(path)
-            if path.is_dir():
-                path = path / "config.json"
-            try:
-                raw = json.loads(path.read_text("utf-8"))
-            except FileNotFoundError:
-                raise ConfigError(
-                    f"model config {path} does not exist, CostModel.from_config, pass a transformers config.json"
-                ) from None
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ConfigError(
-                    f"cannot read the model config ({exc}), {path}, pass a transformers config.json"
-                ) from exc
+            where = str(config_path(config))
+            raw = read_model_config(config)
         if not isinstance(raw, dict):
             raise ConfigError(f"model config is not a JSON object, {where}, pass a transformers config.json")
-        if _first(raw, "hidden_size", "n_embd", "d_model") is None and isinstance(raw.get("text_config"), dict):
+        if first_int(raw, _HIDDEN, where) is None and isinstance(raw.get("text_config"), dict):
             raw = raw["text_config"]
-        hidden = _first(raw, "hidden_size", "n_embd", "d_model")
-        layers = _first(raw, "num_hidden_layers", "n_layer", "num_layers")
+        hidden = first_int(raw, _HIDDEN, where)
+        layers = first_int(raw, _LAYERS, where)
         if hidden is None or layers is None:
             missing = "hidden_size" if hidden is None else "num_hidden_layers"
             raise ConfigError(
                 f"model config has no {missing}, {where}, pass a transformers config.json of a decoder model"
             )
-        heads = _first(raw, "num_attention_heads", "n_head", "num_heads")
-        kv = raw.get("num_key_value_heads") or raw.get("num_kv_heads")
+        heads = first_int(raw, _HEADS, where)
+        kv = first_int(raw, ("num_key_value_heads", "num_kv_heads"), where, low=0) or None  # 0: not given
         if kv is None and raw.get("multi_query"):
             kv = 1
-        width = _first(raw, "intermediate_size", "n_inner", "ffn_dim")
-        experts = raw.get("num_experts_per_tok")
-        if experts and (raw.get("num_local_experts") or raw.get("num_experts")):
-            per_expert = raw.get("moe_intermediate_size") or width
+        width = _width(raw, where)
+        experts = int_field(raw, "num_experts_per_tok", where, low=0)
+        n_experts = [int_field(raw, k, where, low=0) for k in ("num_local_experts", "num_experts")]
+        if experts and any(n_experts):
+            per_expert = int_field(raw, "moe_intermediate_size", where, low=0) or width
             if per_expert:
-                width = int(experts) * int(per_expert) + int(raw.get("shared_expert_intermediate_size") or 0)
+                shared = int_field(raw, "shared_expert_intermediate_size", where, low=0) or 0
+                width = int(experts) * int(per_expert) + int(shared)  # type: ignore[arg-type]
         gated = None if width is None else str(raw.get("model_type", "")) not in _NOT_GATED
         return cls.from_shape(
-            int(hidden),
-            int(layers),
-            None if heads is None else int(heads),
-            None if kv is None else int(kv),
-            head_dim=None if raw.get("head_dim") is None else int(raw["head_dim"]),
-            intermediate_size=None if width is None else int(width),
+            hidden,
+            layers,
+            heads,
+            kv,
+            head_dim=first_int(raw, ("head_dim",), where),
+            intermediate_size=width,
             gated_mlp=gated,
-            vocab_size=int(raw.get("vocab_size") or 0),
+            vocab_size=first_int(raw, ("vocab_size",), where, low=0) or 0,
             training=training,
         )
 
@@ -246,10 +235,18 @@ def segment_sums(pack_offsets: np.ndarray, seg_lens: np.ndarray, block: int = 1 
     return tokens, squares
 
 
-def _first(raw: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
+_HIDDEN = ("hidden_size", "n_embd", "d_model")
+_LAYERS = ("num_hidden_layers", "n_layer", "num_layers")
+_HEADS = ("num_attention_heads", "n_head", "num_heads")
+_WIDTH = ("intermediate_size", "n_inner", "ffn_dim")
+
+
+def _width(raw: dict[str, Any], where: str) -> int | None:
+    """The MLP width; a per-layer list (Gemma 3n) counts as its mean, which gives the same total cost."""
+    for key in _WIDTH:
         if raw.get(key) is not None:
-            return raw[key]
+            value = int_field(raw, key, where, per_layer=True)
+            return round(sum(value) / len(value)) if isinstance(value, list) else value
     return None
 
 

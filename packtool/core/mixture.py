@@ -90,6 +90,11 @@ def fractional_count(weight: float, n: int) -> int:
     return min(n, math.floor((exact - math.floor(exact)) * n + Fraction(1, 2)))
 
 
+def repeated_count(weight: float, n: int) -> int:
+    """How many documents `repeat_documents` returns for `n` eligible ones: k·n + round(f·n), exact."""
+    return math.floor(Fraction(repr(float(weight)))) * n + fractional_count(weight, n)
+
+
 def repeat_documents(eligible: np.ndarray, weight: float, seed: int, store_key: str, repeat: int = 0) -> np.ndarray:
     """Local document indices of one store in one split: `eligible` k times, then a seeded subset.
 

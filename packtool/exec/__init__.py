@@ -11,22 +11,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from packtool.choices import ExecutorName
-from packtool.errors import ConfigError
+from packtool.errors import UsageError
 from packtool.exec.local import cap_malloc_arenas, process_executor, scoped_environ, thread_executor
 from packtool.exec.ray import ray_executor, require_ray
 from packtool.exec.task import Executor, Task
 
 
 def parse_executor(name: str | ExecutorName, ray_address: str | None = None) -> ExecutorName:
-    """`--executor` as an ExecutorName; ConfigError for an unknown name or a stray `--ray-address`."""
+    """`--executor` as an ExecutorName; a UsageError (exit 2) for an unknown name or a stray `--ray-address`."""
     try:
         parsed = ExecutorName(str(name))
     except ValueError:
-        raise ConfigError(
+        raise UsageError(
             f"--executor {str(name)!r} is not one of {', '.join(e.value for e in ExecutorName)}, pick one"
         ) from None
     if parsed != ExecutorName.RAY and ray_address is not None:
-        raise ConfigError("--ray-address needs --executor ray, add it or drop --ray-address")
+        raise UsageError("--ray-address needs --executor ray, add it or drop --ray-address")
     if parsed == ExecutorName.RAY:
         require_ray()
     return parsed

@@ -115,7 +115,8 @@ def pack_lengths(
     n = arr.size
     if n == 0:
         return np.zeros(1, np.int64), np.zeros(0, np.int64)
-    max_items = n + 1 if max_items_per_pack is None else int(max_items_per_pack)
+    # a cap above n never binds: n + 1 behaves the same in every packer and fits the compiled int64
+    max_items = n + 1 if max_items_per_pack is None else min(int(max_items_per_pack), n + 1)
     rng = np.random.default_rng(seed)
     items, bins, n_bins = packer(arr, int(capacity), max_items, rng)
     rank = rng.permutation(n_bins) if shuffle else np.arange(n_bins)

@@ -1,11 +1,12 @@
 """`packtool export`: a pack store rewritten in a trainer's own format, row/instance i = pack i.
 
 Life of the stage: `ExportConfig.validate()` -> open and check the split (`formats.pack_store`) ->
-the target's exporter checks what its trainer cannot represent (and refuses with a sentence) ->
-blocks of packs are re-expressed in the trainer's convention and streamed to hidden temp files
-(`formats.exports.StagedExport`) -> one commit renames them. The output directory is locked for
-the whole run (`formats.locks.exclusive_output`): a second export into it fails at once. Every exporter starts from the same
-view of a pack (`blocks.PackBlock`: tokens plus the loader's target mask), which is what makes "the
+the target's `Exporter` (the contract in `config.py`, listed in `registry.EXPORTERS`) checks what
+its trainer cannot represent (and refuses with a sentence) -> blocks of packs are re-expressed in
+the trainer's convention and streamed to hidden temp files (`formats.exports.StagedExport`) -> one
+commit renames them. The output directory is locked for the whole run
+(`formats.locks.exclusive_output`): a second export into it fails at once. Every exporter starts
+from the same view of a pack (`blocks.PackBlock`: tokens plus the loader's target mask), which is what makes "the
 trainer sees what packtool's loader sees" checkable pack by pack (tests/interop).
 
 The library never prints: `ExportResult.lines` holds the trainer config lines and numbers the CLI
@@ -20,7 +21,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError
+import numpy as np
+
+from packtool.errors import ConfigError, UsageError
 from packtool.formats.exports import StagedExport
 from packtool.formats.locks import exclusive_output
 from packtool.formats.pack_store import (
@@ -33,38 +36,34 @@ from packtool.formats.pack_store import (
 )
 from packtool.formats.token_store import MANIFEST
 from packtool.progress import Progress
-from packtool.stages.export import megatron_bridge, nemo, olmo_core, trl
-from packtool.stages.export.config import ExportConfig, ExportJob, ExportResult, ExportTarget, TokenizerIds
+from packtool.stages.export.config import ExportConfig, Exporter, ExportJob, ExportResult, ExportTarget, TokenizerIds
+from packtool.stages.export.registry import EXPORTERS, exporter
 
 log = logging.getLogger(__name__)
-
-#: one module per target, each with `file_names`, `check` and `write`
-EXPORTERS = {
-    ExportTarget.MEGATRON_BRIDGE: megatron_bridge,
-    ExportTarget.NEMO: nemo,
-    ExportTarget.TRL: trl,
-    ExportTarget.OLMO_CORE: olmo_core,
-}
 
 
 def export_store(config: ExportConfig, progress: Progress | None = None) -> ExportResult:
     """Write one split of a pack store in `config.to`'s format under `config.output`, atomically."""
-    target = config.validate().target
+    spec = exporter(config.validate().target)
+    target = spec.target
     directory, split, size = _resolve(config)
     output = Path(config.output)
     if output.resolve() == directory.resolve():
         raise ConfigError(
             f"--output is the pack directory itself, {output}, choose another directory (export file names would clash with the store's)"
         )
+    if (output / MANIFEST).is_file():
+        raise ConfigError(
+            f"--output is a token store, {output}, choose another directory (an export never writes into a store)"
+        )
     store = open_pack_split(directory, split, size)
     ids = _tokenizer_ids(store, config.eos_id)
-    module = EXPORTERS[target]
-    module.check(store, ids)  # refuse what the trainer cannot represent before writing anything
-    names, shared = module.file_names(split, size)
+    spec.check(store, ids)  # refuse what the trainer cannot represent before writing anything
+    names, shared = spec.file_names(split, size)
     log.info("exporting %d packs of %s to %s in %s", store.n_packs, directory, target, output)
     with exclusive_output(output), StagedExport(output, names, shared, config.overwrite) as staged:
         job = ExportJob(store, ids, staged, output, progress)
-        lines, numbers = module.write(job)
+        lines, numbers = spec.write(job)
     return ExportResult(
         target,
         output,
@@ -126,6 +125,18 @@ def _tokenizer_ids(store: PackSplit, eos_override: int | None) -> TokenizerIds:
         else:
             log.warning("token store manifest %s changed since packing; not using its token ids", mpath)
     tok = manifest.get("tokenizer", {})
+    if eos_override is not None:  # an id the store cannot hold would be written into every trainer's files
+        vocab = tok.get("vocab_size") if isinstance(tok.get("vocab_size"), int) else None
+        limit = vocab if vocab is not None else int(np.iinfo(store.tokens.dtype).max) + 1
+        if eos_override >= limit:
+            what = (
+                f"the tokenizer's vocabulary of {vocab}"
+                if vocab is not None
+                else f"the store's {store.tokens.dtype} ids"
+            )
+            raise UsageError(
+                f"--eos-id {eos_override} is not a token id of {what}, {store.directory}, pass an id below {limit}"
+            )
     eos = eos_override if eos_override is not None else tok.get("eos_id")
     return TokenizerIds(
         pad_id=pad_id,
@@ -134,4 +145,4 @@ def _tokenizer_ids(store: PackSplit, eos_override: int | None) -> TokenizerIds:
     )
 
 
-__all__ = ["ExportConfig", "ExportResult", "ExportTarget", "export_store"]
+__all__ = ["EXPORTERS", "ExportConfig", "ExportResult", "ExportTarget", "Exporter", "export_store"]

@@ -1,17 +1,25 @@
-"""The export stage's records: the target choice, the validated config, the job an exporter gets, its result."""
+"""The export stage's records: the validated config, the contract an exporter implements, its job and result.
+
+`Exporter` is the one contract of a trainer export: every module under `stages/export/` for a
+target builds one (`EXPORTER = Exporter(...)`) and `registry.EXPORTERS` lists them; nothing else
+names a target (a guard test ties the registry to `choices.ExportTarget`, the `--to` choices).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packtool.choices import ExportTarget
-from packtool.errors import ConfigError
+from packtool.errors import UsageError
 from packtool.formats.exports import StagedExport
 from packtool.formats.pack_store import PackSplit
 from packtool.progress import Progress
+
+_FIX = {"--size": "pass the packed size N", "--eos-id": "pass the tokenizer's EOS id"}
 
 
 @dataclass(frozen=True)
@@ -39,15 +47,14 @@ class ExportConfig:
             return ExportTarget(str(self.to))
         except ValueError:
             choices = ", ".join(t.value for t in ExportTarget)
-            raise ConfigError(f"unknown export target {str(self.to)!r}, --to, use one of {choices}") from None
+            raise UsageError(f"unknown export target {str(self.to)!r}, --to, use one of {choices}") from None
 
     def validate(self) -> ExportConfig:
         """Check every choice and range before any work; returns self so callers can chain."""
         _ = self.target
-        if self.size is not None and self.size < 1:
-            raise ConfigError(f"--size must be a positive number of tokens, got {self.size}, pass the packed size N")
-        if self.eos_id is not None and self.eos_id < 0:
-            raise ConfigError(f"--eos-id must be >= 0, got {self.eos_id}, pass the tokenizer's EOS id")
+        for flag, value, low in (("--size", self.size, 1), ("--eos-id", self.eos_id, 0)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise UsageError(f"{flag} must be an integer >= {low}, got {value!r}, {_FIX[flag]}")
         return self
 
 
@@ -83,3 +90,26 @@ class ExportJob:
     staged: StagedExport
     directory: Path
     progress: Progress | None
+
+
+FileNames = Callable[[str, int], "tuple[list[str], list[str]]"]
+"""`(split, size) -> (per-split files, files shared by every split of that size)`, in `formats.exports` names."""
+Check = Callable[[PackSplit, TokenizerIds], None]
+"""Refuse (ConfigError with the fix) what the trainer cannot represent, before anything is written."""
+Write = Callable[[ExportJob], "tuple[list[str], dict[str, Any]]"]
+"""Write every file of `file_names` through `job.staged`; return the trainer config lines and numbers."""
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """One trainer format: the contract each `stages/export/<target>.py` module fills in as `EXPORTER`."""
+
+    target: ExportTarget
+    """The `--to` value that selects it."""
+    files: str
+    """The files it writes, in words (`{S}` split, `{N}` size): docs and the CLI's listing."""
+    reader: str
+    """The trainer's own reader of those files (what `tests/interop` runs)."""
+    file_names: FileNames
+    check: Check
+    write: Write

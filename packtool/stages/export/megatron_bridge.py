@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from packtool.choices import ExportTarget
 from packtool.errors import ConfigError
 from packtool.formats.exports import (
     MEGATRON_METADATA_KEYS,
@@ -33,7 +34,7 @@ from packtool.formats.exports import (
 )
 from packtool.formats.pack_store import PackSplit
 from packtool.stages.export.blocks import PackBlock, stream_parquet
-from packtool.stages.export.config import ExportJob, TokenizerIds
+from packtool.stages.export.config import Exporter, ExportJob, TokenizerIds
 
 
 def file_names(split: str, size: int) -> tuple[list[str], list[str]]:
@@ -115,3 +116,13 @@ def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
     meta_name = megatron_metadata_name(store.size)
     job.staged.path(meta_name).write_bytes(merged_megatron_metadata(job.staged.final(meta_name), metadata_entry(store)))
     return config_lines(job, name, "Megatron-Bridge")
+
+
+EXPORTER = Exporter(
+    target=ExportTarget.MEGATRON_BRIDGE,
+    files="`{S}_{N}.idx.parquet` (input_ids, shifted loss_mask, seq_start_id) + `{N}_metadata.jsonl`",
+    reader="Megatron-Bridge `GPTSFTPackedParquetDataset`",
+    file_names=file_names,
+    check=check,
+    write=write,
+)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from packtool.choices import ExportTarget
 from packtool.formats.exports import (
     PickledIntList,
     megatron_metadata_name,
@@ -28,7 +29,7 @@ from packtool.formats.exports import (
 from packtool.formats.pack_store import PackSplit
 from packtool.stages.export import megatron_bridge
 from packtool.stages.export.blocks import iter_blocks
-from packtool.stages.export.config import ExportJob, TokenizerIds
+from packtool.stages.export.config import Exporter, ExportJob, TokenizerIds
 
 
 def file_names(split: str, size: int) -> tuple[list[str], list[str]]:
@@ -63,3 +64,13 @@ def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
     entry = megatron_bridge.metadata_entry(store)
     job.staged.path(meta_name).write_bytes(merged_megatron_metadata(job.staged.final(meta_name), entry))
     return megatron_bridge.config_lines(job, name, "NeMo 2 / Megatron-Bridge (legacy .npy)")
+
+
+EXPORTER = Exporter(
+    target=ExportTarget.NEMO,
+    files="`{S}_{N}.npy` (object array of input_ids, shifted loss_mask, seq_start_id) + `{N}_metadata.jsonl`",
+    reader="NeMo 2 / Megatron-Bridge `GPTSFTPackedDataset` (legacy .npy)",
+    file_names=file_names,
+    check=check,
+    write=write,
+)

@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from packtool.choices import ExportTarget
 from packtool.errors import ConfigError
 from packtool.formats.exports import olmo_label_mask_name, olmo_tokens_name
 from packtool.formats.pack_store import PackSplit
 from packtool.stages.export.blocks import PackBlock, iter_blocks
-from packtool.stages.export.config import ExportJob, TokenizerIds
+from packtool.stages.export.config import Exporter, ExportJob, TokenizerIds
 
 
 def file_names(split: str, size: int) -> tuple[list[str], list[str]]:
@@ -105,3 +106,13 @@ def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
         f"  instance i = pack i ({store.n_packs} instances); leave bos_token_id unset (documents are found by EOS alone)",
     ]
     return lines, {"instances": store.n_packs}
+
+
+EXPORTER = Exporter(
+    target=ExportTarget.OLMO_CORE,
+    files="raw `{S}_{N}.npy` tokens + raw bool `{S}_{N}.label_mask.npy`",
+    reader="OLMo-core `NumpyFSLDataset(generate_doc_lengths=True)`",
+    file_names=file_names,
+    check=check,
+    write=write,
+)

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from packtool.choices import ExportTarget
 from packtool.formats.exports import trl_name
 from packtool.formats.pack_store import PackSplit
 from packtool.stages.export.blocks import PackBlock, stream_parquet
-from packtool.stages.export.config import ExportJob, TokenizerIds
+from packtool.stages.export.config import Exporter, ExportJob, TokenizerIds
 
 IGNORE_INDEX = -100
 
@@ -62,3 +63,13 @@ def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
         "any attn_implementation separates the sequences (flash-attention reads cu_seq_lens; sdpa/eager find them in position_ids)",
     ]
     return lines, {"tokens_per_row": store.size}
+
+
+EXPORTER = Exporter(
+    target=ExportTarget.TRL,
+    files="`{S}_{N}.parquet` (input_ids, labels, seq_lengths)",
+    reader='TRL `SFTTrainer(padding_free=True)` through `datasets.load_dataset("parquet")`',
+    file_names=file_names,
+    check=check,
+    write=write,
+)

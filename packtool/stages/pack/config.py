@@ -65,20 +65,18 @@ class PackConfig:
     def validate(self) -> PackConfig:
         """Check every value range before any work; returns self so callers can chain."""
         validate_pack_size(self.size)
-        if self.seed < 0:
-            raise ConfigError(f"--seed must be >= 0, got {self.seed}, pass a non-negative seed")
-        if self.pad_multiple < 1:
-            raise ConfigError(f"--pad-multiple must be >= 1, got {self.pad_multiple}, leave it out for no padding")
+        for flag, value, low, fix in (
+            ("--seed", self.seed, 0, "pass a non-negative seed"),
+            ("--pad-multiple", self.pad_multiple, 1, "leave it out for no padding"),
+            ("--workers", self.workers, 1, "leave it out to use all cores"),
+            ("--max-docs-per-pack", self.max_docs_per_pack, 1, "leave it out for no cap"),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise UsageError(f"{flag} must be an integer >= {low}, got {value!r}, {fix}")
         if self.pad_multiple > self.size:
-            raise ConfigError(
+            raise UsageError(
                 f"--pad-multiple {self.pad_multiple} is larger than --size {self.size}, "
                 "pass a multiple that divides the pack size (e.g. 2*CP)"
-            )
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.workers}, leave it out to use all cores")
-        if self.max_docs_per_pack is not None and self.max_docs_per_pack < 1:
-            raise ConfigError(
-                f"--max-docs-per-pack must be >= 1, got {self.max_docs_per_pack}, leave it out for no cap"
             )
         paths = [self.tokens_dir] if isinstance(self.tokens_dir, (str, os.PathLike)) else list(self.tokens_dir)
         if not paths:
@@ -106,9 +104,9 @@ class PackConfig:
 def validate_pack_size(size: int, flag: str = "--size") -> None:
     """A pack size must be a positive integer the packers support."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"{flag} must be a positive integer, got {size!r}, pass e.g. {flag} 4096")
+        raise UsageError(f"{flag} must be a positive integer, got {size!r}, pass e.g. {flag} 4096")
     if size > MAX_CAPACITY:
-        raise ConfigError(f"{flag} {size} is over the supported maximum {MAX_CAPACITY}, use a smaller {flag}")
+        raise UsageError(f"{flag} {size} is over the supported maximum {MAX_CAPACITY}, use a smaller {flag}")
 
 
 _WEIGHT = re.compile(r"^(?P<path>.+):(?P<weight>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)$")
@@ -119,10 +117,27 @@ def parse_store_spec(spec: str) -> tuple[Path, float | None]:
     a whole spec that names an existing directory, when the part before the colon does not, is a path."""
     m = _WEIGHT.match(spec)
     if m is None or (os.path.isdir(spec) and not os.path.isdir(m["path"])):
+        path, colon, tail = spec.rpartition(":")
+        if colon and path and not os.path.exists(spec):
+            _refuse_weight(path, tail)  # `A:nan`, `A:inf`, `A:abc`: the weight is wrong, not the path
         return Path(spec), None
     weight = float(m["weight"])
     check_weight(weight, m["path"])
     return Path(m["path"]), weight
+
+
+def _refuse_weight(path: str, tail: str) -> None:
+    """The UsageError for `PATH:TAIL` whose TAIL is no finite number, when TAIL reads as a number or PATH exists."""
+    try:
+        weight = float(tail)
+    except ValueError:
+        if os.path.isdir(path):
+            raise UsageError(
+                f"mixture weight {tail!r} of {path} is not a number, write STORE:2 (twice), STORE:0.5 (a seeded "
+                "half) or leave the weight out for 1"
+            ) from None
+        return
+    check_weight(weight, path)
 
 
 def mixture_args(specs: list[str]) -> tuple[Path | tuple[Path, ...], tuple[float, ...] | None]:

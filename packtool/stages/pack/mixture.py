@@ -7,13 +7,26 @@ re-derive every document's expected number of occurrences.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packtool.core.mixture import CONTENT_HASH, content_hashes, repeat_documents, validation_threshold
+from packtool.core.mixture import (
+    CONTENT_HASH,
+    content_hashes,
+    repeat_documents,
+    repeated_count,
+    validation_threshold,
+)
+from packtool.errors import UsageError
 from packtool.formats.store_set import StoreSet
+
+#: peak bytes of packing per document occurrence: `pack STORE:1e6` of 40 documents (4e7 occurrences)
+#: peaked at 4.6 GB RSS (scripts/bench_pack.py's machine, 2 cores)
+BYTES_PER_OCCURRENCE = 112
 
 
 @dataclass(frozen=True)
@@ -34,20 +47,58 @@ def select_splits(
     """
     keys = [s.manifest_sha256 for s in stores.stores]
     threshold = validation_threshold(validation) if validation is not None else None
-    train, held = [], []
-    for i, (store, weight) in enumerate(zip(stores.stores, weights, strict=True)):
-        offset = int(stores.doc_offsets[i])
+    held, eligible = [], []
+    for i, store in enumerate(stores.stores):
         local = np.arange(store.n_documents, dtype=np.int64)
         if threshold is not None:
             is_val = content_hashes(store.tokens, store.starts, store.lengths) < threshold
-            held.append(local[is_val] + offset)
+            held.append(local[is_val] + int(stores.doc_offsets[i]))
             local = local[~is_val]
-        train.append(repeat_documents(local, weight, seed, keys[i], keys[:i].count(keys[i])) + offset)
+        eligible.append(local)
+    check_repetition([s.path for s in stores.stores], weights, [e.size for e in eligible])
+    train = [
+        repeat_documents(local, weight, seed, keys[i], keys[:i].count(keys[i])) + int(stores.doc_offsets[i])
+        for i, (local, weight) in enumerate(zip(eligible, weights, strict=True))
+    ]
     empty = np.zeros(0, np.int64)
     out = [SplitSelection(training_split, "training", np.concatenate(train) if train else empty)]
     if threshold is not None:
         out.append(SplitSelection("validation", "validation", np.concatenate(held) if held else empty))
     return out
+
+
+def check_repetition(paths: list[Path], weights: list[float], eligible: list[int]) -> None:
+    """Refuse, before allocating, weights whose document occurrences would not fit in this machine's memory.
+
+    Packing holds ~`BYTES_PER_OCCURRENCE` bytes per document occurrence at its peak (selection, segment
+    table, packer arrays, pack order); `pack A:1e9` on a few thousand documents would need terabytes.
+    """
+    counts = [repeated_count(w, n) for w, n in zip(weights, eligible, strict=True)]
+    total = sum(counts)
+    need = total * BYTES_PER_OCCURRENCE
+    memory = physical_memory()
+    if memory is None or need <= memory:
+        return
+    worst = max(range(len(counts)), key=counts.__getitem__)
+    raise UsageError(
+        f"the mixture weights give {_count(total)} document occurrences to pack (about {_count(need >> 30)} GiB at "
+        f"~{BYTES_PER_OCCURRENCE} bytes each), more than this machine's {memory >> 30} GiB of memory; "
+        f"{paths[worst]}:{weights[worst]:g} alone repeats {eligible[worst]:,} documents into "
+        f"{_count(counts[worst])}, lower its weight (epochs of that store)"
+    )
+
+
+def _count(n: int) -> str:
+    """An exact count with thousands separators, or 3 significant digits when it is astronomically large."""
+    return f"{n:,}" if n < 10**15 else f"{n:.3e}" if n < 10**300 else f"about 10^{len(str(n)) - 1}"
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM of this machine, or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def occurrences(stores: StoreSet, docs: np.ndarray) -> np.ndarray:

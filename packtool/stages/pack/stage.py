@@ -36,7 +36,14 @@ from packtool.signals import signals_deferred
 from packtool.stages.pack.blocks import block_tasks
 from packtool.stages.pack.config import PackConfig
 from packtool.stages.pack.layout import Layout, pad_id_for, plan_layout
-from packtool.stages.pack.mixture import SplitSelection, held_out_of, mixture_record, select_splits, source_records
+from packtool.stages.pack.mixture import (
+    SplitSelection,
+    check_repetition,
+    held_out_of,
+    mixture_record,
+    select_splits,
+    source_records,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +131,11 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     """
     config.validate()
     specs = config.stores()
-    directory = pack_dir(config.output, open_token_store(specs[0][0]).tokenizer_name)
+    first = open_token_store(specs[0][0])
+    if config.is_mixture:  # weights whose repetition cannot fit in memory: refused before anything is created
+        counts = [first.n_documents, *(open_token_store(p).n_documents for p, _ in specs[1:])]
+        check_repetition([p for p, _ in specs], [w for _, w in specs], counts)
+    directory = pack_dir(config.output, first.tokenizer_name)
     with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
         _check_validation_owner(directory, config)
         stores = open_store_set([p for p, _ in specs], check_hashes=True)

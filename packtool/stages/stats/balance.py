@@ -26,19 +26,17 @@ from packtool.core.balance import (
     step_efficiency,
 )
 from packtool.core.cost import CostModel
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, UsageError
 
 
 def cost_model(model: Path | None, hidden_size: int | None) -> tuple[CostModel, str]:
     """The cost model of `--model CONFIG.json` or `--hidden-size H`, and a name for it."""
     if model is not None and hidden_size is not None:
-        raise ConfigError("--model and --hidden-size both given, packtool stats, pass one of them")
+        raise UsageError("--model and --hidden-size both given, packtool stats, pass one of them")
     if model is not None:
         return CostModel.from_config(model), str(model)
     if hidden_size is None:
-        raise ConfigError(
-            "--world-size needs a cost model, packtool stats, pass --model CONFIG.json or --hidden-size H"
-        )
+        raise UsageError("--world-size needs a cost model, packtool stats, pass --model CONFIG.json or --hidden-size H")
     return CostModel.from_shape(hidden_size), f"hidden size {hidden_size} (24·h² per token, 2·h·s² per segment)"
 
 
@@ -59,6 +57,11 @@ def step_balance(
     n = int(costs.size)
     if n == 0:
         raise ConfigError("the pack store has no packs, packtool stats --world-size, pack a non-empty split")
+    if world > n:  # each rank needs a pack of the epoch; the plain order would allocate W entries
+        raise UsageError(
+            f"--world-size {world} is more ranks than the split has packs ({n}), packtool stats, "
+            f"pass --world-size {n} or fewer (or pack the data into more packs)"
+        )
     plain = epoch_order(n, seed, 0, world=world)
     balanced = balanced_order(plain, costs, world=world, micro_batches=micro_batches, window=window, seed=seed)
     per_step: dict[str, np.ndarray] = {}

@@ -23,7 +23,7 @@ from packtool.choices import Overlong, Split
 from packtool.core.batching import dynamic_waste
 from packtool.core.packing import ALGORITHMS, pack_lengths
 from packtool.core.packing.segments import build_segments
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, UsageError
 from packtool.formats.pack_store import find_pack_dir, metadata_sources, open_pack_split, parse_data_name, sizes_in
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
@@ -66,16 +66,13 @@ class StatsConfig:
         """Check every value before any work; returns self."""
         if self.size is not None:
             validate_pack_size(self.size)
-        if isinstance(self.batch_size, bool) or self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}, pass e.g. --batch-size 8")
-        if self.seed < 0:
-            raise ConfigError(f"--seed must be >= 0, got {self.seed}, pass a non-negative seed")
-        for flag, value in (("--world-size", self.world_size), ("--micro-batches", self.micro_batches),
-                            ("--hidden-size", self.hidden_size)):  # fmt: skip
-            if value is not None and (isinstance(value, bool) or value < 1):
-                raise ConfigError(f"{flag} must be >= 1, got {value}, pass e.g. {flag} 8")
+        for flag, value, low in (("--batch-size", self.batch_size, 1), ("--seed", self.seed, 0),
+                                 ("--world-size", self.world_size, 1), ("--micro-batches", self.micro_batches, 1),
+                                 ("--hidden-size", self.hidden_size, 1)):  # fmt: skip
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise UsageError(f"{flag} must be an integer >= {low}, got {value!r}, pass e.g. {flag} {low or 1}")
         if self.world_size is None and (self.model is not None or self.hidden_size is not None):
-            raise ConfigError("--model/--hidden-size price the steps of --world-size W, pass --world-size too")
+            raise UsageError("--model/--hidden-size price the steps of --world-size W, pass --world-size too")
         if self.world_size is not None:
             cost_model(self.model, self.hidden_size)  # a missing or unreadable config fails before any work
         return self
@@ -184,11 +181,9 @@ def _padded_batches(lengths: np.ndarray, batch: int, cap: int) -> tuple[int, int
     n = lengths.size
     if n == 0:
         return 0, 0
-    padded = np.zeros(-(-n // batch) * batch, np.int64)
-    padded[:n] = lengths
-    longest = np.minimum(padded.reshape(-1, batch).max(axis=1), cap)
-    counts = np.full(longest.size, batch, np.int64)
-    counts[-1] = n - batch * (longest.size - 1)
+    starts = np.arange(0, n, min(batch, n), dtype=np.int64)  # memory O(n) whatever B
+    longest = np.minimum(np.maximum.reduceat(np.asarray(lengths, np.int64), starts), cap)
+    counts = np.diff(np.append(starts, n))
     return n, int((longest * counts).sum())
 
 
@@ -212,7 +207,8 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         rows[name], computed[name] = _padded_batches(items[order], batch_size, size)
     if items.size:
         rows[DYNAMIC] = int(items.size)
-        computed[DYNAMIC] = dynamic_waste(items, batch_size * size, seed=seed)[1]
+        # a budget of n*N holds every item in one batch already: larger ones batch the same (and overflow int64)
+        computed[DYNAMIC] = dynamic_waste(items, min(batch_size, items.size) * size, seed=seed)[1]
     else:
         rows[DYNAMIC], computed[DYNAMIC] = 0, 0
     for name in ALGORITHMS:
@@ -283,7 +279,7 @@ def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats:
     path = Path(config.path)
     if path.is_dir() and (path / MANIFEST).is_file():
         if config.world_size is not None:
-            raise ConfigError(
+            raise UsageError(
                 f"--world-size measures the steps of a pack store, {path} is a token store, pack it first and pass the pack store"
             )
         return token_store_stats(path, config.size or DEFAULT_SIZE, config.batch_size, config.seed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, UsageError
 from packtool.stages.stats.compute import PackStoreStats, TokenStoreStats
 
 LOWER_BOUND = "lower bound"
@@ -21,7 +21,7 @@ def check_plot_path(out: Path) -> Path:
     """Refuse a `--plot` path that cannot take a PNG before any work is done (the CLI calls this first)."""
     out = Path(out)
     if out.suffix.lower() != ".png":
-        raise ConfigError(f"--plot writes a PNG, got {out.name}, pass a file name ending in .png")
+        raise UsageError(f"--plot writes a PNG, got {out.name}, pass a file name ending in .png")
     if out.is_dir():
         raise ConfigError(f"--plot {out} is a directory, pass a file name ending in .png")
     return out

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from packtool.errors import ConfigError, FormatError
+from packtool.errors import ConfigError, FormatError, UsageError
 from packtool.formats.pack_store import (
     PackSplit,
     find_pack_dir,
@@ -89,7 +89,7 @@ def verify_path(config: VerifyConfig, progress: Progress | None = None) -> Verif
     path = Path(config.path)
     if path.is_dir() and (path / MANIFEST).is_file():
         if config.source is not None:
-            raise ConfigError(f"--source applies to a pack store, {path} is a token store, leave --source out")
+            raise UsageError(f"--source applies to a pack store, {path} is a token store, leave --source out")
         _, line = verify_token_store(path, progress)
         return VerifyReport("token", str(path), [line], n_bytes=_store_bytes(path))
     directory = find_pack_dir(path)
@@ -128,7 +128,18 @@ def _sources_of(ps: PackSplit, given: list[TokenStore], where: Path) -> StoreSet
                 f"(manifest sha256 {sha[:12]}...), {where}, pass one --source per store of the mixture"
             )
         picked.append(by_sha[sha].pop(0) if len(by_sha[sha]) > 1 else by_sha[sha][0])
-    unused = [s for s in given if s.manifest_sha256 not in {str(r.get("manifest_sha256")) for r in recorded}]
+    listed = [str(r.get("manifest_sha256")) for r in recorded]
+    for store in given:  # given more often than the split lists it: the extra copies would be checked as nothing
+        times, recorded_times = (
+            sum(s.manifest_sha256 == store.manifest_sha256 for s in given),
+            listed.count(store.manifest_sha256),
+        )
+        if times > recorded_times >= 1:
+            raise ConfigError(
+                f"--source {store.path} is given {times} times but {ps.split}_{ps.size} lists that store "
+                f"{recorded_times} time{'s' if recorded_times > 1 else ''}, {where}, pass it once per listing"
+            )
+    unused = [s for s in given if s.manifest_sha256 not in set(listed)]
     if unused:
         raise FormatError(
             f"packs were made from another token store: {unused[0].path} is not a source of {ps.split}_{ps.size}, "
