@@ -22,4 +22,4 @@ def test_audit_recommends_packtool_when_exact_and_checks_its_cache_and_padding(t
     assert report.padded_check["attn_implementation"] == "packtool" and report.padded_check["verdict"] == "exact"
     assert "import packtool.hf" in report.advice
     code, _, err = cli("audit", str(tmp_path), "--attn-implementation", "cudnn")  # refused before any work
-    assert code == 1 and "use some of packtool, eager, sdpa" in err, err
+    assert code == 2 and "use some of packtool, eager, sdpa" in err, err  # a usage error
