@@ -21,7 +21,7 @@ def entry() -> None:
     anything left to write: they are flushed first. A failure exits the usual way. (`main()` alone,
     as the tests call it in-process, never ends the process.)
     """
-    from packtool.stages.tokenize.early import start_from_argv
+    from packtool.stages.tokenize.engine.early import start_from_argv
 
     start_from_argv(sys.argv[1:])  # `packtool tokenize`: the engine loads while the CLI is imported and parses
     from packtool.cli import main

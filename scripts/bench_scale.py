@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from packtool.stages.tokenize import TokenizeConfig, tokenize_corpus
-    from packtool.stages.tokenize.tokenizer import locate
+    from packtool.stages.tokenize.engine.tokenizer import locate
 
     tok_json = str(locate(args.tokenizer)[0])
     texts = corpus(args.mb)

@@ -237,8 +237,8 @@ def part_profile(corpus: Path, tok: Path) -> None:
 
     from packtool.core.encoding.encode import SpecialPolicy, frame
     from packtool.stages.tokenize.backend_choice import VERIFY_CHARS, verification_sample
+    from packtool.stages.tokenize.engine.tokenizer import load_tokenizer
     from packtool.stages.tokenize.inputs.plan import plan_chunks
-    from packtool.stages.tokenize.tokenizer import load_tokenizer
 
     path = str(tok / "tokenizer.json")
     steps: list[tuple[str, float]] = []

@@ -190,6 +190,36 @@ def test_cli_imports_the_torch_side_only_inside_functions() -> None:
             assert eager == set(), f"{mod} imports {sorted(eager)} at module level"
 
 
+#: rooms inside a stage: each imports itself and the layers below, never the run around it nor a sibling room
+ROOMS = ("packtool.stages.tokenize.inputs", "packtool.stages.tokenize.engine")
+
+
+def room_violations(edges: dict[str, set[str]], rooms: tuple[str, ...] = ROOMS) -> list[str]:
+    out = []
+    for room in rooms:
+        parent = room.rsplit(".", 1)[0]
+        for src, targets in edges.items():
+            if src != room and not src.startswith(room + "."):
+                continue
+            for dst in targets:
+                inside = dst == room or dst.startswith(room + ".")
+                if (dst == parent or dst.startswith(parent + ".")) and not inside:
+                    out.append(f"{src} (room {room}) imports {dst} of the run around it")
+    return sorted(out)
+
+
+def test_rooms_never_import_the_run_around_them() -> None:
+    edges, _ = graph()
+    assert all(any(m.startswith(room + ".") for m in edges) for room in ROOMS)
+    assert room_violations(edges) == []
+    # and the check would catch one: a reader importing the pipeline
+    edges["packtool.stages.tokenize.inputs.plan"] = {"packtool.stages.tokenize.pipeline"}
+    assert room_violations(edges) == [
+        "packtool.stages.tokenize.inputs.plan (room packtool.stages.tokenize.inputs) imports "
+        "packtool.stages.tokenize.pipeline of the run around it"
+    ]
+
+
 def test_every_module_has_a_layer() -> None:
     edges, _ = graph()
     assert {layer(m) for m in edges} <= set(LAYERS)

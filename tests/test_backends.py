@@ -158,7 +158,7 @@ def test_auto_without_fastokens_uses_hf(bpe_tokenizer_dir: Path, monkeypatch: py
 def test_each_tokenizer_is_loaded_once_per_run(bpe_tokenizer_dir: Path, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference and the fast engine are loaded once each, whatever the workers (threads share them)."""
-    from packtool.stages.tokenize import tokenizer as tokenizer_module
+    from packtool.stages.tokenize.engine import tokenizer as tokenizer_module
 
     loads: list[str] = []
     real_fast_init = backends.FastBackend.__init__
@@ -199,7 +199,7 @@ def test_each_tokenizer_is_loaded_once_per_run(bpe_tokenizer_dir: Path, tmp_path
 @pytest.fixture
 def fast_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The paths `fastokens.Tokenizer.from_file` loads from now on, with no engine cached nor load pending."""
-    from packtool.stages.tokenize import early
+    from packtool.stages.tokenize.engine import early
 
     loads: list[str] = []
     real = fastokens.Tokenizer.from_file
@@ -224,7 +224,7 @@ def test_the_console_script_starts_the_load_from_argv_and_the_run_takes_it(
     Other commands, `--backend hf` and a missing --tokenizer start nothing."""
     from support import write_jsonl
 
-    from packtool.stages.tokenize import early
+    from packtool.stages.tokenize.engine import early
 
     for args in (["pack", "x", "--tokenizer", str(bpe_tokenizer_dir)], ["tokenize", "x.jsonl", "--backend", "fast"],
                  ["tokenize", "x.jsonl", "--tokenizer", str(bpe_tokenizer_dir), "--backend=hf"]):
@@ -274,7 +274,7 @@ def test_a_tokenizer_that_cannot_give_offsets_is_known_from_its_file(
 ) -> None:
     """The fast engine is not loaded early for a format with a loss mask when tokenizer.json never names ByteLevel
     (Gemma 3's 262k vocabulary takes fastokens 3.2 s to load, for a run that then uses tokenizers); for text it is."""
-    from packtool.stages.tokenize import early
+    from packtool.stages.tokenize.engine import early
 
     assert early.may_be_byte_level(bpe_tokenizer_dir / "tokenizer.json")
     assert not early.may_be_byte_level(sentencepiece_style_dir / "tokenizer.json")

@@ -212,10 +212,10 @@ def test_prerendered_chunks_give_the_same_result_and_errors(tmp_path: Path) -> N
     import packtool
     from packtool.errors import InputError
     from packtool.stages.tokenize import chunks as chunk_mod
+    from packtool.stages.tokenize.engine.tokenizer import load_tokenizer
     from packtool.stages.tokenize.inputs.plan import plan_chunks
     from packtool.stages.tokenize.settings import chunk_settings as _settings
     from packtool.stages.tokenize.shape import resolve_shape
-    from packtool.stages.tokenize.tokenizer import load_tokenizer
 
     tok_dir = build_tokenizer(tmp_path / "tok", fixture("qwen3"))
     data = chat_corpus(tmp_path / "chat.jsonl", 60)

@@ -167,7 +167,7 @@ def test_shape_modules_are_imported_only_when_a_run_needs_them() -> None:
 NAME_CHECKS_ALLOWED = {
     # decides from argv, before the run's imports, whether the fast engine may be needed (a text run needs no
     # character offsets); importing the registry there would cost the console script's start-up
-    "packtool/stages/tokenize/early.py": "InputFormat.TEXT",
+    "packtool/stages/tokenize/engine/early.py": "InputFormat.TEXT",
 }
 
 

@@ -13,19 +13,19 @@ import importlib
 from typing import TYPE_CHECKING
 
 from packtool.stages.tokenize.config import TokenizeConfig
-from packtool.stages.tokenize.early import drop_fast_load, start_fast_load
+from packtool.stages.tokenize.engine.early import drop_fast_load, start_fast_load
 
 if TYPE_CHECKING:
     from packtool.exec import Executor
     from packtool.progress import Progress
+    from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, load_tokenizer
     from packtool.stages.tokenize.pipeline import TokenizeResult
-    from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer
 
 __all__ = ["TokenizeConfig", "TokenizeResult", "TokenizerInfo", "load_tokenizer", "tokenize_corpus"]
 _LAZY = {
     "TokenizeResult": "packtool.stages.tokenize.pipeline",
-    "TokenizerInfo": "packtool.stages.tokenize.tokenizer",
-    "load_tokenizer": "packtool.stages.tokenize.tokenizer",
+    "TokenizerInfo": "packtool.stages.tokenize.engine.tokenizer",
+    "load_tokenizer": "packtool.stages.tokenize.engine.tokenizer",
 }
 
 

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 from packtool.choices import BackendName
 from packtool.core.encoding.backends import FAST_PACKAGE, Backend, FastBackend, HFBackend
 from packtool.errors import ConfigError, TokenizerError
-from packtool.stages.tokenize.early import load_key, take_fast_load
+from packtool.stages.tokenize.engine.early import load_key, take_fast_load
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.plan import read_chunk
 from packtool.stages.tokenize.records import extract

@@ -23,6 +23,7 @@ from packtool.core.encoding.encode import Spans, encode_batch
 from packtool.errors import InputError
 from packtool.formats.token_store import parse_dtype
 from packtool.stages.tokenize.backend_choice import cached_backend
+from packtool.stages.tokenize.engine.tokenizer import cached_tokenizer
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.plan import read_chunk
 from packtool.stages.tokenize.inputs.readers.base import Numbering
@@ -30,7 +31,6 @@ from packtool.stages.tokenize.inputs.readers.registry import reader_named
 from packtool.stages.tokenize.journal import ChunkResult
 from packtool.stages.tokenize.records import extract
 from packtool.stages.tokenize.settings import ChunkSettings
-from packtool.stages.tokenize.tokenizer import cached_tokenizer
 
 BATCH_CHARS = 2_000_000
 BATCH_DOCS = 8192

@@ -12,12 +12,12 @@ from typing import Any
 from packtool import __version__
 from packtool.errors import InputError
 from packtool.stages.tokenize.config import TokenizeConfig
+from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.plan import SourceFile
 from packtool.stages.tokenize.journal import ChunkResult
 from packtool.stages.tokenize.settings import ChunkSettings
 from packtool.stages.tokenize.shape import Shape
-from packtool.stages.tokenize.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 

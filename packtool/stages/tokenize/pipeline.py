@@ -46,7 +46,8 @@ from packtool.stages.tokenize.backend_choice import (
 )
 from packtool.stages.tokenize.chunks import ChunkTask, prerender, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig, auto_chunk_bytes
-from packtool.stages.tokenize.early import worth_loading
+from packtool.stages.tokenize.engine.early import worth_loading
+from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.locators import expand_inputs
 from packtool.stages.tokenize.inputs.plan import SourceFile, hash_sources, input_bytes, plan_chunks
@@ -56,7 +57,6 @@ from packtool.stages.tokenize.output import check_output, guarded_output
 from packtool.stages.tokenize.settings import ChunkSettings, chunk_settings
 from packtool.stages.tokenize.shape import resolve_shape
 from packtool.stages.tokenize.shards import shard_build, shard_entry, shard_slice
-from packtool.stages.tokenize.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 
 log = logging.getLogger(__name__)
 

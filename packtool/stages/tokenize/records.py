@@ -16,9 +16,9 @@ from packtool.core.encoding.chat import ChatRecordError, ChatTemplate, load_chat
 from packtool.core.encoding.encode import Spans
 from packtool.core.encoding.shapes.base import Conversation
 from packtool.errors import ConfigError
+from packtool.stages.tokenize.engine.tokenizer import cached_tokenizer
 from packtool.stages.tokenize.inputs.record import PlainText
 from packtool.stages.tokenize.settings import ChunkSettings
-from packtool.stages.tokenize.tokenizer import cached_tokenizer
 
 
 def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | str:

@@ -16,11 +16,11 @@ from packtool.core.encoding.shapes.roles import parse_role_map
 from packtool.errors import ConfigError
 from packtool.formats.token_store import dtype_for_max_id, dtype_name
 from packtool.stages.tokenize.config import TokenizeConfig
+from packtool.stages.tokenize.engine.template import check_chat_template, read_chat_template
+from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo
 from packtool.stages.tokenize.inputs.record import DEFAULT_MAX_RECORD_BYTES
 from packtool.stages.tokenize.journal import work_dir_for
 from packtool.stages.tokenize.shape import Shape
-from packtool.stages.tokenize.template import check_chat_template, read_chat_template
-from packtool.stages.tokenize.tokenizer import TokenizerInfo
 
 
 @dataclass(frozen=True)

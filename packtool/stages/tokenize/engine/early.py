@@ -27,7 +27,7 @@ from typing import Any
 
 from packtool.choices import BackendName, InputFormat
 from packtool.errors import PacktoolError
-from packtool.stages.tokenize.locate import locate
+from packtool.stages.tokenize.engine.locate import locate
 
 _LOCK = threading.Lock()
 _LOADS: dict[tuple[str, int, int], Future[Any]] = {}

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from packtool.errors import TokenizerError
 from packtool.formats.files import sha256_file
-from packtool.stages.tokenize.locate import (
+from packtool.stages.tokenize.engine.locate import (
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
