@@ -24,6 +24,7 @@ from packtool.choices import (
 )
 from packtool.cli import summaries
 from packtool.cli.progress import progress_bar
+from packtool.cli.stats_text import stats_text
 
 app = typer.Typer(
     name="packtool",
@@ -189,7 +190,7 @@ def stats(
     if plot is not None:
         check_plot_path(plot)  # before any work or output
     result = compute_stats(config)
-    typer.echo(summaries.stats_text(result, as_json))
+    typer.echo(stats_text(result, as_json))
     if plot is not None:
         plot_stats(result, plot)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from packtool.cli.stats_text import stats_text
+
 
 def tokenize_line(result: Any) -> str:
     m = result.manifest
@@ -59,12 +61,9 @@ def merge_line(result: Any) -> str:
     return f"merged {result.n_shards} shards: {m['n_documents']} documents, {m['n_tokens']} tokens -> {result.path}"
 
 
-def stats_text(result: Any, as_json: bool) -> str:
-    return json.dumps(result.to_dict(), sort_keys=True) if as_json else result.to_text()
-
-
 def verify_line(report: Any) -> str:
-    return f"ok: {report.to_text()}"
+    src = f"; every document of {report.source} round-trips" if report.source else ""
+    return f"ok: {report.kind} store {report.path}: " + "; ".join(report.checked) + src
 
 
 def export_lines(result: Any) -> list[str]:

@@ -83,16 +83,3 @@ def step_balance(
     summary["time_saved"] = 1.0 - times["balanced"] / times["plain"] if times["plain"] > 0 else 0.0
     summary["max_moved_steps"] = window - 1
     return summary, per_step
-
-
-def step_balance_text(s: dict[str, Any]) -> list[str]:
-    """The lines `packtool stats` prints for a `step_balance` summary."""
-    p, b = s["plain"], s["balanced"]
-    return [
-        f"  step efficiency (W={s['world_size']}, B={s['micro_batches']}, {s['steps']} steps; "
-        f"cost: {s['cost_model']['source']}; mean rank cost / max rank cost)",
-        f"    plain     mean {p['mean']:.2%}  p5 {p['p5']:.2%}  min {p['min']:.2%}",
-        f"    balanced  mean {b['mean']:.2%}  p5 {b['p5']:.2%}  min {b['min']:.2%}  "
-        f"(window {s['window']} steps: a pack moves <= {s['max_moved_steps']} steps)",
-        f"    step time saved by balancing: {s['time_saved']:.2%}",
-    ]

@@ -27,7 +27,7 @@ from packtool.errors import ConfigError, UsageError
 from packtool.formats.pack_store import find_pack_dir, metadata_sources, open_pack_split, parse_data_name, sizes_in
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
-from packtool.stages.stats.balance import cost_model, step_balance, step_balance_text
+from packtool.stages.stats.balance import cost_model, step_balance
 
 DEFAULT_SIZE = 4096
 DYNAMIC = "dynamic (padded)"
@@ -100,17 +100,6 @@ class TokenStoreStats:
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
 
-    def to_text(self) -> str:
-        lines = [
-            f"token store {self.path}",
-            f"  documents {self.n_documents} ({self.n_empty_documents} empty), tokens {self.n_tokens}",
-            "  length p50 {p50}  p90 {p90}  p99 {p99}  max {max}".format(**self.lengths),
-            f"  over-long (> {self.size}): {self.n_overlong} documents, counted as fragments -> {self.n_items} items",
-            f"  {'strategy (N=' + str(self.size) + ', B=' + str(self.batch_size) + ')':<28}{'rows':>10}{'waste':>10}",
-        ]
-        lines += [f"  {name:<28}{self.rows[name]:>10}{self.waste[name]:>10.2%}" for name in self.waste]
-        return "\n".join(lines)
-
 
 @dataclass
 class PackStoreStats:
@@ -140,29 +129,6 @@ class PackStoreStats:
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
-
-    def to_text(self) -> str:
-        return "\n".join(
-            [
-                f"pack store {self.path} split {self.split} size {self.size} ({self.algorithm})",
-                f"  packs {self.n_packs} (lower bound {self.lower_bound_packs}), segments {self.n_segments}, "
-                f"documents {self.n_documents} ({self.n_empty_documents} empty)",
-                f"  tokens {self.n_tokens}, efficiency {self.efficiency:.2%}, pad share {self.pad_share:.2%}",
-                f"  docs per pack mean {self.docs_per_pack_mean:.2f}, max {self.docs_per_pack_max}",
-                f"  over-long: {self.overlong['count']} ({self.overlong['policy']})",
-                *_source_lines(self.sources),
-                *(step_balance_text(self.step_efficiency) if self.step_efficiency else []),
-            ]
-        )
-
-
-def _source_lines(sources: list[dict[str, Any]]) -> list[str]:
-    """One line per source of the split (a mixture's stores in order)."""
-    return [
-        f"  source {s.get('path')} (weight {s.get('weight', 1):g}): {s.get('documents')} documents, "
-        f"{s.get('tokens')} tokens, share {float(s.get('share', 0)):.2%}"
-        for s in sources
-    ]
 
 
 def _sources(meta: dict[str, Any]) -> list[dict[str, Any]]:

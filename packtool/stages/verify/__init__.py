@@ -64,10 +64,6 @@ class VerifyReport:
     source: str | None = None
     n_bytes: int = 0  # bytes of array data checked (hashes included)
 
-    def to_text(self) -> str:
-        src = f"; every document of {self.source} round-trips" if self.source else ""
-        return f"{self.kind} store {self.path}: " + "; ".join(self.checked) + src
-
 
 def _splits(path: Path, directory: Path) -> list[tuple[str, int]]:
     """(split, size) pairs to check: the one a `.npy` names, else every line of every `{N}_metadata.jsonl`."""

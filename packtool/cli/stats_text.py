@@ -1,0 +1,59 @@
+"""What `packtool stats` prints: a token store's waste table, a pack store's fill and step balance.
+
+Drawn from the result's dict, the same one `--json` prints, so the two never disagree and the stats
+stage only measures.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def stats_text(result: Any, as_json: bool) -> str:
+    data = result.to_dict()
+    if as_json:
+        return json.dumps(data, sort_keys=True)
+    return "\n".join(_token_lines(data) if data["kind"] == "tokens" else _pack_lines(data))
+
+
+def _token_lines(s: dict[str, Any]) -> list[str]:
+    strategy = f"strategy (N={s['size']}, B={s['batch_size']})"
+    return [
+        f"token store {s['path']}",
+        f"  documents {s['n_documents']} ({s['n_empty_documents']} empty), tokens {s['n_tokens']}",
+        "  length p50 {p50}  p90 {p90}  p99 {p99}  max {max}".format(**s["lengths"]),
+        f"  over-long (> {s['size']}): {s['n_overlong']} documents, counted as fragments -> {s['n_items']} items",
+        f"  {strategy:<28}{'rows':>10}{'waste':>10}",
+        *(f"  {name:<28}{s['rows'][name]:>10}{waste:>10.2%}" for name, waste in s["waste"].items()),
+    ]
+
+
+def _pack_lines(s: dict[str, Any]) -> list[str]:
+    return [
+        f"pack store {s['path']} split {s['split']} size {s['size']} ({s['algorithm']})",
+        f"  packs {s['n_packs']} (lower bound {s['lower_bound_packs']}), segments {s['n_segments']}, "
+        f"documents {s['n_documents']} ({s['n_empty_documents']} empty)",
+        f"  tokens {s['n_tokens']}, efficiency {s['efficiency']:.2%}, pad share {s['pad_share']:.2%}",
+        f"  docs per pack mean {s['docs_per_pack_mean']:.2f}, max {s['docs_per_pack_max']}",
+        f"  over-long: {s['overlong']['count']} ({s['overlong']['policy']})",
+        *(
+            f"  source {src.get('path')} (weight {src.get('weight', 1):g}): {src.get('documents')} documents, "
+            f"{src.get('tokens')} tokens, share {float(src.get('share', 0)):.2%}"
+            for src in s["sources"]
+        ),
+        *(_step_lines(s["step_efficiency"]) if s.get("step_efficiency") else []),
+    ]
+
+
+def _step_lines(s: dict[str, Any]) -> list[str]:
+    """The step-balance summary of `--world-size` (plain vs balanced pack order)."""
+    p, b = s["plain"], s["balanced"]
+    return [
+        f"  step efficiency (W={s['world_size']}, B={s['micro_batches']}, {s['steps']} steps; "
+        f"cost: {s['cost_model']['source']}; mean rank cost / max rank cost)",
+        f"    plain     mean {p['mean']:.2%}  p5 {p['p5']:.2%}  min {p['min']:.2%}",
+        f"    balanced  mean {b['mean']:.2%}  p5 {b['p5']:.2%}  min {b['min']:.2%}  "
+        f"(window {s['window']} steps: a pack moves <= {s['max_moved_steps']} steps)",
+        f"    step time saved by balancing: {s['time_saved']:.2%}",
+    ]
