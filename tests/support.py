@@ -133,6 +133,22 @@ def write_jsonl(path: Path, rows: list[object]) -> Path:
     return path
 
 
+def tokenize_rows(tmp_path: Path, tok_dir: Path, rows: list[Any], *flags: str, name: str = "out") -> tuple[Path, str]:
+    """`packtool tokenize` of `rows` (one worker, --on-error skip) into `tmp_path/name`: (store, stdout)."""
+    src = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    out = tmp_path / name
+    code, stdout, err = cli("tokenize", str(src), "--tokenizer", str(tok_dir), "--output", str(out), "--workers", "1",
+                            "-q", "--on-error", "skip", *flags)
+    assert code == 0, err
+    return out, stdout
+
+
+def target_runs(ids: np.ndarray, loss: np.ndarray) -> list[list[int]]:
+    """The runs of consecutive target tokens (loss 1) of a document, as id lists."""
+    edges = np.flatnonzero(np.diff(np.r_[0, loss.astype(int), 0]))
+    return [ids[a:b].tolist() for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
 def tokenize_records(out: Path, rows: list[object], tokenizer: Path, *flags: str) -> Path:
     """`packtool tokenize` (the real CLI, one worker) of `rows` written as `{out}.jsonl` into the store `out`."""
     src = write_jsonl(out.with_suffix(".jsonl"), rows)

@@ -14,11 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import cli, cli_error, write_jsonl
+from support import cli, cli_error, target_runs, tokenize_rows, write_jsonl
 from test_chat_templates import build_tokenizer, fixture
 from tokenizers import Tokenizer
 
@@ -84,26 +83,12 @@ def reference(tok_dir: Path, family: str, messages: list[dict[str, Any]], tools:
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
-def runs(ids: np.ndarray, loss: np.ndarray) -> list[list[int]]:
-    edges = np.flatnonzero(np.diff(np.r_[0, loss.astype(int), 0]))
-    return [ids[a:b].tolist() for a, b in zip(edges[::2], edges[1::2], strict=True)]
-
-
-def tokenize(tmp_path: Path, tok_dir: Path, rows: list[Any], *flags: str, name: str = "out") -> tuple[Path, str]:
-    src = write_jsonl(tmp_path / f"{name}.jsonl", rows)
-    out = tmp_path / name
-    code, stdout, err = cli("tokenize", str(src), "--tokenizer", str(tok_dir), "--output", str(out), "--workers", "1",
-                            "-q", "--on-error", "skip", *flags)
-    assert code == 0, err
-    return out, stdout
-
-
 def targets_of(out: Path, tok_dir: Path) -> list[list[str]]:
     store = open_token_store(out)
     assert store.loss is not None
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     return [[tok.decode(r, skip_special_tokens=False)
-             for r in runs(store.document(d), store.loss[store.starts[d] : store.boundaries[d]])]
+             for r in target_runs(store.document(d), store.loss[store.starts[d] : store.boundaries[d]])]
             for d in range(store.n_documents)]
 
 
@@ -112,7 +97,7 @@ def test_ids_are_the_template_without_weights_and_targets_the_weight_1_turns(tmp
                                                                             tokenizers: dict[str, Path],
                                                                             family: str) -> None:
     tok_dir = tokenizers[family]
-    out, stdout = tokenize(tmp_path, tok_dir, [r for r, _, _, _ in RECORDS], "--format", "openai")
+    out, stdout = tokenize_rows(tmp_path, tok_dir, [r for r, _, _, _ in RECORDS], "--format", "openai")
     store = open_token_store(out)
     assert store.n_documents == len(RECORDS) and "0 rejected" in stdout
     for doc, (_, messages, tools, _) in enumerate(RECORDS):
@@ -128,7 +113,7 @@ def test_ids_are_the_template_without_weights_and_targets_the_weight_1_turns(tmp
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["input_format"] == "openai" and manifest["input_shape"] == {"name": "openai", "detected": False}
     assert manifest["fields"] == {"messages_field": "messages"}
-    fast, _ = tokenize(tmp_path, tok_dir, [r for r, _, _, _ in RECORDS], "--format", "openai", "--backend", "fast",
+    fast, _ = tokenize_rows(tmp_path, tok_dir, [r for r, _, _, _ in RECORDS], "--format", "openai", "--backend", "fast",
                        name="fast")
     for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
         assert (fast / name).read_bytes() == (out / name).read_bytes(), name
@@ -140,7 +125,7 @@ def test_the_weight_never_reaches_the_template(tmp_path: Path, tokenizers: dict[
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     (tmp_path / "keys.jinja").write_text(template)
     tok_dir = tokenizers["qwen2_5"]
-    out, _ = tokenize(tmp_path, tok_dir, [r for r, _, _, _ in RECORDS[:2]], "--format", "openai", "--chat-template",
+    out, _ = tokenize_rows(tmp_path, tok_dir, [r for r, _, _, _ in RECORDS[:2]], "--format", "openai", "--chat-template",
                       str(tmp_path / "keys.jinja"))
     hf = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(tok_dir / "tokenizer.json")),
                                               chat_template=template)
@@ -153,7 +138,7 @@ def test_the_weight_never_reaches_the_template(tmp_path: Path, tokenizers: dict[
 
 def test_assistant_turns_last_is_the_last_turn_when_its_weight_is_1(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
     tok_dir = tokenizers["qwen2_5"]
-    out, _ = tokenize(tmp_path, tok_dir, [r for r, _, _, _ in RECORDS], "--format", "openai", "--assistant-turns", "last")
+    out, _ = tokenize_rows(tmp_path, tok_dir, [r for r, _, _, _ in RECORDS], "--format", "openai", "--assistant-turns", "last")
     got = targets_of(out, tok_dir)
     last = [[m for m in messages if m["role"] == "assistant"][-1]["content"] for _, messages, _, _ in RECORDS]
     for doc, ((_, _, _, wanted), pieces) in enumerate(zip(RECORDS, got, strict=True)):
@@ -166,8 +151,8 @@ def test_without_weight_0_openai_equals_chat(tmp_path: Path, tokenizers: dict[st
     """Weights of 1 change nothing: the same bytes as --format chat of the messages without them."""
     rows = [{"messages": [{**m, "weight": 1} if m["role"] == "assistant" else m for m in messages], "tools": tools}
             for _, messages, tools, _ in RECORDS]
-    openai, _ = tokenize(tmp_path, tokenizers["llama3_1"], rows, "--format", "openai", name="openai")
-    chat, _ = tokenize(tmp_path, tokenizers["llama3_1"], [{"messages": m, "tools": t} for _, m, t, _ in RECORDS],
+    openai, _ = tokenize_rows(tmp_path, tokenizers["llama3_1"], rows, "--format", "openai", name="openai")
+    chat, _ = tokenize_rows(tmp_path, tokenizers["llama3_1"], [{"messages": m, "tools": t} for _, m, t, _ in RECORDS],
                        "--format", "chat", name="chat")
     for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
         assert (openai / name).read_bytes() == (chat / name).read_bytes(), name
@@ -200,7 +185,7 @@ def test_bad_weights_fail_at_file_line_or_are_rejected_by_reason(tmp_path: Path,
                          "openai")
         assert f"bad{k}.jsonl:2" in line and reason in line, (line, reason)
         assert not (tmp_path / f"o{k}").exists()
-    out, stdout = tokenize(tmp_path, tokenizers["qwen2_5"], [good, *(r for r, _ in BAD), good], "--format", "openai",
+    out, stdout = tokenize_rows(tmp_path, tokenizers["qwen2_5"], [good, *(r for r, _ in BAD), good], "--format", "openai",
                            name="skip")
     rejects = {r["line"]: r["reason"] for r in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
     assert sorted(rejects) == list(range(2, len(BAD) + 2))
@@ -215,14 +200,14 @@ def test_auto_finds_openai_from_weighted_records_and_keeps_plain_chat_chat(tmp_p
                                                                             tokenizers: dict[str, Path]) -> None:
     tok_dir = tokenizers["qwen2_5"]
     rows = [RECORDS[4][0], RECORDS[4][0], RECORDS[0][0], RECORDS[1][0]]  # weights only from the third record on
-    auto, stdout = tokenize(tmp_path, tok_dir, rows, "--format", "auto", name="auto")
+    auto, stdout = tokenize_rows(tmp_path, tok_dir, rows, "--format", "auto", name="auto")
     assert "detected format openai," in stdout
     assert json.loads((auto / "manifest.json").read_text())["input_shape"] == {"name": "openai", "detected": True}
-    given, _ = tokenize(tmp_path, tok_dir, rows, "--format", "openai", name="given")
+    given, _ = tokenize_rows(tmp_path, tok_dir, rows, "--format", "openai", name="given")
     for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
         assert (auto / name).read_bytes() == (given / name).read_bytes(), name
     assert targets_of(auto, tok_dir)[3] == ["Здравствуйте.<|im_end|>"]  # the weight-0 turn is not trained on
-    _, stdout = tokenize(tmp_path, tok_dir, [RECORDS[4][0]] * 2, "--format", "auto", name="chat")
+    _, stdout = tokenize_rows(tmp_path, tok_dir, [RECORDS[4][0]] * 2, "--format", "auto", name="chat")
     assert "detected format chat," in stdout  # no weight anywhere: chat
     src = write_jsonl(tmp_path / "mixed.jsonl", [RECORDS[0][0], {"conversations": [{"from": "human", "value": "x"}]}])
     line = cli_error("tokenize", str(src), "--tokenizer", str(tok_dir), "--output", str(tmp_path / "m"), "--format", "auto")
@@ -242,7 +227,7 @@ def test_a_parquet_file_with_null_weights_gives_the_jsonl_bytes(tmp_path: Path, 
     code, _, err = cli("tokenize", str(tmp_path / "data.parquet"), "--tokenizer", tok, "--output", str(tmp_path / "pq"),
                        "--format", "auto", "-q", "--workers", "1")
     assert code == 0, err
-    jsonl, _ = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "openai", name="jsonl")
+    jsonl, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "openai", name="jsonl")
     for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
         assert (tmp_path / "pq" / name).read_bytes() == (jsonl / name).read_bytes(), name
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import cli, cli_error, write_jsonl
+from support import cli, cli_error, target_runs, tokenize_rows, write_jsonl
 from test_chat_templates import build_tokenizer, fixture
 from tokenizers import Tokenizer
 
@@ -110,20 +110,6 @@ def reference(tok_dir: Path, family: str, messages: list[dict[str, Any]], tools:
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
-def runs(ids: np.ndarray, loss: np.ndarray) -> list[list[int]]:
-    edges = np.flatnonzero(np.diff(np.r_[0, loss.astype(int), 0]))
-    return [ids[a:b].tolist() for a, b in zip(edges[::2], edges[1::2], strict=True)]
-
-
-def tokenize(tmp_path: Path, tok_dir: Path, rows: list[Any], *flags: str, name: str = "out") -> tuple[Path, str]:
-    src = write_jsonl(tmp_path / f"{name}.jsonl", rows)
-    out = tmp_path / name
-    code, stdout, err = cli("tokenize", str(src), "--tokenizer", str(tok_dir), "--output", str(out), "--workers", "1",
-                            "-q", "--on-error", "skip", *flags)
-    assert code == 0, err
-    return out, stdout
-
-
 def rejected(out: Path) -> dict[int, str]:
     path = out / "rejects.jsonl"
     return {r["line"]: r["reason"] for r in map(json.loads, path.read_text().splitlines())} if path.exists() else {}
@@ -146,7 +132,7 @@ def check_store(out: Path, tok_dir: Path, family: str, cases: list[tuple[list[di
         ids, loss = store.document(doc), store.loss[store.starts[doc] : store.boundaries[doc]]
         doc += 1
         assert ids.tolist() == want, (family, line)
-        pieces = [tok.decode(r, skip_special_tokens=False) for r in runs(ids, loss)]
+        pieces = [tok.decode(r, skip_special_tokens=False) for r in target_runs(ids, loss)]
         assert all("USR" not in p for p in pieces), (family, line, pieces)  # no user text is a target
         turns = [m for m in messages if m["role"] == "assistant"]
         turns = turns[-1:] if last_only else turns
@@ -168,7 +154,7 @@ def check_store(out: Path, tok_dir: Path, family: str, cases: list[tuple[list[di
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sharegpt_ids_and_targets_as_transformers(tmp_path: Path, tokenizers: dict[str, Path], family: str) -> None:
-    out, stdout = tokenize(tmp_path, tokenizers[family], [r for r, _, _ in SHAREGPT], "--format", "sharegpt")
+    out, stdout = tokenize_rows(tmp_path, tokenizers[family], [r for r, _, _ in SHAREGPT], "--format", "sharegpt")
     checked = check_store(out, tokenizers[family], family, [(m, t) for _, m, t in SHAREGPT])
     assert checked >= (len(SHAREGPT) if family == "qwen2_5" else 2), checked
     if family in ("gemma3", "mistral_nemo"):  # templates that refuse a model-first or same-role-twice conversation
@@ -180,19 +166,19 @@ def test_sharegpt_ids_and_targets_as_transformers(tmp_path: Path, tokenizers: di
 
 def test_sharegpt_fast_backend_and_last_turn(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
     rows = [r for r, _, _ in SHAREGPT]
-    hf, _ = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "sharegpt", "--backend", "hf", name="hf")
-    fast, _ = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "sharegpt", "--backend", "fast", name="fast")
+    hf, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "sharegpt", "--backend", "hf", name="hf")
+    fast, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "sharegpt", "--backend", "fast", name="fast")
     for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
         assert (hf / name).read_bytes() == (fast / name).read_bytes(), name
-    last, _ = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "sharegpt", "--assistant-turns", "last", name="last")
+    last, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "sharegpt", "--assistant-turns", "last", name="last")
     assert check_store(last, tokenizers["qwen2_5"], "qwen2_5", [(m, t) for _, m, t in SHAREGPT], last_only=True) == len(rows)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5", "gemma3"])
 def test_alpaca_ids_and_targets_as_transformers(tmp_path: Path, tokenizers: dict[str, Path], family: str) -> None:
-    out, _ = tokenize(tmp_path, tokenizers[family], [r for r, _ in ALPACA], "--format", "alpaca")
+    out, _ = tokenize_rows(tmp_path, tokenizers[family], [r for r, _ in ALPACA], "--format", "alpaca")
     assert check_store(out, tokenizers[family], family, [(m, None) for _, m in ALPACA]) == len(ALPACA)
-    last, _ = tokenize(tmp_path, tokenizers[family], [r for r, _ in ALPACA], "--format", "alpaca",
+    last, _ = tokenize_rows(tmp_path, tokenizers[family], [r for r, _ in ALPACA], "--format", "alpaca",
                        "--assistant-turns", "last", name="last")
     assert check_store(last, tokenizers[family], family, [(m, None) for _, m in ALPACA], last_only=True) == len(ALPACA)
 
@@ -200,7 +186,7 @@ def test_alpaca_ids_and_targets_as_transformers(tmp_path: Path, tokenizers: dict
 def test_alpaca_field_names_are_flags(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
     rows = [{"q": r["instruction"], "ctx": r.get("input"), "a": r["output"], "sys": r.get("system"), "h": r.get("history")}
             for r, _ in ALPACA]
-    out, _ = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "alpaca", "--instruction-field", "q",
+    out, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "alpaca", "--instruction-field", "q",
                       "--input-field", "ctx", "--output-field", "a", "--system-field", "sys", "--history-field", "h")
     assert check_store(out, tokenizers["qwen2_5"], "qwen2_5", [(m, None) for _, m in ALPACA]) == len(ALPACA)
     fields = json.loads((out / "manifest.json").read_text())["fields"]
@@ -217,14 +203,14 @@ def test_trl_conversational_prompt_completion_targets_only_the_completion(tmp_pa
     rows = [{"prompt": prompt, "completion": completion},
             {"prompt": tool_prompt, "completion": tool_completion, "tools": TOOLS}]
     for fmt in ("prompt-completion", "auto"):
-        out, stdout = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", fmt, name=f"trl-{fmt}")
+        out, stdout = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", fmt, name=f"trl-{fmt}")
         store = open_token_store(out)
         assert store.loss is not None and store.n_documents == 2
         tok = Tokenizer.from_file(str(tokenizers["qwen2_5"] / "tokenizer.json"))
         for doc, (p, c, tools) in enumerate([(prompt, completion, None), (tool_prompt, tool_completion, TOOLS)]):
             ids = store.document(doc)
             assert ids.tolist() == reference(tokenizers["qwen2_5"], "qwen2_5", p + c, tools)
-            pieces = [tok.decode(r, skip_special_tokens=False) for r in runs(ids, store.loss[store.starts[doc] : store.boundaries[doc]])]
+            pieces = [tok.decode(r, skip_special_tokens=False) for r in target_runs(ids, store.loss[store.starts[doc] : store.boundaries[doc]])]
             assert len(pieces) == sum(m["role"] == "assistant" for m in c), pieces  # "Two." is context, not a target
             assert pieces[-1] == c[-1]["content"] + "<|im_end|>"
         manifest = json.loads((out / "manifest.json").read_text())
@@ -241,13 +227,13 @@ def test_auto_detects_and_names_each_shape(tmp_path: Path, tokenizers: dict[str,
         "prompt-completion": [{"prompt": "Q: 1+1? A:", "completion": " 2"}],
     }
     for name, rows in shapes.items():
-        out, stdout = tokenize(tmp_path, tokenizers["qwen2_5"], rows + rows, "--format", "auto", name=name)
+        out, stdout = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows + rows, "--format", "auto", name=name)
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["input_shape"] == {"name": name, "detected": True}, name
         assert manifest["input_format"] == name and f"detected format {name}," in stdout
         assert manifest["n_documents"] == 2
     # the same records under the explicit format give the same bytes
-    explicit, _ = tokenize(tmp_path, tokenizers["qwen2_5"], shapes["sharegpt"] * 2, "--format", "sharegpt", name="explicit")
+    explicit, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], shapes["sharegpt"] * 2, "--format", "sharegpt", name="explicit")
     assert (explicit / "tokens.bin").read_bytes() == (tmp_path / "sharegpt" / "tokens.bin").read_bytes()
 
 
@@ -257,12 +243,12 @@ def test_auto_finds_turns_under_conversation_and_names_the_field(tmp_path: Path,
         {"role": "user", "content": f"Bonjour {i}, ça va ?", "language": "French", "toxic": False, "header": None},
         {"role": "assistant", "content": "Oui, merci !", "language": "French", "toxic": False,
          "header": {"accept-language": "fr"}}]} for i in range(3)]
-    out, stdout = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "auto", name="auto")
+    out, stdout = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "auto", name="auto")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["input_shape"] == {"name": "chat", "detected": True}
     assert manifest["fields"]["messages_field"] == "conversation"
     assert "detected format chat (turns under 'conversation')," in stdout and manifest["n_documents"] == 3
-    explicit, stdout = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "chat", "--messages-field",
+    explicit, stdout = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "chat", "--messages-field",
                                 "conversation", name="explicit")
     assert "detected" not in stdout
     for name in ("tokens.bin", "tokens.boundaries", "tokens.loss"):
@@ -290,13 +276,13 @@ def test_role_map_extends_and_overrides(tmp_path: Path, tokenizers: dict[str, Pa
                                {"from": "gpt", "value": "USR typed by a human"}, {"from": "bot", "value": "Bye."}]}]
     messages = [{"role": "user", "content": "USR Hi"}, {"role": "assistant", "content": "Hello."},
                 {"role": "user", "content": "USR typed by a human"}, {"role": "assistant", "content": "Bye."}]
-    out, _ = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "sharegpt",
+    out, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "sharegpt",
                       "--role-map", "person=user, bot=assistant,gpt=user")
     assert check_store(out, tokenizers["qwen2_5"], "qwen2_5", [(messages, None)]) == 1
     assert json.loads((out / "manifest.json").read_text())["fields"]["role_map"] == {
         "person": "user", "bot": "assistant", "gpt": "user"}
     chat_rows = [{"messages": [{"role": "human", "content": "USR Hi"}, {"role": "bot", "content": "Hello."}]}]
-    out, _ = tokenize(tmp_path, tokenizers["qwen2_5"], chat_rows, "--format", "chat", "--role-map", "human=user,bot=assistant",
+    out, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], chat_rows, "--format", "chat", "--role-map", "human=user,bot=assistant",
                       name="chat")
     assert check_store(out, tokenizers["qwen2_5"], "qwen2_5", [(messages[:2], None)]) == 1
 
@@ -314,11 +300,11 @@ def test_role_names_match_whatever_their_case(tmp_path: Path, tokenizers: dict[s
                 {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "USR More"},
                 {"role": "assistant", "content": "Sure."}]
     tok = tokenizers["qwen2_5"]
-    out, _ = tokenize(tmp_path, tok, rows, "--format", "sharegpt", "--role-map", "person=user")
+    out, _ = tokenize_rows(tmp_path, tok, rows, "--format", "sharegpt", "--role-map", "person=user")
     assert check_store(out, tok, "qwen2_5", [(messages, None)]) == 1
     assert rejected(out) == {2: "turn 1 has unknown role 'Narrator' with no mapping (pass --role-map Narrator=assistant)"}
     chat_rows = [{"messages": [{"role": "Human", "content": "USR Hi"}, {"role": "BOT", "content": "Hello."}]}]
-    out, _ = tokenize(tmp_path, tok, chat_rows, "--format", "chat", "--role-map", "human=user,bot=assistant", name="chat")
+    out, _ = tokenize_rows(tmp_path, tok, chat_rows, "--format", "chat", "--role-map", "human=user,bot=assistant", name="chat")
     assert check_store(out, tok, "qwen2_5", [(messages[1:3], None)]) == 1
     src = write_jsonl(tmp_path / "twice.jsonl", rows[:1])
     line = cli_error("tokenize", str(src), "--tokenizer", str(tok), "--output", str(tmp_path / "t"), "--format",
@@ -363,7 +349,7 @@ def test_bad_records_fail_at_file_line_or_are_rejected_by_reason(
         assert f"bad{k}.jsonl:3" in line and reason in line, (line, reason)
         assert not (tmp_path / f"o{k}").exists()
     rows = [good] + [r for r, _ in cases] + [good]
-    out, stdout = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", fmt, name="skip")
+    out, stdout = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", fmt, name="skip")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n_documents"] == 2 and manifest["n_rejected"] == len(cases)
     reasons = rejected(out)
@@ -454,7 +440,7 @@ def test_sample_sharegpt_and_alpaca_equal_the_same_chats(tmp_path: Path) -> None
     sample = Path(__file__).resolve().parent.parent / "data" / "sample"
     n = len((sample / "sharegpt.jsonl").read_text("utf-8").splitlines())
     chats = [json.loads(line) for line in (sample / "chat.jsonl").read_text("utf-8").splitlines()[:n]]
-    chat, _ = tokenize(tmp_path, sample / "tokenizer", chats, "--format", "chat", name="chat")
+    chat, _ = tokenize_rows(tmp_path, sample / "tokenizer", chats, "--format", "chat", name="chat")
     for shape in ("sharegpt", "alpaca"):
         out = tmp_path / shape
         code, stdout, err = cli("tokenize", str(sample / f"{shape}.jsonl"), "--tokenizer", str(sample / "tokenizer"),
@@ -489,7 +475,7 @@ def test_python_api_and_a_tokenizer_without_template(tmp_path: Path, tokenizers:
 @pytest.mark.parametrize("family", ["qwen2_5", "llama3_2"])
 def test_chat_records_pass_their_tools_as_transformers(tmp_path: Path, tokenizers: dict[str, Path], family: str) -> None:
     rows = [{"messages": SHAREGPT[2][1], "tools": TOOLS}, {"messages": SHAREGPT[0][1], "tools": []}, {"messages": SHAREGPT[0][1]}]
-    out, _ = tokenize(tmp_path, tokenizers[family], rows, "--format", "chat")
+    out, _ = tokenize_rows(tmp_path, tokenizers[family], rows, "--format", "chat")
     assert check_store(out, tokenizers[family], family, [(SHAREGPT[2][1], TOOLS), (SHAREGPT[0][1], []), (SHAREGPT[0][1], None)]) == 3
     store = open_token_store(out)
     assert store.document(0).size > store.document(1).size  # the tool schema is in the rendering
@@ -507,7 +493,7 @@ def test_sharded_run_merges_rejects_by_reason(tmp_path: Path, tokenizers: dict[s
         assert code == 0, err
     code, _, err = cli("merge", *shards, "--output", str(tmp_path / "merged"), "-q")
     assert code == 0, err
-    single, _ = tokenize(tmp_path, tokenizers["qwen2_5"], rows, "--format", "auto", "--chunk-bytes", "600", name="single")
+    single, _ = tokenize_rows(tmp_path, tokenizers["qwen2_5"], rows, "--format", "auto", "--chunk-bytes", "600", name="single")
     merged = json.loads((tmp_path / "merged" / "manifest.json").read_text())
     whole = json.loads((single / "manifest.json").read_text())
     assert merged["rejected_by_reason"] == whole["rejected_by_reason"] == {
