@@ -39,7 +39,8 @@ class PackConfig:
     split: Split = Split.TRAINING
     """Which split this token store becomes; re-packing a split replaces only its files and line."""
     workers: int | None = None
-    """Parallel pack-block writers; None = all cores. Output bytes never depend on it."""
+    """Parallel pack-block writers; None = all cores, and never more than the cores (`exec.worker_count`).
+    Output bytes never depend on it."""
     executor: ExecutorName = ExecutorName.LOCAL
     """Where pack blocks are written: local (a thread pool) or ray (Ray tasks, shared file system)."""
     ray_address: str | None = None

@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from packtool import __version__
 from packtool.core.packing import lower_bound
 from packtool.core.packing.segments import Segments, build_segments
 from packtool.errors import ConfigError, FormatError
-from packtool.exec import make_executor
+from packtool.exec import make_executor, worker_count
 from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
@@ -68,7 +67,7 @@ def _write_matrices(
     """Fill `{S}_{N}.npy` (and `.loss.npy`) block by block through the chosen executor."""
     if layout.n_packs == 0:
         return
-    workers = max(1, config.workers if config.workers else (os.cpu_count() or 1))
+    workers = worker_count(config.workers, config.executor, config.ray_address)
     execute = make_executor(config.executor, workers, ray_address=config.ray_address)
     tasks = block_tasks(layout, stores, writer, config.size, pad_id, sync=str(config.executor) == "ray")
     done = 0

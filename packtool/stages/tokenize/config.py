@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from packtool.choices import AssistantTurns, BackendName, ExecutorName, InputFormat, OnError
@@ -63,7 +62,8 @@ class TokenizeConfig:
     eos: bool | None = None
     """None appends EOS when the tokenizer defines one (text, prompt-completion); chat leaves it to the template."""
     workers: int | None = None
-    """Parallel tokenizer threads/processes; None = all cores. Output bytes never depend on it."""
+    """Parallel tokenizer threads/processes; None = all cores, and never more than the cores (`resolved_workers`).
+    Output bytes never depend on it."""
     on_error: OnError = OnError.FAIL
     """fail: stop at the first bad record (file:line); skip: log it to rejects.jsonl and go on."""
     overwrite: bool = False
@@ -87,7 +87,10 @@ class TokenizeConfig:
     """Ray cluster to join with --executor ray; None starts a local Ray with num_cpus = workers."""
 
     def resolved_workers(self) -> int:
-        return max(1, self.workers if self.workers else (os.cpu_count() or 1))
+        """The workers (and Rust tokenizer threads) the run uses: `--workers`, capped at the machine's cores."""
+        from packtool.exec import worker_count
+
+        return worker_count(self.workers, self.executor, self.ray_address)
 
     def validate(self) -> TokenizeConfig:
         """Check every choice and range; returns self. Raises ConfigError naming the flag and the fix."""
