@@ -131,11 +131,13 @@ def test_merge_refuses_incomplete_duplicate_and_foreign_shards(three_shards: lis
         assert not (tmp_path / "m").exists()
 
 
-def test_bad_shard_flags_exit_1(corpus: list[str], bpe_tokenizer_dir: Path, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = cli(*tokenize_args(corpus, bpe_tokenizer_dir, tmp_path / "x", "--num-shards", "2",
-                                         "--shard-index", "2"))
-    assert code == 1 and "--shard-index 2 is outside 0..1" in err
+def test_bad_shard_flags_are_usage_errors(corpus: list[str], bpe_tokenizer_dir: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Out-of-domain and contradictory shard flags exit 2 (they exited 1, as a data problem)."""
+    for flags, message in ((["--num-shards", "2", "--shard-index", "2"], "--shard-index 2 is outside 0..1"),
+                           (["--num-shards", "2", "--shard-index", "3"], "--shard-index 3 is outside 0..1")):
+        code, _, err = cli(*tokenize_args(corpus, bpe_tokenizer_dir, tmp_path / "x", *flags))
+        assert code == 2 and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()
 
 

@@ -14,6 +14,7 @@ import pytest
 from support import cli, crashing_executor, write_jsonl, zipf_texts
 
 import packtool
+from packtool.errors import UsageError
 from packtool.exec.local import process_executor as local_executor
 from packtool.formats.token_store import open_token_store
 
@@ -183,3 +184,26 @@ def test_resume_redoes_chunks_whose_staged_bytes_were_damaged(tmp_path: Path, bp
         assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes(), name
     assert resumed.manifest["files"] == reference.manifest["files"]
     assert open_token_store(tmp_path / "s", check_hashes=True).n_tokens == reference.manifest["n_tokens"]
+
+
+def test_an_empty_separator_is_a_usage_error(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """`--separator ""` was read as no separator (one document per file), silently."""
+    (tmp_path / "a.txt").write_text("one\n\ntwo")
+    code, _, err = cli("tokenize", str(tmp_path / "a.txt"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                       str(tmp_path / "s"), "--separator", "", "-q")
+    assert code == 2 and err.startswith("error: --separator is empty") and err.count("\n") == 1, err
+    assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".s*"))
+    with pytest.raises(UsageError, match="--separator is empty"):
+        packtool.TokenizeConfig(inputs=(str(tmp_path / "a.txt"),), tokenizer="t", output="o", separator="").validate()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("workers", 0, "--workers must be >= 1"), ("chunk_bytes", 0, "--chunk-bytes must be >= 1"),
+    ("max_record_bytes", 0, "--max-record-bytes must be >= 1"), ("num_shards", 0, "--num-shards must be at least 1"),
+    ("format", "xml", "--format 'xml' is not one of"), ("inputs", (), "no inputs given"),
+])
+def test_out_of_domain_values_are_usage_errors_in_the_api(field: str, value: object, message: str) -> None:
+    """They were ConfigError (exit 1, a data problem) where every other stage says UsageError (exit 2)."""
+    kwargs = {"inputs": ("a.jsonl",), "tokenizer": "t", "output": "o", field: value}
+    with pytest.raises(UsageError, match=message):
+        packtool.TokenizeConfig(**kwargs).validate()  # type: ignore[arg-type]
