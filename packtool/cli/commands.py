@@ -82,7 +82,7 @@ def tokenize(
         str | None, typer.Option("--completion-field", help="prompt-completion: completion.")
     ] = None,
     messages_field: Annotated[
-        str | None, typer.Option("--messages-field", help="chat: messages; sharegpt: conversations.")
+        str | None, typer.Option("--messages-field", help="chat, openai: messages; sharegpt: conversations.")
     ] = None,
     role_map: Annotated[
         str | None, typer.Option("--role-map", help="chat/sharegpt: FROM=TO,... onto system/user/assistant/tool.")
