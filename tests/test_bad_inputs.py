@@ -468,6 +468,22 @@ def test_utf8_bom_is_accepted_in_jsonl_gz_and_txt(tmp_path: Path, bpe_tokenizer_
     assert a["tokens.bin"] == b["tokens.bin"] and a["tokens.boundaries"] == b["tokens.boundaries"]
 
 
+def test_a_bom_on_a_later_jsonl_line_is_named_as_a_bom_not_invalid_utf8(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """Two files joined with `cat`: the second one's BOM was reported as "invalid UTF-8" (misleading)."""
+    ws = Ws(tmp_path, bpe_tokenizer_dir)
+    joined = b'{"text": "a"}\n' + b'\xef\xbb\xbf{"text": "b"}\n' + b'{"text": "c"}\n'
+    for name, data in (("a.jsonl", joined), ("a.jsonl.gz", gzip.compress(joined))):
+        code, _, err = cli(*ws.tokenize(ws.write(name, data), out=tmp_path / name))
+        assert code == 1 and err.count("\n") == 1 and "invalid UTF-8" not in err, err
+        assert "byte order mark (BOM) starts this line" in err and f"{name}:2" in err, err
+        code, _, err = cli(*ws.tokenize(str(ws.data / name), out=tmp_path / f"skip-{name}", extra=("--on-error", "skip")))
+        assert code == 0, err
+        rejects = [json.loads(x) for x in (tmp_path / f"skip-{name}" / "rejects.jsonl").read_text().splitlines()]
+        assert [(r["line"], "BOM" in r["reason"]) for r in rejects] == [(2, True)]
+    bad = ws.write("u.jsonl", b'{"text": "a"}\n{"text": "\xff"}\n')  # real invalid UTF-8 keeps its words
+    assert "invalid UTF-8" in cli(*ws.tokenize(bad, out=tmp_path / "u"))[2]
+
+
 def test_skip_rejects_overlong_and_bare_records_with_their_lines(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
     ws = Ws(tmp_path, bpe_tokenizer_dir)
     good = [{"text": t} for t in zipf_texts(10, seed=2)]
