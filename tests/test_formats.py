@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -216,6 +217,41 @@ def test_damaged_store_makes_the_cli_exit_1(store: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "tokens.bin" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "field 'n_tokens' must be a count (an integer >= 0), got 'many'"),
+    ("[" * 100_000 + "]" * 100_000, "manifest.json is not valid JSON (nested too deep to read"),
+    ('{"a": ' * 100_000 + "1" + "}" * 100_000, "manifest.json is not valid JSON (nested too deep to read"),
+])
+@pytest.mark.parametrize("command", ["verify", "pack", "stats"])
+def test_hostile_manifest_values_are_one_line_through_every_reader(store: Path, tmp_path: Path, text: str | None,
+                                                                   message: str, command: str) -> None:
+    """A manifest with `"n_tokens": "many"` (ValueError in int()) or nested 100k deep (RecursionError) was a
+    traceback through pack, stats and verify; `n_documents: -1` was "manifest implies -8 bytes"."""
+    if text is None:
+        _rewrite_manifest(store, n_tokens="many")
+    else:
+        (store / "manifest.json").write_text(text)
+    args = {"verify": [], "pack": ["--size", "8", "--output", str(tmp_path / "p")], "stats": []}[command]
+    proc = subprocess.run([sys.executable, "-m", "packtool", command, str(store), *args], capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith("error: ") and message in lines[0], lines[0]
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("n_documents", -1, "field 'n_documents' must be a count (an integer >= 0), got -1"),
+    ("n_tokens", True, "field 'n_tokens' must be a count (an integer >= 0), got True"),
+    ("n_tokens", 2.5, "field 'n_tokens' must be a count"),
+    ("files", [], "field 'files' must be a JSON object, got list"),
+    ("tokenizer", "gpt2", "field 'tokenizer' must be a JSON object, got str"),
+])
+def test_manifest_fields_of_the_wrong_kind_are_named(store: Path, key: str, value: object, message: str) -> None:
+    _rewrite_manifest(store, **{key: value})
+    with pytest.raises(FormatError, match=re.escape(message)):
+        open_token_store(store)
 
 
 # ---------------------------------------------------------------- atomic writes

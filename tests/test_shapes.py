@@ -341,6 +341,11 @@ BAD_SHAREGPT = [
     ({"conversations": [{"from": "human", "value": "x", "content": "y"}]}, "has both 'from'/'value' and 'content'"),
     ({"conversations": [{"from": "human", "value": "x"}], "system": 3}, "field 'system' is not a string"),
     ({"conversations": [{"from": "human", "value": "x"}], "tools": "not json"}, "field 'tools' is a string that is not JSON"),
+    # JSON strings nested 100k deep: json.loads raised RecursionError (a traceback) from inside the shape
+    ({"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "[" * 100_000 + "]" * 100_000}]},
+     "turn 1 function_call value is not JSON (nested too deep to read"),
+    ({"conversations": [{"from": "human", "value": "x"}], "tools": "[" * 100_000 + "]" * 100_000},
+     "field 'tools' is a string that is not JSON (nested too deep to read"),
 ]
 BAD_ALPACA = [
     ({"instruction": "x", "input": ""}, "the Alpaca record has no 'output' field"),

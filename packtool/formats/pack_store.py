@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import FormatError
+from packtool.formats import jsontext
 from packtool.formats.atomic import atomic_file
 from packtool.formats.files import check_file_records, sha256_bytes, sha256_file
 from packtool.formats.files import file_records as file_records  # re-exported for writers and tests
@@ -130,7 +131,7 @@ def read_metadata(directory: Path, size: int) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = jsontext.loads(line)
         except json.JSONDecodeError as exc:
             raise FormatError(
                 f"invalid JSON in pack metadata ({exc.msg}), {path}:{lineno}, re-run `packtool pack`"

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import FormatError
+from packtool.formats import jsontext
 from packtool.formats.atomic import (
     atomic_directory,
     dead_siblings,
@@ -225,7 +226,7 @@ def is_token_store(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a directory whose committed manifest says `packtool.tokens` (contents unchecked)."""
     mpath = Path(path) / MANIFEST
     try:
-        manifest = json.loads(mpath.read_text("utf-8"))
+        manifest = jsontext.loads(mpath.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
@@ -300,7 +301,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"no {MANIFEST} in {path}, not a token store (or an interrupted run), re-run `packtool tokenize`"
         )
     try:
-        manifest = json.loads(mpath.read_text("utf-8"))
+        manifest = jsontext.loads(mpath.read_text("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{MANIFEST} is not valid JSON ({exc}), {mpath}, re-run `packtool tokenize`") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
@@ -319,7 +320,25 @@ def read_manifest(path: Path) -> dict[str, Any]:
     for key in ("tokenizer", "dtype", "n_documents", "n_tokens", "files"):
         if key not in manifest:
             raise FormatError(f"{MANIFEST} lacks {key!r}, {mpath}, re-run `packtool tokenize`")
+    for key in ("n_documents", "n_tokens"):  # sizes the files are checked against: "many" or -1 is no size
+        value = manifest[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise FormatError(
+                f"{MANIFEST} field {key!r} must be a count (an integer >= 0), got {_bounded(value)}, {mpath}, "
+                "re-run `packtool tokenize`"
+            )
+    for key in ("tokenizer", "files"):
+        if not isinstance(manifest[key], dict):
+            raise FormatError(
+                f"{MANIFEST} field {key!r} must be a JSON object, got {type(manifest[key]).__name__}, {mpath}, "
+                "re-run `packtool tokenize`"
+            )
     return manifest
+
+
+def _bounded(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_size(path: Path, expected: int, what: str) -> None:
@@ -342,7 +361,7 @@ def open_token_store(path: str | os.PathLike[str], *, check_hashes: bool = False
     n_docs, n_tokens = int(manifest["n_documents"]), int(manifest["n_tokens"])
     _check_size(root / TOKENS_BIN, n_tokens * dtype.itemsize, TOKENS_BIN)
     _check_size(root / BOUNDARIES, n_docs * BOUNDARY_DTYPE.itemsize, BOUNDARIES)
-    has_loss = isinstance(manifest["files"], dict) and LOSS in manifest["files"]
+    has_loss = LOSS in manifest["files"]
     if has_loss:
         _check_size(root / LOSS, n_tokens, LOSS)
     check_file_records(

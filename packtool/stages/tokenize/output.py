@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import OutputExistsError, StorageError
+from packtool.formats import jsontext
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
 from packtool.formats.overwrite import check_replaceable
@@ -63,7 +64,7 @@ def check_output(output: Path, build: str, overwrite: bool, inputs: Sequence[Pat
     manifest = None
     if (output / MANIFEST).is_file():
         try:
-            manifest = json.loads((output / MANIFEST).read_text("utf-8"))
+            manifest = jsontext.loads((output / MANIFEST).read_text("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             manifest = None
     if isinstance(manifest, dict) and manifest.get("build") == build and not overwrite:

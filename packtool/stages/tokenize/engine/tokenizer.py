@@ -18,6 +18,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from packtool.errors import TokenizerError
+from packtool.formats import jsontext
 from packtool.formats.files import sha256_file
 from packtool.stages.tokenize.engine.locate import (
     SPECIAL_TOKENS_MAP,
@@ -78,7 +79,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = jsontext.loads(path.read_text("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TokenizerError(f"{path.name} is not valid JSON ({exc}), {path}, fix or remove the file") from exc
     except OSError as exc:
