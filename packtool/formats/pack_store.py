@@ -21,7 +21,7 @@ from packtool.formats import jsontext
 from packtool.formats.atomic import atomic_file
 from packtool.formats.files import check_file_records, sha256_bytes, sha256_file
 from packtool.formats.files import file_records as file_records  # re-exported for writers and tests
-from packtool.formats.token_store import parse_dtype
+from packtool.formats.token_store import is_token_store, parse_dtype
 
 FORMAT_NAME = "packtool.packs"
 FORMAT_VERSION = 3  # the newest this packtool reads and writes (docs/FORMAT.md, "Versioning")
@@ -349,6 +349,11 @@ def find_pack_dir(path: str | os.PathLike[str]) -> Path:
         return subdirs[0]
     if len(subdirs) > 1:
         raise FormatError(f"{packed} holds several tokenizers ({', '.join(s.name for s in subdirs)}), pass one of them")
+    if is_token_store(p):  # "no manifest.json" would be false: it is the wrong kind of store
+        raise FormatError(
+            f"{p} is a token store, not a pack store, pass a pack ROOT, a packed/{{tokenizer}} directory or a "
+            "pack .npy (run `packtool pack` on the token store first)"
+        )
     raise FormatError(
         f"no token store or pack store at {p} (no manifest.json, no *_metadata.jsonl), "
         "check the path, or run `packtool tokenize` / `packtool pack` first"
