@@ -166,13 +166,36 @@ def test_empty_data_files_says_so(tmp_path: Path, bpe_tokenizer_dir: Path) -> No
     assert ", ," not in line
 
 
-@pytest.mark.parametrize("state", ['{"_data_files": 5}', '{"_data_files": [{"filename": 5}]}', "[1]",
-                                   '{"_data_files": ' + "[" * 100_000 + "]" * 100_000 + "}"])
-def test_a_hostile_state_json_is_one_line(tmp_path: Path, bpe_tokenizer_dir: Path, state: str) -> None:
+@pytest.mark.parametrize(("state", "says"), [
+    ('{"_data_files": 5}', "state.json has _data_files is a JSON number, expected a list of {\"filename\": NAME}"),
+    ('{"_data_files": "x.arrow"}', "_data_files is a JSON string"),  # was "TypeError: string indices must be ..."
+    ('{"_data_files": [{"filename": 5}]}', "_data_files[0] is an object without a string filename"),
+    ('{"_data_files": [{"filename": "a.arrow"}, 3]}', "_data_files[1] is a JSON number"),
+    ('{"_data_files": [{"filename": "a.arrow"}, {}]}', "_data_files[1] is an object without a string filename"),
+    ("[1]", "state.json has no _data_files"),
+    ("{not json", "state.json is not valid JSON"),
+    ('{"_data_files": ' + "[" * 100_000 + "]" * 100_000 + "}", "state.json is not valid JSON: nested too deep to read"),
+])
+def test_a_hostile_state_json_is_one_line(tmp_path: Path, bpe_tokenizer_dir: Path, state: str, says: str) -> None:
     saved = _saved(tmp_path / "ds", ROWS)
     (saved / "state.json").write_text(state)
     line = _tokenize_error(tmp_path, bpe_tokenizer_dir, str(saved))
-    assert "cannot read the file list of a save_to_disk directory" in line
+    assert "cannot read the file list of a save_to_disk directory" in line and says in line, line
+    assert "Error:" not in line  # no Python exception names (TypeError: ..., KeyError: 'filename')
+
+
+def test_a_state_json_larger_than_any_file_list_is_refused_unread(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 75 MB state.json took 1 GB to parse before failing on its last entry as "KeyError: 'filename'"."""
+    from packtool.stages.tokenize.inputs.locators import saved as saved_locator
+
+    saved = _saved(tmp_path / "ds", ROWS)
+    state = json.loads((saved / "state.json").read_text())
+    state["padding"] = "x" * 3000
+    (saved / "state.json").write_text(json.dumps(state))
+    monkeypatch.setattr(saved_locator, "MAX_STATE_BYTES", 2000)
+    line = _tokenize_error(tmp_path, bpe_tokenizer_dir, str(saved))
+    assert "state.json is 3," in line and "bytes, more than a save_to_disk file list holds (2,000)" in line, line
 
 
 @pytest.mark.parametrize("splits", ["null", "5", '"train"', '{"train": 1}', '"' + "[" * 100_000 + '"'])
