@@ -27,7 +27,7 @@ from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
 from packtool.formats.pack_store import MIXTURE_VERSION, pack_dir, read_metadata
-from packtool.formats.pack_writer import PackSplitWriter, prepare_pack_dir, publish_together
+from packtool.formats.pack_writer import PackSplitWriter, pack_dir_made, publish_together
 from packtool.formats.store_set import StoreSet, open_store_set
 from packtool.formats.token_store import TokenStore, dtype_name, open_token_store
 from packtool.progress import Progress
@@ -135,7 +135,7 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
         counts = [first.n_documents, *(open_token_store(p).n_documents for p, _ in specs[1:])]
         check_repetition([p for p, _ in specs], [w for _, w in specs], counts)
     directory = pack_dir(config.output, first.tokenizer_name)
-    with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
+    with writing(directory), pack_dir_made(directory) as made, exclusive_output(made):  # one writer per directory
         _check_validation_owner(directory, config)
         stores = open_store_set([p for p, _ in specs], check_hashes=True)
         selections: list[SplitSelection | None] = [None]
