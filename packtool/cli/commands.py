@@ -286,5 +286,6 @@ def audit(
     config = AuditConfig(model, trust_remote_code, tuple(attn_implementation or ()), seed).validate()
     report = audit_model(config)
     typer.echo(summaries.audit_text(report, as_json))
-    if not report.exact:
+    if not report.exact:  # exit 1 says no packed setup is exact: one error line, as every exit 1 has
+        typer.echo(f"error: {summaries.audit_failure(report)}", err=True)
         raise typer.Exit(1)

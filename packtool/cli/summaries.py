@@ -124,6 +124,22 @@ def audit_text(report: Any, as_json: bool) -> str:
     return "\n".join(lines)
 
 
+def audit_failure(report: Any) -> str:
+    """The one `error:` line of an audit that found no exact packed setup (the report itself is on stdout)."""
+    measured = any(r.verdict != "unsupported" for r in report.results)
+    if not measured:
+        first = next((r.reason for r in report.results if r.reason), "no reason given")
+        first = first if len(first) <= 200 else first[:197] + "..."
+        return (
+            f"nothing could be measured (first reason: {first}), {report.model}, fix what the reasons name or try "
+            "another --attn-implementation, then re-run the audit"
+        )
+    return (
+        f"no packed setup is exact: packed documents leak under every style and attention implementation that ran, "
+        f"{report.model}, train with padded dynamic batches or install the kernels the advice names (see the report)"
+    )
+
+
 def _sci(value: float | None) -> str:
     return "-" if value is None else f"{value:.2e}"
 
