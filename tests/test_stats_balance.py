@@ -109,6 +109,9 @@ def test_bad_flags_exit_2_and_bad_data_exit_1_with_one_line(packs: Path, tmp_pat
                         ("--micro-batches", "0"), ("--hidden-size", "0")):  # fmt: skip
         args = {"--world-size": "2", "--hidden-size": "8", flag: value}
         assert f"{flag} must be an integer >= 1, got {value}" in usage(*(x for kv in args.items() for x in kv))
+    # a width no model has: 10**200 was an OverflowError traceback in CostModel.from_shape
+    line = usage("--world-size", "2", "--hidden-size", "1" + "0" * 200)
+    assert "--hidden-size must be at most 2147483647 (no model is wider)" in line and len(line) < 300, line
     assert "does not exist" in cli_error("stats", str(packs), "--world-size", "2", "--model", str(tmp_path / "no.json"))
     tokens = packs.parent / "tokens"
     assert "pack it first" in cli_error("stats", str(tokens), "--world-size", "2", "--hidden-size", "8", code=2)
