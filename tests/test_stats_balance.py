@@ -125,6 +125,13 @@ def test_world_size_is_bounded_by_the_store(packs: Path) -> None:
     assert f"pass --world-size {n} or fewer" in line
     code, out, err = cli("stats", str(packs), "--world-size", str(n), "--hidden-size", "8", "--json")
     assert code == 0 and json.loads(out)["step_efficiency"]["world_size"] == n, err
+    # a step larger than the epoch: --micro-batches 10**30 was a ValueError traceback in numpy's reshape
+    for micro in (str(n), "1" + "0" * 30):
+        line = cli_error("stats", str(packs), "--world-size", "2", "--micro-batches", micro, "--hidden-size", "8", code=2)
+        assert f"x --world-size 2 is more packs per step than the split has ({n})" in line, line
+        assert f"pass --micro-batches {n // 2} or fewer" in line and len(line) < 300
+    code, out, err = cli("stats", str(packs), "--world-size", "2", "--micro-batches", str(n // 2), "--hidden-size", "8")
+    assert code == 0, err
 
 
 BAD_FIELDS = [  # (config.json text, the field the error must name)
