@@ -10,7 +10,7 @@ from pathlib import Path
 from packtool.choices import Algorithm, ExecutorName, Overlong, Split
 from packtool.core.mixture import check_fraction, check_weight
 from packtool.core.packing import MAX_CAPACITY
-from packtool.errors import ConfigError, UsageError
+from packtool.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,10 @@ class PackConfig:
             )
         paths = [self.tokens_dir] if isinstance(self.tokens_dir, (str, os.PathLike)) else list(self.tokens_dir)
         if not paths:
-            raise ConfigError("no token store given, pass at least one STORE[:WEIGHT]")
+            raise UsageError("no token store given, pass at least one STORE[:WEIGHT]")
         if self.weights is not None:
-            if len(self.weights) != len(paths):
-                raise ConfigError(
+            if len(self.weights) != len(paths):  # two keys that contradict each other: a usage error
+                raise UsageError(
                     f"{len(self.weights)} weights for {len(paths)} token stores, give one weight per store"
                 )
             for p, w in zip(paths, self.weights, strict=True):
