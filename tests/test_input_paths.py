@@ -79,6 +79,19 @@ def test_a_ref_cannot_name_a_path_out_of_snapshots(tmp_path: Path, bpe_tokenizer
         assert "the ref file" in line and repr(ref) in line and "fetch it again" in line, line
 
 
+def test_a_ref_holding_more_than_a_commit_is_refused_not_replaced(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                                  hub: Path) -> None:
+    """A 50 MB `refs/main` was cut to 40 characters, named no snapshot, and another revision was read in its
+    place, silently (exit 0)."""
+    other = hub / "datasets--org--ds" / "snapshots" / ("b" * 40)
+    other.mkdir()
+    write_jsonl(other / "old.jsonl", SECRET)
+    (hub / "datasets--org--ds" / "refs" / "main").write_text("b" * 5000)
+    line = _tokenize_error(tmp_path, bpe_tokenizer_dir, "hf://datasets/org/ds")
+    assert "the ref file holds more than a commit hash (over 256 bytes)" in line and "refs/main" in line, line
+    assert "fetch it again" in line
+
+
 def test_a_revision_is_a_name_not_a_path(tmp_path: Path, bpe_tokenizer_dir: Path, hub: Path) -> None:
     """`@.` once named snapshots/ itself and tokenized every cached revision as one dataset."""
     other = hub / "datasets--org--ds" / "snapshots" / ("b" * 40)
