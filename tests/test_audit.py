@@ -355,10 +355,17 @@ def test_a_bad_size_field_is_named_in_one_line(tmp_path: Path, field: str, value
     line = cli_error("audit", str(_config(tmp_path / "m", "llama", **{field: value})), *FAST)
     assert f"model config field {field!r} must be an integer" in line and "config.json" in line
     if value == 0:
-        assert f"must be an integer from 1 to" in line, line
+        assert "must be an integer from 1 to" in line, line
     if field == "num_attention_heads":  # and under GPT-2's name for it (attribute_map)
         line = cli_error("audit", str(_config(tmp_path / "g", "gpt2", n_head=0)), *FAST)
         assert "model config field 'n_head' must be an integer from 1 to" in line, line
+
+
+def test_a_config_class_refusal_says_why_not_only_which_validator(tmp_path: Path) -> None:
+    """It said "not buildable (Class validation error for validator 'validate_architecture':)" and stopped there."""
+    line = cli_error("audit", str(_config(tmp_path / "m", "llama", num_attention_heads=3)), *FAST)
+    assert "validate_architecture': ValueError: The hidden size (4096) is not a multiple of the number of attention " \
+           "heads (3)" in line, line
 
 
 def test_an_audit_that_measures_nothing_exact_ends_in_one_error_line(tmp_path: Path) -> None:

@@ -144,14 +144,15 @@ def load_model(spec: str, trust_remote_code: bool = False) -> ModelSource:
                 str(where), trust_remote_code=trust_remote_code, local_files_only=True
             )
     except Exception as exc:  # noqa: BLE001 - a config class rejecting the file, or its own code failing to load
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # the reason, on one line: a validator's error says which check failed on its first line, why on the next
+        first = " ".join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
         hint = (
             "it needs the model's own code: pass --trust-remote-code if you trust it (read from disk only)"
             if "trust_remote_code" in str(exc)
             else f"this transformers ({transformers.__version__}) cannot build it; fix the config or upgrade transformers"
         )
         raise InputError(
-            f"model_type {raw['model_type']!r} is not buildable ({first[:160]})", str(path), hint=hint
+            f"model_type {raw['model_type']!r} is not buildable ({first[:300]})", str(path), hint=hint
         ) from None
     text = config.get_text_config(decoder=True)
     _require_causal_lm(transformers, text, raw, path, trust_remote_code)
