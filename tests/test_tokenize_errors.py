@@ -207,3 +207,44 @@ def test_out_of_domain_values_are_usage_errors_in_the_api(field: str, value: obj
     kwargs = {"inputs": ("a.jsonl",), "tokenizer": "t", "output": "o", field: value}
     with pytest.raises(UsageError, match=message):
         packtool.TokenizeConfig(**kwargs).validate()  # type: ignore[arg-type]
+
+
+def test_a_full_disk_at_the_manifest_leaves_no_temp_file(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full tmpfs: the manifest's buffered bytes failed to flush (ENOSPC), then failed again in the cleanup's
+    close(), so `.manifest.json.tmp-PID` stayed in the work directory. Now one line and no temp file."""
+    import builtins
+    import errno
+
+    from packtool.formats import atomic
+
+    class FullDisk:
+        """A file whose writes are buffered and whose every flush fails, as a file on a full disk."""
+
+        def __init__(self, fh: object) -> None:
+            self.fh = fh
+
+        def write(self, data: bytes) -> int:
+            return len(data)
+
+        def fileno(self) -> int:
+            return self.fh.fileno()  # type: ignore[attr-defined]
+
+        def flush(self) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self) -> None:
+            self.fh.close()  # type: ignore[attr-defined]
+            self.flush()
+
+    def full_open(path: object, mode: str = "r", *args: object) -> object:
+        fh = builtins.open(path, mode, *args)  # type: ignore[call-overload]  # noqa: SIM115 - closed by atomic_file
+        return FullDisk(fh) if "manifest.json" in str(path) else fh
+
+    monkeypatch.setattr(atomic, "open", full_open, raising=False)
+    src = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in zipf_texts(20, seed=3)])
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"),
+                       "-q", "--workers", "1")
+    assert code == 1 and err.count("\n") == 1 and "No space left on device" in err, err
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name], list(tmp_path.rglob("*"))
+    assert not (tmp_path / "s").exists()

@@ -69,8 +69,10 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[obje
         os.replace(tmp, final)
         fsync_dir(final.parent)
     except BaseException:
-        fh.close()
-        tmp.unlink(missing_ok=True)
+        try:
+            fh.close()  # flushes what is buffered: on a full disk it fails again
+        finally:
+            tmp.unlink(missing_ok=True)  # so the temp goes whatever close() did (a full disk left it behind)
         raise
 
 
