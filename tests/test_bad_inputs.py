@@ -573,3 +573,18 @@ def test_cli_default_max_record_bytes_is_the_config_default() -> None:
 
     default = inspect.signature(tokenize).parameters["max_record_bytes"].default
     assert default == TokenizeConfig.max_record_bytes == 16 << 20
+
+
+def test_an_error_line_stays_one_bounded_line_whatever_it_quotes(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """A newline in a file name split the `error:` line in two; a 100,000-character --role-map was quoted whole
+    (200 kB on one line). Control characters are escaped and overlong words shortened, the ends kept."""
+    ws = Ws(tmp_path, bpe_tokenizer_dir)
+    bad = ws.write("a\nb.jsonl", b'{"text": 5}\n')
+    code, _, err = cli(*ws.tokenize(bad))
+    assert code == 1 and err.count("\n") == 1 and "a\\nb.jsonl:1" in err and "not a string" in err, err
+    chat = ws.write("c.jsonl", b'{"messages": [{"role": "user", "content": "hi"}]}\n')
+    code, _, err = cli(*ws.tokenize(chat, extra=("--format", "chat", "--role-map", "x" * 100_000)))
+    assert code == 2 and err.count("\n") == 1 and len(err) < 1000 and "(100,002 characters)" in err, err[:300]
+    assert err.startswith("error: --role-map 'xxx") and "is not FROM=TO" in err
+    code, _, err = cli("pack", str(tmp_path / "no\rstore"), "--size", "8", "--output", str(tmp_path / "p"))
+    assert code == 1 and err.count("\n") == 1 and "no\\rstore does not exist" in err, err

@@ -287,5 +287,5 @@ def audit(
     report = audit_model(config)
     typer.echo(summaries.audit_text(report, as_json))
     if not report.exact:  # exit 1 says no packed setup is exact: one error line, as every exit 1 has
-        typer.echo(f"error: {summaries.audit_failure(report)}", err=True)
+        typer.echo(summaries.error_line(summaries.audit_failure(report)), err=True)
         raise typer.Exit(1)
