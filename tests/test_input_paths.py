@@ -208,7 +208,7 @@ def test_a_state_json_larger_than_any_file_list_is_refused_unread(tmp_path: Path
     (saved / "state.json").write_text(json.dumps(state))
     monkeypatch.setattr(saved_locator, "MAX_STATE_BYTES", 2000)
     line = _tokenize_error(tmp_path, bpe_tokenizer_dir, str(saved))
-    assert "state.json is 3," in line and "bytes, more than a save_to_disk file list holds (2,000)" in line, line
+    assert "state.json is not read: it is 3," in line and "bytes, more than such a file holds (2,000)" in line, line
 
 
 @pytest.mark.parametrize("splits", ["null", "5", '"train"', '{"train": 1}', '"' + "[" * 100_000 + '"'])

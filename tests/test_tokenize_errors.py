@@ -248,3 +248,26 @@ def test_a_full_disk_at_the_manifest_leaves_no_temp_file(tmp_path: Path, bpe_tok
     assert code == 1 and err.count("\n") == 1 and "No space left on device" in err, err
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name], list(tmp_path.rglob("*"))
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("which", ["tokenizer_config.json", "special_tokens_map.json", "--chat-template"])
+def test_a_side_file_that_never_ends_is_refused_unread(tmp_path: Path, bpe_tokenizer_dir: Path, which: str) -> None:
+    """A tokenizer_config.json or a --chat-template linked to /dev/zero was read until a MemoryError traceback."""
+    import shutil
+
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    tok = tmp_path / "tok"
+    shutil.copytree(bpe_tokenizer_dir, tok)
+    src = write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                          {"role": "assistant", "content": "yo"}]}])
+    flags = ["--format", "chat"]
+    if which == "--chat-template":
+        (tmp_path / "t.jinja").symlink_to("/dev/zero")
+        flags += ["--chat-template", str(tmp_path / "t.jinja")]
+    else:
+        (tok / which).unlink(missing_ok=True)
+        (tok / which).symlink_to("/dev/zero")
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(tok), "--output", str(tmp_path / "s"), "-q", *flags)
+    assert code == 1 and err.count("\n") == 1 and "is not read: it is not a regular file" in err, err[-500:]
+    assert (which if which != "--chat-template" else "t.jinja") in err and not (tmp_path / "s").exists()

@@ -14,6 +14,7 @@ from packtool.errors import InputError
 from packtool.formats import jsontext
 from packtool.formats.oserrors import reading
 from packtool.formats.paths import contained
+from packtool.formats.sidefiles import SideFileError, read_side_file
 from packtool.stages.tokenize.inputs.locators.base import Found, norm
 
 STATE = "state.json"
@@ -93,16 +94,10 @@ def _data_file_names(state: Path, given: str) -> list[str]:
     Bounded: a `state.json` that is not a regular file or is larger than any file list is refused unread (a
     75 MB one took 1 GB to parse, then failed on its last entry as "KeyError: 'filename'")."""
     with reading(str(state)):
-        if not state.is_file():
-            raise InputError(f"{STATE} is not a regular file", given, hint=_LIST_HINT)
-        size = state.stat().st_size
-        if size > MAX_STATE_BYTES:
-            raise InputError(
-                f"{STATE} is {size:,} bytes, more than a save_to_disk file list holds ({MAX_STATE_BYTES:,})",
-                given,
-                hint=_LIST_HINT,
-            )
-        text = state.read_bytes()
+        try:
+            text = read_side_file(state, MAX_STATE_BYTES)
+        except SideFileError as exc:
+            raise InputError(f"{STATE} is not read: {exc}", given, hint=_LIST_HINT) from None
     try:
         data = jsontext.loads(text)
     except ValueError as exc:  # invalid JSON or UTF-8, nesting past the recursion limit
