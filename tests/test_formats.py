@@ -221,6 +221,8 @@ def test_damaged_store_makes_the_cli_exit_1(store: Path) -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     (None, "field 'n_tokens' must be a count (an integer >= 0), got 'many'"),
+    ("/dev/zero", "no manifest.json"),  # was read until a MemoryError by verify and stats
+    ("sparse", "manifest.json is not read (it is 3,221,225,472 bytes, more than such a file holds"),
     ("[" * 100_000 + "]" * 100_000, "manifest.json is not valid JSON (nested too deep to read"),
     ('{"a": ' * 100_000 + "1" + "}" * 100_000, "manifest.json is not valid JSON (nested too deep to read"),
 ])
@@ -229,12 +231,27 @@ def test_hostile_manifest_values_are_one_line_through_every_reader(store: Path, 
                                                                    message: str, command: str) -> None:
     """A manifest with `"n_tokens": "many"` (ValueError in int()) or nested 100k deep (RecursionError) was a
     traceback through pack, stats and verify; `n_documents: -1` was "manifest implies -8 bytes"."""
+    import resource
+
     if text is None:
         _rewrite_manifest(store, n_tokens="many")
+    elif text == "/dev/zero":
+        if not Path(text).exists():
+            pytest.skip("no /dev/zero")
+        (store / "manifest.json").unlink()
+        (store / "manifest.json").symlink_to(text)
+    elif text == "sparse":
+        (store / "manifest.json").unlink()
+        with open(store / "manifest.json", "wb") as fh:
+            fh.truncate(3 << 30)  # nothing written
     else:
         (store / "manifest.json").write_text(text)
+    if text == "/dev/zero":  # not a regular file: no manifest.json as far as any reader is concerned
+        message = "no manifest.json"
     args = {"verify": [], "pack": ["--size", "8", "--output", str(tmp_path / "p")], "stats": []}[command]
-    proc = subprocess.run([sys.executable, "-m", "packtool", command, str(store), *args], capture_output=True, text=True)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # noqa: E731 - the old code's MemoryError
+    proc = subprocess.run([sys.executable, "-m", "packtool", command, str(store), *args], capture_output=True, text=True,
+                          preexec_fn=limit, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert lines[0].startswith("error: ") and message in lines[0], lines[0]

@@ -84,6 +84,11 @@ def _drop_entry(out: Path) -> None:
     _flip(victim)
 
 
+def _to_device(path: Path) -> None:
+    path.unlink()
+    path.symlink_to("/dev/zero")
+
+
 def _other_tokenizer(t: Path) -> None:
     shutil.copytree(t / "tok", t / "tok2")
     tok = json.loads((t / "tok2" / "manifest.json").read_text())["tokenizer"]
@@ -108,6 +113,11 @@ CASES: list[tuple[str, tuple[str, ...], Callable[[Path], None] | None, str, str,
      "--overlong", "new"),
     ("pack-mixture-of-tokenizers-into-a-new-root", ("tok",), _other_tokenizer,
      "pack {t}/tok {t}/tok2 --size 32 --output {t}/new", "different tokenizers", "new"),
+    # a metadata file that never ends (a link to /dev/zero) was read until a MemoryError traceback
+    ("verify-metadata-is-a-device", ("out",), lambda t: _to_device(t / "out" / PACKED / metadata_name(N)),
+     "verify {t}/out", "pack metadata is not read (it is not a regular file", None),
+    ("stats-metadata-is-a-device", ("out",), lambda t: _to_device(t / "out" / PACKED / metadata_name(N)),
+     "stats {t}/out", "pack metadata is not read (it is not a regular file", None),
     ("stats-size-zero", ("tok",), None, "stats {t}/tok --size 0", "positive integer", None),
     ("stats-seed-negative", ("tok",), None, "stats {t}/tok --seed -1", "--seed must be an integer >= 0", None),
     ("stats-size-huge", ("tok",), None, "stats {t}/tok --size 99999999999999999999999", "supported maximum", None),

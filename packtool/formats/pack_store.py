@@ -21,7 +21,8 @@ from packtool.formats import jsontext
 from packtool.formats.atomic import atomic_file
 from packtool.formats.files import check_file_records, sha256_bytes, sha256_file
 from packtool.formats.files import file_records as file_records  # re-exported for writers and tests
-from packtool.formats.token_store import is_token_store, parse_dtype
+from packtool.formats.sidefiles import SideFileError, read_side_file
+from packtool.formats.token_store import MAX_STORE_JSON_BYTES, is_token_store, parse_dtype
 
 FORMAT_NAME = "packtool.packs"
 FORMAT_VERSION = 3  # the newest this packtool reads and writes (docs/FORMAT.md, "Versioning")
@@ -126,8 +127,12 @@ def read_metadata(directory: Path, size: int) -> list[dict[str, Any]]:
     path = Path(directory) / metadata_name(size)
     if not path.exists():
         return []
+    try:  # one line per split: a few kB; a link to /dev/zero was read until a MemoryError
+        text = read_side_file(path, MAX_STORE_JSON_BYTES).decode("utf-8")
+    except (SideFileError, UnicodeDecodeError) as exc:
+        raise FormatError(f"pack metadata is not read ({exc}), {path}, re-run `packtool pack`") from None
     records = []
-    for lineno, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
