@@ -163,7 +163,7 @@ def test_errors_are_one_line(tmp_path) -> None:
     assert "not in the local Hugging Face cache" in cli_error("audit", "nobody/no-such-model")
     path = save_config(tmp_path / "llama", "llama")
     line = cli_error("audit", str(path), "--attn-implementation", "fancy", code=2)  # a value outside its domain
-    assert "unknown attention implementation 'fancy'" in line
+    assert "--attn-implementation 'fancy' is not an attention implementation packtool audits" in line
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**70)])
@@ -347,11 +347,38 @@ def test_the_offline_switch_is_restored(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("field", "value"), [
     ("hidden_size", "abc"), ("hidden_size", float("nan")), ("num_key_value_heads", "x"), ("vocab_size", "big"),
     ("num_hidden_layers", 100_000_000), ("num_hidden_layers", 1e8), ("intermediate_size", {"a": 1}),
+    # head counts are divisors: 0 was "model_type 'llama' is not buildable (integer division or modulo by zero)"
+    ("num_attention_heads", 0), ("num_key_value_heads", 0),
 ])  # fmt: skip
 def test_a_bad_size_field_is_named_in_one_line(tmp_path: Path, field: str, value: object) -> None:
     """`hidden_size: "abc"` was a TypeError traceback; `num_hidden_layers: 1e8` a MemoryError after 2.4 GB."""
     line = cli_error("audit", str(_config(tmp_path / "m", "llama", **{field: value})), *FAST)
     assert f"model config field {field!r} must be an integer" in line and "config.json" in line
+    if value == 0:
+        assert "must be an integer from 1 to" in line, line
+    if field == "num_attention_heads":  # and under GPT-2's name for it (attribute_map)
+        line = cli_error("audit", str(_config(tmp_path / "g", "gpt2", n_head=0)), *FAST)
+        assert "model config field 'n_head' must be an integer from 1 to" in line, line
+
+
+def test_a_config_class_refusal_says_why_not_only_which_validator(tmp_path: Path) -> None:
+    """It said "not buildable (Class validation error for validator 'validate_architecture':)" and stopped there."""
+    line = cli_error("audit", str(_config(tmp_path / "m", "llama", num_attention_heads=3)), *FAST)
+    assert "validate_architecture': ValueError: The hidden size (4096) is not a multiple of the number of attention " \
+           "heads (3)" in line, line
+
+
+def test_an_audit_that_measures_nothing_exact_ends_in_one_error_line(tmp_path: Path) -> None:
+    """A `rope_type` transformers has no validator for: every run failed, the exit was 1 with no `error:` line,
+    and transformers' own warnings came out on stderr ("[transformers] Missing validation function ..." twice)."""
+    path = _config(tmp_path / "m", "llama", rope_scaling={"rope_type": "bogus", "factor": 2.0})
+    code, out, err = cli("audit", str(path), *FAST)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "nothing could be measured" in lines[0] and str(path) in lines[0] and "--attn-implementation" in lines[0]
+    assert "unsupported" in out and "[transformers]" not in err
+    code, out, err = cli("audit", str(path), "--json", *FAST)  # the JSON on stdout stays one object
+    assert code == 1 and json.loads(out)["recommended"] is None and err.count("\n") == 1
 
 
 def test_gpt2_style_widths_shrink_too(tmp_path: Path) -> None:

@@ -468,6 +468,22 @@ def test_utf8_bom_is_accepted_in_jsonl_gz_and_txt(tmp_path: Path, bpe_tokenizer_
     assert a["tokens.bin"] == b["tokens.bin"] and a["tokens.boundaries"] == b["tokens.boundaries"]
 
 
+def test_a_bom_on_a_later_jsonl_line_is_named_as_a_bom_not_invalid_utf8(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """Two files joined with `cat`: the second one's BOM was reported as "invalid UTF-8" (misleading)."""
+    ws = Ws(tmp_path, bpe_tokenizer_dir)
+    joined = b'{"text": "a"}\n' + b'\xef\xbb\xbf{"text": "b"}\n' + b'{"text": "c"}\n'
+    for name, data in (("a.jsonl", joined), ("a.jsonl.gz", gzip.compress(joined))):
+        code, _, err = cli(*ws.tokenize(ws.write(name, data), out=tmp_path / name))
+        assert code == 1 and err.count("\n") == 1 and "invalid UTF-8" not in err, err
+        assert "byte order mark (BOM) starts this line" in err and f"{name}:2" in err, err
+        code, _, err = cli(*ws.tokenize(str(ws.data / name), out=tmp_path / f"skip-{name}", extra=("--on-error", "skip")))
+        assert code == 0, err
+        rejects = [json.loads(x) for x in (tmp_path / f"skip-{name}" / "rejects.jsonl").read_text().splitlines()]
+        assert [(r["line"], "BOM" in r["reason"]) for r in rejects] == [(2, True)]
+    bad = ws.write("u.jsonl", b'{"text": "a"}\n{"text": "\xff"}\n')  # real invalid UTF-8 keeps its words
+    assert "invalid UTF-8" in cli(*ws.tokenize(bad, out=tmp_path / "u"))[2]
+
+
 def test_skip_rejects_overlong_and_bare_records_with_their_lines(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
     ws = Ws(tmp_path, bpe_tokenizer_dir)
     good = [{"text": t} for t in zipf_texts(10, seed=2)]
@@ -557,3 +573,18 @@ def test_cli_default_max_record_bytes_is_the_config_default() -> None:
 
     default = inspect.signature(tokenize).parameters["max_record_bytes"].default
     assert default == TokenizeConfig.max_record_bytes == 16 << 20
+
+
+def test_an_error_line_stays_one_bounded_line_whatever_it_quotes(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """A newline in a file name split the `error:` line in two; a 100,000-character --role-map was quoted whole
+    (200 kB on one line). Control characters are escaped and overlong words shortened, the ends kept."""
+    ws = Ws(tmp_path, bpe_tokenizer_dir)
+    bad = ws.write("a\nb.jsonl", b'{"text": 5}\n')
+    code, _, err = cli(*ws.tokenize(bad))
+    assert code == 1 and err.count("\n") == 1 and "a\\nb.jsonl:1" in err and "not a string" in err, err
+    chat = ws.write("c.jsonl", b'{"messages": [{"role": "user", "content": "hi"}]}\n')
+    code, _, err = cli(*ws.tokenize(chat, extra=("--format", "chat", "--role-map", "x" * 100_000)))
+    assert code == 2 and err.count("\n") == 1 and len(err) < 1000 and "(100,002 characters)" in err, err[:300]
+    assert err.startswith("error: --role-map 'xxx") and "is not FROM=TO" in err
+    code, _, err = cli("pack", str(tmp_path / "no\rstore"), "--size", "8", "--output", str(tmp_path / "p"))
+    assert code == 1 and err.count("\n") == 1 and "no\\rstore does not exist" in err, err

@@ -47,3 +47,21 @@ def test_no_help_text_holds_an_unescaped_rich_tag() -> None:
     found = [t for t in texts if tag.search(t)]
     assert not found, found
     assert len(texts) > 50  # every command and option was seen
+
+
+def test_every_shape_flag_help_names_the_formats_that_read_it() -> None:
+    """`--messages-field` said "chat: messages; sharegpt: conversations" and left out openai, which reads it too:
+    each field flag's help must name every --format the shape registry says reads it."""
+    import typer
+
+    from packtool.cli.commands import app
+    from packtool.core.encoding.shapes.registry import formats_reading
+
+    command = typer.main.get_command(app).commands["tokenize"]  # type: ignore[attr-defined]
+    helps = {p.name: p.help or "" for p in command.params}
+    for flag in ("messages_field", "prompt_field", "completion_field", "instruction_field", "input_field",
+                 "output_field", "history_field", "system_field", "field"):
+        readers = [f for f in formats_reading(flag) if f != "auto"]
+        assert readers, flag
+        for fmt in readers:
+            assert fmt in helps[flag], (flag, fmt, helps[flag])

@@ -137,7 +137,9 @@ def test_bad_configs_are_refused_in_one_line(tmp_path: Path) -> None:
         CostModel.from_config({"num_hidden_layers": 2})
     with pytest.raises(ConfigError, match="not a JSON object"):
         CostModel.from_config(save(tmp_path, [1, 2], "list.json"))
-    with pytest.raises(ConfigError, match="hidden_size must be a positive integer"):
+    with pytest.raises(ConfigError, match="hidden_size must be an integer from 1 to 2147483647, got 0"):
         CostModel.from_shape(0)
+    with pytest.raises(ConfigError, match=r"hidden_size must be an integer from 1 to 2147483647, got 1000.*\.\.\."):
+        CostModel.from_shape(10**200)  # was an OverflowError (int too large to convert to float)
     with pytest.raises(ConfigError, match="do not index"):
         CostModel(1, 1).packs(np.array([0, 5]), np.array([1, 2]))

@@ -255,7 +255,39 @@ def test_missing_split_and_size(stores: dict[str, Path], tmp_path: Path) -> None
     assert "no packs of size 4096 (found 512)" in line
     line = cli_error("export", str(tmp_path / "nowhere"), "--to", "trl", "--output", str(tmp_path / "o"))
     assert "no pack store" in line
+    tokens = stores["text"].parents[2] / "text_tok"  # was "no token store or pack store at ... (no manifest.json"
+    line = cli_error("export", str(tokens), "--to", "trl", "--output", str(tmp_path / "o"))
+    assert "is a token store, not a pack store" in line and "run `packtool pack`" in line, line
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_write_the_file_system_refuses_is_one_line_and_leaves_nothing(stores: dict[str, Path], tmp_path: Path,
+                                                                       target: str) -> None:
+    """A read-only or full file system under --output was an OSError traceback (the lock file, or the data
+    written under `ulimit -f` as ENOSPC would be); now one line naming the file, and nothing left behind."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the default kill
+
+    out = tmp_path / "o"
+    proc = subprocess.run([sys.executable, "-m", "packtool", "export", str(stores["text"]), "--to", target, "--output",
+                           str(out), "-q"], preexec_fn=limited, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error: cannot write the output (") and "File too large" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() or not list(out.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["o"])  # no lock, no staging left beside it
+    (tmp_path / ".o.lock").mkdir()  # the lock cannot be opened: EISDIR (EROFS on a read-only mount alike)
+    line = cli_error("export", str(stores["text"]), "--to", target, "--output", str(out))
+    assert line.startswith("error: cannot write the output (Is a directory)") and ".o.lock" in line, line
 
 
 @pytest.mark.parametrize("target", ["megatron-bridge", "nemo", "olmo-core"])

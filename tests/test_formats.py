@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -216,6 +217,58 @@ def test_damaged_store_makes_the_cli_exit_1(store: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "tokens.bin" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "field 'n_tokens' must be a count (an integer >= 0), got 'many'"),
+    ("/dev/zero", "no manifest.json"),  # was read until a MemoryError by verify and stats
+    ("sparse", "manifest.json is not read (it is 3,221,225,472 bytes, more than such a file holds"),
+    ("[" * 100_000 + "]" * 100_000, "manifest.json is not valid JSON (nested too deep to read"),
+    ('{"a": ' * 100_000 + "1" + "}" * 100_000, "manifest.json is not valid JSON (nested too deep to read"),
+])
+@pytest.mark.parametrize("command", ["verify", "pack", "stats"])
+def test_hostile_manifest_values_are_one_line_through_every_reader(store: Path, tmp_path: Path, text: str | None,
+                                                                   message: str, command: str) -> None:
+    """A manifest with `"n_tokens": "many"` (ValueError in int()) or nested 100k deep (RecursionError) was a
+    traceback through pack, stats and verify; `n_documents: -1` was "manifest implies -8 bytes"."""
+    import resource
+
+    if text is None:
+        _rewrite_manifest(store, n_tokens="many")
+    elif text == "/dev/zero":
+        if not Path(text).exists():
+            pytest.skip("no /dev/zero")
+        (store / "manifest.json").unlink()
+        (store / "manifest.json").symlink_to(text)
+    elif text == "sparse":
+        (store / "manifest.json").unlink()
+        with open(store / "manifest.json", "wb") as fh:
+            fh.truncate(3 << 30)  # nothing written
+    else:
+        (store / "manifest.json").write_text(text)
+    if text == "/dev/zero":  # not a regular file: no manifest.json as far as any reader is concerned
+        message = "no manifest.json"
+    args = {"verify": [], "pack": ["--size", "8", "--output", str(tmp_path / "p")], "stats": []}[command]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # noqa: E731 - the old code's MemoryError
+    proc = subprocess.run([sys.executable, "-m", "packtool", command, str(store), *args], capture_output=True, text=True,
+                          preexec_fn=limit, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith("error: ") and message in lines[0], lines[0]
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("n_documents", -1, "field 'n_documents' must be a count (an integer >= 0), got -1"),
+    ("n_tokens", True, "field 'n_tokens' must be a count (an integer >= 0), got True"),
+    ("n_tokens", 2.5, "field 'n_tokens' must be a count"),
+    ("files", [], "field 'files' must be a JSON object, got list"),
+    ("tokenizer", "gpt2", "field 'tokenizer' must be a JSON object, got str"),
+])
+def test_manifest_fields_of_the_wrong_kind_are_named(store: Path, key: str, value: object, message: str) -> None:
+    _rewrite_manifest(store, **{key: value})
+    with pytest.raises(FormatError, match=re.escape(message)):
+        open_token_store(store)
 
 
 # ---------------------------------------------------------------- atomic writes

@@ -79,6 +79,19 @@ def test_a_ref_cannot_name_a_path_out_of_snapshots(tmp_path: Path, bpe_tokenizer
         assert "the ref file" in line and repr(ref) in line and "fetch it again" in line, line
 
 
+def test_a_ref_holding_more_than_a_commit_is_refused_not_replaced(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                                  hub: Path) -> None:
+    """A 50 MB `refs/main` was cut to 40 characters, named no snapshot, and another revision was read in its
+    place, silently (exit 0)."""
+    other = hub / "datasets--org--ds" / "snapshots" / ("b" * 40)
+    other.mkdir()
+    write_jsonl(other / "old.jsonl", SECRET)
+    (hub / "datasets--org--ds" / "refs" / "main").write_text("b" * 5000)
+    line = _tokenize_error(tmp_path, bpe_tokenizer_dir, "hf://datasets/org/ds")
+    assert "the ref file holds more than a commit hash (over 256 bytes)" in line and "refs/main" in line, line
+    assert "fetch it again" in line
+
+
 def test_a_revision_is_a_name_not_a_path(tmp_path: Path, bpe_tokenizer_dir: Path, hub: Path) -> None:
     """`@.` once named snapshots/ itself and tokenized every cached revision as one dataset."""
     other = hub / "datasets--org--ds" / "snapshots" / ("b" * 40)
@@ -166,13 +179,36 @@ def test_empty_data_files_says_so(tmp_path: Path, bpe_tokenizer_dir: Path) -> No
     assert ", ," not in line
 
 
-@pytest.mark.parametrize("state", ['{"_data_files": 5}', '{"_data_files": [{"filename": 5}]}', "[1]",
-                                   '{"_data_files": ' + "[" * 100_000 + "]" * 100_000 + "}"])
-def test_a_hostile_state_json_is_one_line(tmp_path: Path, bpe_tokenizer_dir: Path, state: str) -> None:
+@pytest.mark.parametrize(("state", "says"), [
+    ('{"_data_files": 5}', "state.json has _data_files is a JSON number, expected a list of {\"filename\": NAME}"),
+    ('{"_data_files": "x.arrow"}', "_data_files is a JSON string"),  # was "TypeError: string indices must be ..."
+    ('{"_data_files": [{"filename": 5}]}', "_data_files[0] is an object without a string filename"),
+    ('{"_data_files": [{"filename": "a.arrow"}, 3]}', "_data_files[1] is a JSON number"),
+    ('{"_data_files": [{"filename": "a.arrow"}, {}]}', "_data_files[1] is an object without a string filename"),
+    ("[1]", "state.json has no _data_files"),
+    ("{not json", "state.json is not valid JSON"),
+    ('{"_data_files": ' + "[" * 100_000 + "]" * 100_000 + "}", "state.json is not valid JSON: nested too deep to read"),
+])
+def test_a_hostile_state_json_is_one_line(tmp_path: Path, bpe_tokenizer_dir: Path, state: str, says: str) -> None:
     saved = _saved(tmp_path / "ds", ROWS)
     (saved / "state.json").write_text(state)
     line = _tokenize_error(tmp_path, bpe_tokenizer_dir, str(saved))
-    assert "cannot read the file list of a save_to_disk directory" in line
+    assert "cannot read the file list of a save_to_disk directory" in line and says in line, line
+    assert "Error:" not in line  # no Python exception names (TypeError: ..., KeyError: 'filename')
+
+
+def test_a_state_json_larger_than_any_file_list_is_refused_unread(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 75 MB state.json took 1 GB to parse before failing on its last entry as "KeyError: 'filename'"."""
+    from packtool.stages.tokenize.inputs.locators import saved as saved_locator
+
+    saved = _saved(tmp_path / "ds", ROWS)
+    state = json.loads((saved / "state.json").read_text())
+    state["padding"] = "x" * 3000
+    (saved / "state.json").write_text(json.dumps(state))
+    monkeypatch.setattr(saved_locator, "MAX_STATE_BYTES", 2000)
+    line = _tokenize_error(tmp_path, bpe_tokenizer_dir, str(saved))
+    assert "state.json is not read: it is 3," in line and "bytes, more than such a file holds (2,000)" in line, line
 
 
 @pytest.mark.parametrize("splits", ["null", "5", '"train"', '{"train": 1}', '"' + "[" * 100_000 + '"'])

@@ -292,6 +292,17 @@ def test_run_config_weights_out_of_domain_name_the_line(stores: dict[str, Path],
     cfg.write_text(f"pack:\n  size: {N}\n  output: out\n  tokens_dir: ['{stores['a']}', '{stores['b']}']\n"
                    "  weights: [1, .inf]\n")  # fmt: skip
     assert f"pack.weights, {cfg}:5" in (line := cli_error("run", str(cfg), code=2)) and "inf" in line
+    # one weight per store: a `weights:` list of another length contradicts tokens_dir (it exited 1)
+    cfg.write_text(f"pack:\n  size: {N}\n  output: out\n  tokens_dir: ['{stores['a']}', '{stores['b']}']\n  weights: [1]\n")
+    assert "1 weights for 2 token stores, give one weight per store" in cli_error("run", str(cfg), code=2)
+    # a block list: the weight's own line, not the line of `tokens_dir:` (it said :2 for a weight on :5)
+    cfg.write_text(f"pack:\n  tokens_dir:\n    - path: '{stores['a']}'\n      weight: 1\n    - path: '{stores['b']}'\n"
+                   f"      weight: .inf\n  size: {N}\n  output: out\n")  # fmt: skip
+    line = cli_error("run", str(cfg), code=2)
+    assert f"pack.tokens_dir, {cfg}:6: mixture weight inf" in line, line
+    cfg.write_text(f"pack:\n  tokens_dir:\n    - path: '{stores['a']}'\n      weight: lots\n  size: {N}\n  output: out\n")
+    line = cli_error("run", str(cfg))
+    assert f"pack.tokens_dir, {cfg}:4: weight 'lots'" in line, line
     assert not (tmp_path / "out").exists()
 
 

@@ -84,6 +84,17 @@ def _drop_entry(out: Path) -> None:
     _flip(victim)
 
 
+def _to_device(path: Path) -> None:
+    path.unlink()
+    path.symlink_to("/dev/zero")
+
+
+def _other_tokenizer(t: Path) -> None:
+    shutil.copytree(t / "tok", t / "tok2")
+    tok = json.loads((t / "tok2" / "manifest.json").read_text())["tokenizer"]
+    _edit_manifest(t / "tok2", tokenizer={**tok, "sha256": "1" * 64})
+
+
 # (id, files to copy into tmp, setup(tmp), CLI args (with {t} = tmp), expected message part, final name that must not appear)
 CASES: list[tuple[str, tuple[str, ...], Callable[[Path], None] | None, str, str, str | None]] = [
     ("pack-output-is-a-file", ("tok", "afile"), None, "pack {t}/tok --size 64 --output {t}/afile", "cannot create the pack directory", None),
@@ -97,6 +108,16 @@ CASES: list[tuple[str, tuple[str, ...], Callable[[Path], None] | None, str, str,
      "pack {t}/tok --size 32 --output {t}/out", "format_version must be an integer", "out/packed/org--tiny-tok/32_metadata.jsonl"),
     ("pack-corrupted-store", ("tok", "out"), lambda t: _flip(t / "tok/tokens.bin"),
      "pack {t}/tok --size 32 --output {t}/out", "sha256", "out/packed/org--tiny-tok/32_metadata.jsonl"),
+    # a failure after the pack directory was made: ROOT/packed/{tokenizer} was left behind, empty
+    ("pack-overlong-error-into-a-new-root", ("tok",), None, "pack {t}/tok --size 8 --output {t}/new/root --overlong error",
+     "--overlong", "new"),
+    ("pack-mixture-of-tokenizers-into-a-new-root", ("tok",), _other_tokenizer,
+     "pack {t}/tok {t}/tok2 --size 32 --output {t}/new", "different tokenizers", "new"),
+    # a metadata file that never ends (a link to /dev/zero) was read until a MemoryError traceback
+    ("verify-metadata-is-a-device", ("out",), lambda t: _to_device(t / "out" / PACKED / metadata_name(N)),
+     "verify {t}/out", "pack metadata is not read (it is not a regular file", None),
+    ("stats-metadata-is-a-device", ("out",), lambda t: _to_device(t / "out" / PACKED / metadata_name(N)),
+     "stats {t}/out", "pack metadata is not read (it is not a regular file", None),
     ("stats-size-zero", ("tok",), None, "stats {t}/tok --size 0", "positive integer", None),
     ("stats-seed-negative", ("tok",), None, "stats {t}/tok --seed -1", "--seed must be an integer >= 0", None),
     ("stats-size-huge", ("tok",), None, "stats {t}/tok --size 99999999999999999999999", "supported maximum", None),

@@ -108,7 +108,7 @@ def test_failing_block_aborts_and_leaves_no_files(tmp_path: Path, store: Path, s
     with pytest.raises(ConfigError, match="boom"):
         pack_store(PackConfig(store, SIZE, tmp_path, workers=2))
     d = pack_dir(tmp_path, "org/tiny-tok")
-    assert not any(d.iterdir())  # temps removed, nothing under final names
+    assert not d.exists()  # temps removed, nothing under final names, and the directories this run made gone
 
 
 def test_executor_errors_are_usage_errors(tmp_path: Path, store: Path) -> None:

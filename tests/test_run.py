@@ -159,6 +159,12 @@ def test_missing_file_and_stage_failure_exit_1(corpus: Path, bpe_tokenizer_dir: 
         ("pack:\n  size: 64\n  output: out\nstats:\n  batch_size: 0\n", "stats.batch_size, {cfg}:9: --batch-size must be an integer >= 1"),
         ("pack:\n  size: 64\n  output: out\nstats:\n  plot: out/waste.txt\n", "writes a PNG"),
         ("pack:\n  size: 64\n  size: 128\n  output: out\n", "key 'size' is given twice"),
+        # the tokenize section's out-of-domain values and contradictions exited 1 (TokenizeConfig said ConfigError)
+        ("  workers: 0\n", "tokenize.workers, {cfg}:5: --workers must be >= 1"),
+        ("  chunk_bytes: -1\n", "tokenize.chunk_bytes, {cfg}:5: --chunk-bytes must be >= 1"),
+        ("  separator: ''\n", "tokenize.separator, {cfg}:5: --separator is empty"),
+        ("  num_shards: 2\n  shard_index: 3\n", "tokenize.shard_index, {cfg}:6: --shard-index 3 is outside 0..1"),
+        ("  chat_template: t.jinja\n", "tokenize.chat_template, {cfg}:5: --chat-template does not apply to --format text"),
     ],
 )
 def test_every_section_is_checked_before_the_first_step_runs(corpus: Path, bpe_tokenizer_dir: Path, section: str,

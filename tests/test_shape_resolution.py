@@ -12,7 +12,7 @@ import pytest
 from support import cli, cli_error, write_jsonl
 
 import packtool
-from packtool.errors import ConfigError, InputError, UsageError
+from packtool.errors import InputError, UsageError
 
 
 def _tokenize(tmp_path: Path, tok: Path, src: Path, *flags: str, code: int = 1) -> str:
@@ -69,6 +69,7 @@ def test_auto_bad_records_before_good_ones_do_not_decide(tmp_path: Path, bpe_tok
     (["--format", "sharegpt", "--prompt-field", "q"], "--prompt-field does not apply to --format sharegpt"),
     (["--format", "text", "--completion-field", "a"], "--completion-field does not apply to --format text"),
     (["--format", "text", "--assistant-turns", "last"], "--assistant-turns last does not apply to --format text"),
+    (["--format", "text", "--chat-template", "t.jinja"], "--chat-template does not apply to --format text"),
 ])
 def test_flags_the_given_shape_does_not_read_are_usage_errors(tmp_path: Path, bpe_tokenizer_dir: Path,
                                                               flags: list[str], message: str) -> None:
@@ -81,16 +82,16 @@ def test_flags_the_given_shape_does_not_read_are_usage_errors(tmp_path: Path, bp
         packtool.TokenizeConfig(inputs=(str(src),), tokenizer="t", output="o", **kwargs).validate()  # type: ignore[arg-type]
 
 
-def test_assistant_turns_last_on_records_without_turns_is_an_error(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+def test_assistant_turns_last_on_records_without_turns_is_a_usage_error(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
     """Known only once the records are read: plain prompt-completion (given or detected), or text detected."""
     pc = write_jsonl(tmp_path / "pc.jsonl", [{"prompt": "Q", "completion": " A"}])
     for fmt in ("prompt-completion", "auto"):
-        line = _tokenize(tmp_path, bpe_tokenizer_dir, pc, "--format", fmt, "--assistant-turns", "last")
+        line = _tokenize(tmp_path, bpe_tokenizer_dir, pc, "--format", fmt, "--assistant-turns", "last", code=2)
         assert f"--format {fmt}" in line and "prompt-completion records" in line and f"{pc}:1" in line, line
     text = write_jsonl(tmp_path / "text.jsonl", [{"text": "x"}])
-    line = _tokenize(tmp_path, bpe_tokenizer_dir, text, "--format", "auto", "--assistant-turns", "last")
+    line = _tokenize(tmp_path, bpe_tokenizer_dir, text, "--format", "auto", "--assistant-turns", "last", code=2)
     assert "--format auto detected text records" in line and "leave --assistant-turns out" in line, line
-    with pytest.raises(ConfigError):
+    with pytest.raises(UsageError):
         packtool.tokenize_corpus(packtool.TokenizeConfig(inputs=(str(pc),), tokenizer=str(bpe_tokenizer_dir),
                                                          output=str(tmp_path / "api"), format="prompt-completion",  # type: ignore[arg-type]
                                                          assistant_turns="last"))  # type: ignore[arg-type]
@@ -99,6 +100,30 @@ def test_assistant_turns_last_on_records_without_turns_is_an_error(tmp_path: Pat
                                                 "completion": [{"role": "assistant", "content": "A"}]}])
     code, _, err = cli("tokenize", str(trl), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "t"),
                        "--format", "prompt-completion", "--assistant-turns", "last", "-q", "--workers", "1")
+    assert code == 0, err
+
+
+def test_a_chat_template_on_records_no_template_renders_is_a_usage_error(tmp_path: Path,
+                                                                        bpe_tokenizer_dir: Path) -> None:
+    """`--chat-template FILE` with text or plain prompt-completion records was silently ignored (exit 0)."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    pc = write_jsonl(tmp_path / "pc.jsonl", [{"prompt": "Q", "completion": " A"}])
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": "x"}])
+    for src, fmt, read in ((pc, "prompt-completion", "read prompt-completion"),
+                           (pc, "auto", "detected prompt-completion"), (text, "auto", "detected text")):
+        line = _tokenize(tmp_path, bpe_tokenizer_dir, src, "--format", fmt, "--chat-template", str(template), code=2)
+        assert f"--format {fmt} {read} records" in line and f"{src}:1" in line and "leave --chat-template out" in line
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(UsageError, match="--chat-template"):
+        packtool.tokenize_corpus(packtool.TokenizeConfig(inputs=(str(pc),), tokenizer=str(bpe_tokenizer_dir),
+                                                         output=str(tmp_path / "api"), format="prompt-completion",  # type: ignore[arg-type]
+                                                         chat_template=str(template)))
+    # TRL's conversational prompt-completion is rendered by the template: there it applies
+    trl = write_jsonl(tmp_path / "trl.jsonl", [{"prompt": [{"role": "user", "content": "Q"}],
+                                                "completion": [{"role": "assistant", "content": "A"}]}])
+    code, _, err = cli("tokenize", str(trl), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "t"),
+                       "--format", "prompt-completion", "--chat-template", str(template), "-q", "--workers", "1")
     assert code == 0, err
 
 

@@ -266,7 +266,7 @@ def test_auto_refuses_mixed_or_unknown_shapes(tmp_path: Path, tokenizers: dict[s
     assert "the first holds fields 'question', 'answer')" in line  # what to name in the field flags
     src = write_jsonl(tmp_path / "alp.jsonl", [ALPACA[0][0]])
     line = cli_error("tokenize", str(src), "--tokenizer", tok, "--output", str(tmp_path / "o"), "--format", "auto",
-                     "--role-map", "bot=assistant")
+                     "--role-map", "bot=assistant", code=2)  # a flag the detected shape does not read: usage
     assert "--role-map applies to chat and sharegpt records" in line and "alpaca" in line
     assert not (tmp_path / "o").exists()
 
@@ -327,6 +327,11 @@ BAD_SHAREGPT = [
     ({"conversations": [{"from": "human", "value": "x", "content": "y"}]}, "has both 'from'/'value' and 'content'"),
     ({"conversations": [{"from": "human", "value": "x"}], "system": 3}, "field 'system' is not a string"),
     ({"conversations": [{"from": "human", "value": "x"}], "tools": "not json"}, "field 'tools' is a string that is not JSON"),
+    # JSON strings nested 100k deep: json.loads raised RecursionError (a traceback) from inside the shape
+    ({"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "[" * 100_000 + "]" * 100_000}]},
+     "turn 1 function_call value is not JSON (nested too deep to read"),
+    ({"conversations": [{"from": "human", "value": "x"}], "tools": "[" * 100_000 + "]" * 100_000},
+     "field 'tools' is a string that is not JSON (nested too deep to read"),
 ]
 BAD_ALPACA = [
     ({"instruction": "x", "input": ""}, "the Alpaca record has no 'output' field"),

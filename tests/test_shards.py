@@ -131,11 +131,13 @@ def test_merge_refuses_incomplete_duplicate_and_foreign_shards(three_shards: lis
         assert not (tmp_path / "m").exists()
 
 
-def test_bad_shard_flags_exit_1(corpus: list[str], bpe_tokenizer_dir: Path, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = cli(*tokenize_args(corpus, bpe_tokenizer_dir, tmp_path / "x", "--num-shards", "2",
-                                         "--shard-index", "2"))
-    assert code == 1 and "--shard-index 2 is outside 0..1" in err
+def test_bad_shard_flags_are_usage_errors(corpus: list[str], bpe_tokenizer_dir: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Out-of-domain and contradictory shard flags exit 2 (they exited 1, as a data problem)."""
+    for flags, message in ((["--num-shards", "2", "--shard-index", "2"], "--shard-index 2 is outside 0..1"),
+                           (["--num-shards", "2", "--shard-index", "3"], "--shard-index 3 is outside 0..1")):
+        code, _, err = cli(*tokenize_args(corpus, bpe_tokenizer_dir, tmp_path / "x", *flags))
+        assert code == 2 and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()
 
 
@@ -207,3 +209,45 @@ def test_merge_repairs_a_swap_that_a_killed_writer_left(three_shards: list[Path]
     assert cli("merge", *map(str, three_shards), "--output", str(out), "-q", "--overwrite")[0] == 0
     assert {p.name: p.read_bytes() for p in out.iterdir()} == want
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"shard": {"index": "x"}}, "the shard entry's 'index' must be an integer >= 0, got \"x\""),
+    ({"shard": {"count": 1e400}}, "the shard entry's 'count' must be an integer >= 0, got Infinity"),
+    ({"shard": {"chunk_end": -1}}, "the shard entry's 'chunk_end' must be an integer >= 0"),
+    ({"shard": {"build": None}}, "the shard entry's 'build' is not a string"),
+    ({"shard": {"index": 7}}, "the shard entry is inconsistent (index 7 of 3"),
+    ({"shard": "0"}, "is not a shard"),
+    ({"sources": [{"records": "many"}]}, "per-shard counts (sources, n_rejected, rejected_by_reason) are damaged"),
+    ({"n_rejected": -3}, "per-shard counts (sources, n_rejected, rejected_by_reason) are damaged"),
+])
+def test_a_damaged_shard_entry_or_count_is_one_line(three_shards: list[Path], tmp_path: Path, change: dict[str, object],
+                                                     message: str) -> None:
+    """`"shard": {"index": "x"}` was a ValueError traceback in merge's sort; a count of 10**12 a set that size."""
+    import shutil
+
+    shards = [tmp_path / f"s{i}" for i in range(3)]
+    for src, dst in zip(three_shards, shards, strict=True):
+        shutil.copytree(src, dst)
+    manifest = json.loads((shards[1] / "manifest.json").read_text())
+    for key, value in change.items():
+        manifest[key] = {**manifest[key], **value} if isinstance(value, dict) else value
+        if key == "sources":
+            manifest[key] = [{**manifest[key][0], **value[0]}, *manifest[key][1:]]  # type: ignore[index]
+    (shards[1] / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli("merge", *map(str, shards), "--output", str(tmp_path / "m"), "-q")
+    assert code == 1 and err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "m").exists() and not list(tmp_path.glob(".m*"))
+
+
+def test_a_shard_count_of_a_trillion_names_the_missing_shards_at_once(three_shards: list[Path], tmp_path: Path) -> None:
+    import shutil
+
+    shards = [tmp_path / f"s{i}" for i in range(3)]
+    for src, dst in zip(three_shards, shards, strict=True):
+        shutil.copytree(src, dst)
+        manifest = json.loads((dst / "manifest.json").read_text())
+        manifest["shard"]["count"] = 10**12
+        (dst / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli("merge", *map(str, shards), "--output", str(tmp_path / "m"), "-q")
+    assert code == 1 and "shards [3, 4, 5, 6, 7, 8, 9, 10, 11, 12] of 1000000000000 are missing" in err, err

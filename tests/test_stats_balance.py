@@ -109,6 +109,9 @@ def test_bad_flags_exit_2_and_bad_data_exit_1_with_one_line(packs: Path, tmp_pat
                         ("--micro-batches", "0"), ("--hidden-size", "0")):  # fmt: skip
         args = {"--world-size": "2", "--hidden-size": "8", flag: value}
         assert f"{flag} must be an integer >= 1, got {value}" in usage(*(x for kv in args.items() for x in kv))
+    # a width no model has: 10**200 was an OverflowError traceback in CostModel.from_shape
+    line = usage("--world-size", "2", "--hidden-size", "1" + "0" * 200)
+    assert "--hidden-size must be at most 2147483647 (no model is wider)" in line and len(line) < 300, line
     assert "does not exist" in cli_error("stats", str(packs), "--world-size", "2", "--model", str(tmp_path / "no.json"))
     tokens = packs.parent / "tokens"
     assert "pack it first" in cli_error("stats", str(tokens), "--world-size", "2", "--hidden-size", "8", code=2)
@@ -122,6 +125,13 @@ def test_world_size_is_bounded_by_the_store(packs: Path) -> None:
     assert f"pass --world-size {n} or fewer" in line
     code, out, err = cli("stats", str(packs), "--world-size", str(n), "--hidden-size", "8", "--json")
     assert code == 0 and json.loads(out)["step_efficiency"]["world_size"] == n, err
+    # a step larger than the epoch: --micro-batches 10**30 was a ValueError traceback in numpy's reshape
+    for micro in (str(n), "1" + "0" * 30):
+        line = cli_error("stats", str(packs), "--world-size", "2", "--micro-batches", micro, "--hidden-size", "8", code=2)
+        assert f"x --world-size 2 is more packs per step than the split has ({n})" in line, line
+        assert f"pass --micro-batches {n // 2} or fewer" in line and len(line) < 300
+    code, out, err = cli("stats", str(packs), "--world-size", "2", "--micro-batches", str(n // 2), "--hidden-size", "8")
+    assert code == 0, err
 
 
 BAD_FIELDS = [  # (config.json text, the field the error must name)
@@ -166,7 +176,7 @@ def test_a_model_config_that_is_no_small_regular_file_is_refused_unread(packs: P
     with open(big, "wb") as fh:
         fh.truncate(20 << 20)  # sparse: nothing is written
     line = cli_error("stats", str(packs), "--world-size", "2", "--model", str(big))
-    assert "model config is 20,971,520 bytes, more than a config.json holds" in line
+    assert "model config is not read: it is 20,971,520 bytes, more than such a file holds (16,777,216)" in line
     if Path("/dev/zero").exists():
         line = cli_error("stats", str(packs), "--world-size", "2", "--model", "/dev/zero")
-        assert "model config is not a regular file, /dev/zero" in line
+        assert "model config is not read: it is not a regular file" in line and "/dev/zero" in line

@@ -248,3 +248,35 @@ def test_console_script_ends_fast_after_success_and_keeps_failures(tmp_path: Pat
     bad = subprocess.run([*run[:4], str(tmp_path / "nope.jsonl"), *run[5:], "--output", str(tmp_path / "t")],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr, bad
+
+
+def test_workers_beyond_the_cores_are_capped_and_change_no_byte(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--workers 100000` once set RAYON_NUM_THREADS=100000 (the Rust tokenizer started that many threads: 20
+    minutes, or a panic under a memory limit) and asked the pool for as many: both stay at the machine's cores."""
+    from packtool.exec import machine_cores
+    from packtool.stages.tokenize import pipeline
+
+    write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in zipf_texts(300, seed=5)])
+    seen: list[int] = []
+
+    def env_spy(threads: int) -> dict[str, str]:
+        seen.append(threads)
+        if threads > machine_cores():  # raise before any thread starts, so the old code fails fast
+            raise AssertionError(f"{threads} tokenizer threads on {machine_cores()} cores")
+        return pipeline.worker_env.__wrapped__(threads)  # type: ignore[attr-defined]
+
+    env_spy.__wrapped__ = pipeline.worker_env  # type: ignore[attr-defined]
+    monkeypatch.setattr(pipeline, "worker_env", env_spy)
+    made: list[int] = []
+    real_make = pipeline.make_executor
+    monkeypatch.setattr(pipeline, "make_executor", lambda name, workers, **kw: made.append(workers) or real_make(name, workers, **kw))
+    common = ["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", str(bpe_tokenizer_dir), "--chunk-bytes", "3000", "-q"]
+    stores = []
+    for workers in ("1", "100000", "1000000000"):
+        code, _, err = cli(*common, "--output", str(tmp_path / workers), "--workers", workers)
+        assert code == 0, err
+        stores.append([(tmp_path / workers / n).read_bytes() for n in ("tokens.bin", "tokens.boundaries")])
+    assert stores[0] == stores[1] == stores[2]
+    assert seen and max(seen) <= machine_cores() and made and max(made) <= machine_cores()
+    assert packtool.TokenizeConfig(inputs=("x",), tokenizer="t", output="o", workers=10**9).resolved_workers() == machine_cores()

@@ -14,6 +14,7 @@ import pytest
 from support import cli, crashing_executor, write_jsonl, zipf_texts
 
 import packtool
+from packtool.errors import UsageError
 from packtool.exec.local import process_executor as local_executor
 from packtool.formats.token_store import open_token_store
 
@@ -183,3 +184,90 @@ def test_resume_redoes_chunks_whose_staged_bytes_were_damaged(tmp_path: Path, bp
         assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes(), name
     assert resumed.manifest["files"] == reference.manifest["files"]
     assert open_token_store(tmp_path / "s", check_hashes=True).n_tokens == reference.manifest["n_tokens"]
+
+
+def test_an_empty_separator_is_a_usage_error(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """`--separator ""` was read as no separator (one document per file), silently."""
+    (tmp_path / "a.txt").write_text("one\n\ntwo")
+    code, _, err = cli("tokenize", str(tmp_path / "a.txt"), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                       str(tmp_path / "s"), "--separator", "", "-q")
+    assert code == 2 and err.startswith("error: --separator is empty") and err.count("\n") == 1, err
+    assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".s*"))
+    with pytest.raises(UsageError, match="--separator is empty"):
+        packtool.TokenizeConfig(inputs=(str(tmp_path / "a.txt"),), tokenizer="t", output="o", separator="").validate()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("workers", 0, "--workers must be >= 1"), ("chunk_bytes", 0, "--chunk-bytes must be >= 1"),
+    ("max_record_bytes", 0, "--max-record-bytes must be >= 1"), ("num_shards", 0, "--num-shards must be at least 1"),
+    ("format", "xml", "--format 'xml' is not one of"), ("inputs", (), "no inputs given"),
+])
+def test_out_of_domain_values_are_usage_errors_in_the_api(field: str, value: object, message: str) -> None:
+    """They were ConfigError (exit 1, a data problem) where every other stage says UsageError (exit 2)."""
+    kwargs = {"inputs": ("a.jsonl",), "tokenizer": "t", "output": "o", field: value}
+    with pytest.raises(UsageError, match=message):
+        packtool.TokenizeConfig(**kwargs).validate()  # type: ignore[arg-type]
+
+
+def test_a_full_disk_at_the_manifest_leaves_no_temp_file(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full tmpfs: the manifest's buffered bytes failed to flush (ENOSPC), then failed again in the cleanup's
+    close(), so `.manifest.json.tmp-PID` stayed in the work directory. Now one line and no temp file."""
+    import builtins
+    import errno
+
+    from packtool.formats import atomic
+
+    class FullDisk:
+        """A file whose writes are buffered and whose every flush fails, as a file on a full disk."""
+
+        def __init__(self, fh: object) -> None:
+            self.fh = fh
+
+        def write(self, data: bytes) -> int:
+            return len(data)
+
+        def fileno(self) -> int:
+            return self.fh.fileno()  # type: ignore[attr-defined]
+
+        def flush(self) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self) -> None:
+            self.fh.close()  # type: ignore[attr-defined]
+            self.flush()
+
+    def full_open(path: object, mode: str = "r", *args: object) -> object:
+        fh = builtins.open(path, mode, *args)  # type: ignore[call-overload]  # noqa: SIM115 - closed by atomic_file
+        return FullDisk(fh) if "manifest.json" in str(path) else fh
+
+    monkeypatch.setattr(atomic, "open", full_open, raising=False)
+    src = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in zipf_texts(20, seed=3)])
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "s"),
+                       "-q", "--workers", "1")
+    assert code == 1 and err.count("\n") == 1 and "No space left on device" in err, err
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name], list(tmp_path.rglob("*"))
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("which", ["tokenizer_config.json", "special_tokens_map.json", "--chat-template"])
+def test_a_side_file_that_never_ends_is_refused_unread(tmp_path: Path, bpe_tokenizer_dir: Path, which: str) -> None:
+    """A tokenizer_config.json or a --chat-template linked to /dev/zero was read until a MemoryError traceback."""
+    import shutil
+
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    tok = tmp_path / "tok"
+    shutil.copytree(bpe_tokenizer_dir, tok)
+    src = write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                          {"role": "assistant", "content": "yo"}]}])
+    flags = ["--format", "chat"]
+    if which == "--chat-template":
+        (tmp_path / "t.jinja").symlink_to("/dev/zero")
+        flags += ["--chat-template", str(tmp_path / "t.jinja")]
+    else:
+        (tok / which).unlink(missing_ok=True)
+        (tok / which).symlink_to("/dev/zero")
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(tok), "--output", str(tmp_path / "s"), "-q", *flags)
+    assert code == 1 and err.count("\n") == 1 and "is not read: it is not a regular file" in err, err[-500:]
+    assert (which if which != "--chat-template" else "t.jinja") in err and not (tmp_path / "s").exists()

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from packtool.audit import probe
-from packtool.audit.source import code_note, load_model, offline, require_transformers
+from packtool.audit.source import code_note, load_model, offline, require_transformers, transformers_quiet
 from packtool.audit.tiny import check_size, tiny_config_dict
 from packtool.errors import InputError, UsageError
 
@@ -61,7 +61,8 @@ class AuditConfig:
         unknown = sorted(set(self.implementations) - set(probe.IMPLEMENTATIONS))
         if unknown:
             raise UsageError(
-                f"unknown attention implementation {unknown[0]!r}, AuditConfig.implementations, use some of {', '.join(probe.IMPLEMENTATIONS)}"
+                f"--attn-implementation {unknown[0]!r} is not an attention implementation packtool audits, "
+                f"use some of {', '.join(probe.IMPLEMENTATIONS)}"
             )
         return self
 
@@ -100,7 +101,7 @@ class AuditReport:
 def audit_model(config: AuditConfig) -> AuditReport:
     """Measure packed vs separate documents on `config.model`'s architecture (tiny, CPU), never reaching the network."""
     config.validate()
-    with offline():
+    with offline(), transformers_quiet():
         return _measure(config)
 
 

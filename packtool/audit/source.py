@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packtool.audit.tiny import INT_FIELDS, LAYER_KEYS, MAX_LAYERS, aliased
+from packtool.audit.tiny import HEAD_COUNTS, INT_FIELDS, LAYER_KEYS, MAX_LAYERS, aliased
 from packtool.errors import ConfigError, InputError
 from packtool.formats.hub_cache import hub_cache_dir, resolve_snapshot
 from packtool.formats.model_config import MAX_SIZE, int_field, read_model_config
@@ -71,6 +71,23 @@ def offline() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def transformers_quiet() -> Iterator[None]:
+    """transformers' own warnings held back for the duration (then its verbosity as before).
+
+    A tiny model built from a hostile or unusual config makes transformers warn on stderr (a `rope_type` it
+    has no validator for, twice); the audit reports what failed in its table and its one error line, and
+    stderr carries nothing else."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def locate_config(spec: str) -> Path:
@@ -127,14 +144,15 @@ def load_model(spec: str, trust_remote_code: bool = False) -> ModelSource:
                 str(where), trust_remote_code=trust_remote_code, local_files_only=True
             )
     except Exception as exc:  # noqa: BLE001 - a config class rejecting the file, or its own code failing to load
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # the reason, on one line: a validator's error says which check failed on its first line, why on the next
+        first = " ".join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
         hint = (
             "it needs the model's own code: pass --trust-remote-code if you trust it (read from disk only)"
             if "trust_remote_code" in str(exc)
             else f"this transformers ({transformers.__version__}) cannot build it; fix the config or upgrade transformers"
         )
         raise InputError(
-            f"model_type {raw['model_type']!r} is not buildable ({first[:160]})", str(path), hint=hint
+            f"model_type {raw['model_type']!r} is not buildable ({first[:300]})", str(path), hint=hint
         ) from None
     text = config.get_text_config(decoder=True)
     _require_causal_lm(transformers, text, raw, path, trust_remote_code)
@@ -149,12 +167,14 @@ def load_config(spec: str, trust_remote_code: bool = False) -> Any:
 def check_fields(raw: dict[str, Any], path: Path, aliases: dict[str, str]) -> None:
     """Every size field the tiny model reads or replaces is an integer (a per-layer list of them at most)."""
     layers = set(aliased(LAYER_KEYS, aliases))
+    heads = set(aliased(HEAD_COUNTS, aliases))
     for section in (raw, raw.get("text_config")):
         if not isinstance(section, dict):
             continue
         for key in aliased(INT_FIELDS, aliases):
             high = MAX_LAYERS if key in layers else MAX_SIZE
-            int_field(section, key, str(path), low=0, high=high, per_layer=key not in layers)
+            low = 1 if key in heads else 0
+            int_field(section, key, str(path), low=low, high=high, per_layer=key not in layers)
 
 
 def code_note(source: ModelSource, model_class: type | None) -> str | None:

@@ -91,6 +91,8 @@ POSITION_CAPS = {"max_position_embeddings": 1 << 20, "max_seq_len": 1 << 20, "se
 POSITION_KEYS = tuple(POSITION_CAPS)
 #: integer fields the shrink reads or replaces: a non-integer there is refused by name before transformers sees it
 INT_FIELDS = (*SIZES, *LAYER_KEYS, *POSITION_KEYS, "num_key_value_heads")
+#: head counts transformers divides by when it builds the config (0 was "integer division or modulo by zero")
+HEAD_COUNTS = ("num_attention_heads", "num_key_value_heads")
 #: parameters of the shrunk model (counted on the meta device, nothing allocated) above which the audit refuses:
 #: a size field the shrink does not know stayed large. Causal-LM families shrink to 0.07-8M parameters
 #: (transformers 5.23); a few multimodal ones keep a vision tower (git: 86M); 2**27 float64 weights are 1 GiB

@@ -11,6 +11,7 @@ import sys
 import typer
 
 from packtool.cli.commands import app
+from packtool.cli.summaries import error_line
 from packtool.errors import PacktoolError, UsageError
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     try:
         app()
     except PacktoolError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(error_line(str(exc)), err=True)
         sys.exit(2 if isinstance(exc, UsageError) else 1)
     except Terminated:
         typer.echo(

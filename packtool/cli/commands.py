@@ -83,7 +83,7 @@ def tokenize(
         str | None, typer.Option("--completion-field", help="prompt-completion: completion.")
     ] = None,
     messages_field: Annotated[
-        str | None, typer.Option("--messages-field", help="chat: messages; sharegpt: conversations.")
+        str | None, typer.Option("--messages-field", help="chat, openai: messages; sharegpt: conversations.")
     ] = None,
     role_map: Annotated[
         str | None, typer.Option("--role-map", help="chat/sharegpt: FROM=TO,... onto system/user/assistant/tool.")
@@ -287,5 +287,6 @@ def audit(
     config = AuditConfig(model, trust_remote_code, tuple(attn_implementation or ()), seed).validate()
     report = audit_model(config)
     typer.echo(summaries.audit_text(report, as_json))
-    if not report.exact:
+    if not report.exact:  # exit 1 says no packed setup is exact: one error line, as every exit 1 has
+        typer.echo(summaries.error_line(summaries.audit_failure(report)), err=True)
         raise typer.Exit(1)

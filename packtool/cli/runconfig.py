@@ -249,7 +249,7 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
                 f"{_at(file, body, key)}, keep one"
             )
         if section == "pack" and norm == "tokens_dir":  # a store, or a mixture: [a:2, {path: b, weight: 0.5}]
-            out[norm], inline = _mixture(value, base, f"{section}.{key}, {_at(file, body, key)}")
+            out[norm], inline = _mixture(value, base, f"{section}.{key}, {_at(file, body, key)}", file)
             if inline is not None:
                 out[_INLINE] = (key, inline)
             continue
@@ -280,8 +280,12 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
     return out
 
 
-def _mixture(value: Any, base: Path, where: str) -> tuple[Path | tuple[Path, ...], tuple[float, ...] | None]:
-    """`tokens_dir` of a pack section: `STORE[:WEIGHT]`, or a list of those and of `{path, weight}` mappings."""
+def _mixture(
+    value: Any, base: Path, where: str, file: Path
+) -> tuple[Path | tuple[Path, ...], tuple[float, ...] | None]:
+    """`tokens_dir` of a pack section: `STORE[:WEIGHT]`, or a list of those and of `{path, weight}` mappings.
+
+    A `{path, weight}` mapping's bad weight is located at its own `weight:` line of `file`."""
     from packtool.stages.pack import mixture_args
 
     items = value if isinstance(value, list) else [value]
@@ -289,14 +293,15 @@ def _mixture(value: Any, base: Path, where: str) -> tuple[Path | tuple[Path, ...
     for item in items:
         if isinstance(item, dict) and isinstance(item.get("path"), str) and set(item) <= {"path", "weight"}:
             weight = item.get("weight", 1)
+            at = f"{where.split(', ', 1)[0]}, {_at(file, item, 'weight')}"
             if isinstance(weight, bool) or not isinstance(weight, (int, float)):
                 raise ConfigError(
-                    f"{where}: weight {_show(weight)} of {_show(item['path'])} is not a number, write `weight: 2`"
+                    f"{at}: weight {_show(weight)} of {_show(item['path'])} is not a number, write `weight: 2`"
                 )
             try:
                 check_weight(weight, repr(item["path"]))  # `.inf`, `.nan`, 0: named here, not as a missing store
             except UsageError as exc:
-                raise UsageError(f"{where}: {exc}") from None
+                raise UsageError(f"{at}: {exc}") from None
             specs.append(f"{_resolve(item['path'], base, 'tokens_dir')}:{weight!r}")
         elif isinstance(item, str) and item:
             specs.append(_resolve(item, base, "tokens_dir"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from packtool.cli.stats_text import stats_text
@@ -121,6 +122,37 @@ def audit_text(report: Any, as_json: bool) -> str:
         lines.append("recommended: none")
     lines.append(d["advice"])
     return "\n".join(lines)
+
+
+#: a word of an error message longer than this (a path, a flag's value, a field name) is shortened
+_WORD = 160
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_LONG_WORD = re.compile(rf"\S{{{_WORD + 1},}}")
+
+
+def error_line(message: str) -> str:
+    """`error: MESSAGE` as ONE bounded line, whatever the message quotes: a newline or another control character
+    in a file name or a value (`a\nb.jsonl`) is escaped (it split the line in two), and a word longer than 160
+    characters (a 100,000-character `--role-map` was quoted whole: 200 kB on one line) keeps its ends."""
+    text = _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), message)
+    text = _LONG_WORD.sub(lambda m: f"{m.group(0)[:100]}...({len(m.group(0)):,} characters)...{m.group(0)[-40:]}", text)
+    return f"error: {text}"
+
+
+def audit_failure(report: Any) -> str:
+    """The one `error:` line of an audit that found no exact packed setup (the report itself is on stdout)."""
+    measured = any(r.verdict != "unsupported" for r in report.results)
+    if not measured:
+        first = next((r.reason for r in report.results if r.reason), "no reason given")
+        first = first if len(first) <= 200 else first[:197] + "..."
+        return (
+            f"nothing could be measured (first reason: {first}), {report.model}, fix what the reasons name or try "
+            "another --attn-implementation, then re-run the audit"
+        )
+    return (
+        f"no packed setup is exact: packed documents leak under every style and attention implementation that ran, "
+        f"{report.model}, train with padded dynamic batches or install the kernels the advice names (see the report)"
+    )
 
 
 def _sci(value: float | None) -> str:

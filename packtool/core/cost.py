@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import ConfigError
-from packtool.formats.model_config import config_path, first_int, int_field, read_model_config
+from packtool.formats.model_config import MAX_SIZE, config_path, first_int, int_field, read_model_config
 
 TRAINING_FACTOR = 3.0
 """Forward + backward ≈ 3 x forward (the backward computes gradients of activations and weights)."""
@@ -251,8 +251,10 @@ def _width(raw: dict[str, Any], where: str) -> int | None:
 
 
 def _positive(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    """A model width as an int in 1..MAX_SIZE: a larger one (10**200) overflowed the float cost, a traceback."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_SIZE:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
         raise ConfigError(
-            f"{name} must be a positive integer, got {value!r}, CostModel.from_shape, pass the model's {name}"
+            f"{name} must be an integer from 1 to {MAX_SIZE}, got {shown}, CostModel.from_shape, pass the model's {name}"
         )
     return int(value)

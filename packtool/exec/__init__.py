@@ -8,6 +8,7 @@ or the worker count. This package knows no stage: tokenize, pack and export all 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 
 from packtool.choices import ExecutorName
@@ -30,6 +31,33 @@ def parse_executor(name: str | ExecutorName, ray_address: str | None = None) -> 
     if parsed == ExecutorName.RAY:
         require_ray()
     return parsed
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or `taskset` narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_count(
+    requested: int | None, name: str | ExecutorName = ExecutorName.LOCAL, ray_address: str | None = None
+) -> int:
+    """How many workers a stage runs: `--workers` (all cores when left out), never more than the cores that run them.
+
+    Work that runs on this machine (the local pool, a local Ray) gains nothing from more threads than cores:
+    they only contend, and each costs a stack (and one thread of the Rust tokenizer's pool each). `--workers
+    100000` once started 100,000 of them and ran for 20 minutes. A Ray cluster (`--ray-address`) has cores of
+    its own, so there the request stands (the executor bounds the tasks in flight). Output bytes never depend
+    on the count, so capping it changes nothing but the time.
+    """
+    cores = machine_cores()
+    if requested is None:
+        return cores
+    if ray_address is not None and str(name) == ExecutorName.RAY.value:
+        return max(1, requested)
+    return max(1, min(requested, cores))
 
 
 def make_executor(
@@ -55,4 +83,13 @@ def make_executor(
     return thread_executor(workers, ahead, worker_env)
 
 
-__all__ = ["Executor", "Task", "cap_malloc_arenas", "make_executor", "parse_executor", "scoped_environ"]
+__all__ = [
+    "Executor",
+    "Task",
+    "cap_malloc_arenas",
+    "machine_cores",
+    "make_executor",
+    "parse_executor",
+    "scoped_environ",
+    "worker_count",
+]

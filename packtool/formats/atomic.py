@@ -33,6 +33,29 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
+def directories_made(path: Path, make: Callable[[Path], object] | None = None) -> Iterator[Path]:
+    """Create the directory `path` with its missing parents (`make(path)`, default `mkdir -p`); when the block
+    fails, remove again the ones made here that are still empty (deepest first), so a failed run leaves no
+    skeleton of empty directories. A directory something else wrote into meanwhile (`.DIR.partial`) stays."""
+    made = []
+    for directory in (path, *path.parents):
+        if directory.exists():
+            break
+        made.append(directory)
+    try:
+        if make is None:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            make(path)
+        yield path
+    except BaseException:
+        for directory in made:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+
+
+@contextlib.contextmanager
 def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[object]:
     """Open a temporary sibling for writing; rename it to `path` only on success."""
     final = Path(path)
@@ -46,8 +69,10 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[obje
         os.replace(tmp, final)
         fsync_dir(final.parent)
     except BaseException:
-        fh.close()
-        tmp.unlink(missing_ok=True)
+        try:
+            fh.close()  # flushes what is buffered: on a full disk it fails again
+        finally:
+            tmp.unlink(missing_ok=True)  # so the temp goes whatever close() did (a full disk left it behind)
         raise
 
 

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packtool.errors import FormatError, OutputExistsError
+from packtool.formats import jsontext
 from packtool.formats.atomic import fsync_dir, pid_alive, temp_sibling
 from packtool.formats.faults import fault_point
 
@@ -179,7 +180,7 @@ def merged_megatron_metadata(path: Path, entry: dict[str, Any]) -> bytes:
     entries: list[dict[str, Any]] = []
     if path.exists():
         try:
-            loaded = json.loads(path.read_text("utf-8"))
+            loaded = jsontext.loads(path.read_text("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FormatError(
                 f"{path.name} is not a JSON array ({exc}), {path}, remove it or export to another --output"

@@ -83,9 +83,11 @@ def _ref_snapshot(ref: Path, repo: Path) -> Path:
     check_within(ref, repo / "refs", f"the ref file {ref.name!r}", hint=_HINT)
     with reading(ref), open(ref, "rb") as fh:
         data = fh.read(_REF_BYTES + 1)
+    if len(data) > _REF_BYTES:  # not a ref: it was cut to 40 characters and another revision silently used
+        from packtool.errors import InputError
+
+        raise InputError(f"the ref file holds more than a commit hash (over {_REF_BYTES} bytes)", str(ref), hint=_HINT)
     commit = data.decode("utf-8", errors="replace").strip()
-    if len(data) > _REF_BYTES:
-        commit = commit[:40] + "..."
     return _snapshot(repo, commit, f"the ref file {ref}")
 
 

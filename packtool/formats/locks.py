@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from packtool.errors import OutputLockedError
+from packtool.formats import jsontext
 
 _HELD: dict[Path, int] = {}
 _HELD_LOCK = threading.Lock()
@@ -37,7 +38,7 @@ def lock_path(path: str | os.PathLike[str]) -> Path:
 def _holder(lock: Path) -> str:
     """'pid 123 on host x since 2026-01-01T00:00:00Z' from the lock file, best effort."""
     try:
-        info = json.loads(lock.read_text("utf-8"))
+        info = jsontext.loads(lock.read_text("utf-8"))
         return f"pid {info['pid']} on host {info['host']} since {info['started']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "a process that is still starting"

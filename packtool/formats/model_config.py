@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import ConfigError
+from packtool.formats import jsontext
+from packtool.formats.sidefiles import SideFileError, read_side_file
 
 CONFIG_JSON = "config.json"
 #: the largest width any size field may hold (no released model comes near: 2**31 - 1)
@@ -34,15 +36,12 @@ def config_path(path: str | os.PathLike[str]) -> Path:
 def read_model_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON object of a transformers `config.json` (a file or a model directory holding one)."""
     file = config_path(path)
-    if file.exists() and not file.is_file():  # /dev/zero, a FIFO: reading would never end
-        raise ConfigError(f"model config is not a regular file, {file}, pass a transformers config.json")
-    if file.is_file() and file.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            f"model config is {file.stat().st_size:,} bytes, more than a config.json holds ({MAX_CONFIG_BYTES:,}), "
-            f"{file}, pass the model's config.json"
-        )
     try:
-        raw = json.loads(file.read_text("utf-8"))
+        raw = jsontext.loads(read_side_file(file, MAX_CONFIG_BYTES).decode("utf-8"))
+    except SideFileError as exc:  # /dev/zero, a FIFO, a multi-GB file: never read
+        raise ConfigError(
+            f"model config is not read: {exc}, {file}, pass the model's transformers config.json"
+        ) from None
     except FileNotFoundError:
         raise ConfigError(
             f"model config does not exist, {file}, pass a transformers config.json or a model directory"

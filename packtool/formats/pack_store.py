@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import FormatError
+from packtool.formats import jsontext
 from packtool.formats.atomic import atomic_file
 from packtool.formats.files import check_file_records, sha256_bytes, sha256_file
 from packtool.formats.files import file_records as file_records  # re-exported for writers and tests
-from packtool.formats.token_store import parse_dtype
+from packtool.formats.sidefiles import SideFileError, read_side_file
+from packtool.formats.token_store import MAX_STORE_JSON_BYTES, is_token_store, parse_dtype
 
 FORMAT_NAME = "packtool.packs"
 FORMAT_VERSION = 3  # the newest this packtool reads and writes (docs/FORMAT.md, "Versioning")
@@ -125,12 +127,16 @@ def read_metadata(directory: Path, size: int) -> list[dict[str, Any]]:
     path = Path(directory) / metadata_name(size)
     if not path.exists():
         return []
+    try:  # one line per split: a few kB; a link to /dev/zero was read until a MemoryError
+        text = read_side_file(path, MAX_STORE_JSON_BYTES).decode("utf-8")
+    except (SideFileError, UnicodeDecodeError) as exc:
+        raise FormatError(f"pack metadata is not read ({exc}), {path}, re-run `packtool pack`") from None
     records = []
-    for lineno, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = jsontext.loads(line)
         except json.JSONDecodeError as exc:
             raise FormatError(
                 f"invalid JSON in pack metadata ({exc.msg}), {path}:{lineno}, re-run `packtool pack`"
@@ -348,6 +354,11 @@ def find_pack_dir(path: str | os.PathLike[str]) -> Path:
         return subdirs[0]
     if len(subdirs) > 1:
         raise FormatError(f"{packed} holds several tokenizers ({', '.join(s.name for s in subdirs)}), pass one of them")
+    if is_token_store(p):  # "no manifest.json" would be false: it is the wrong kind of store
+        raise FormatError(
+            f"{p} is a token store, not a pack store, pass a pack ROOT, a packed/{{tokenizer}} directory or a "
+            "pack .npy (run `packtool pack` on the token store first)"
+        )
     raise FormatError(
         f"no token store or pack store at {p} (no manifest.json, no *_metadata.jsonl), "
         "check the path, or run `packtool tokenize` / `packtool pack` first"

@@ -23,13 +23,14 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packtool.errors import FormatError, StorageError
-from packtool.formats.atomic import fsync_dir, pid_alive, temp_sibling
+from packtool.formats.atomic import directories_made, fsync_dir, pid_alive, temp_sibling
 from packtool.formats.faults import fault_point
 from packtool.formats.files import sha256_file
 from packtool.formats.locks import exclusive_output
@@ -73,6 +74,15 @@ def prepare_pack_dir(directory: str | os.PathLike[str]) -> Path:
     if not os.access(d, os.W_OK | os.X_OK):
         raise StorageError(f"the pack directory is not writable, {d}, fix its permissions or choose another --output")
     return d
+
+
+@contextlib.contextmanager
+def pack_dir_made(directory: str | os.PathLike[str]) -> Iterator[Path]:
+    """`prepare_pack_dir` for a run: the directories it made (ROOT, `packed/`, `packed/{tokenizer}`) are
+    removed again when the run fails before writing into them (a refused overlong document, a mixture of
+    tokenizers, a full disk left them behind, empty)."""
+    with directories_made(Path(directory), prepare_pack_dir) as made:
+        yield made
 
 
 def _ours(name: str) -> bool:

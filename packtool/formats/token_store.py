@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import FormatError
+from packtool.formats import jsontext
 from packtool.formats.atomic import (
     atomic_directory,
     dead_siblings,
@@ -28,6 +29,7 @@ from packtool.formats.atomic import (
 )
 from packtool.formats.faults import fault_point
 from packtool.formats.files import HashedFile, check_file_records, file_records, sha256_bytes
+from packtool.formats.sidefiles import SideFileError, read_side_file
 
 FORMAT_NAME = "packtool.tokens"
 FORMAT_VERSION = 1
@@ -221,12 +223,22 @@ def commit_token_store(staging: Path, final: Path) -> None:
 STORE_FILES = frozenset({TOKENS_BIN, BOUNDARIES, LOSS, MANIFEST, REJECTS})
 
 
+#: the largest manifest or metadata file read (a manifest lists its inputs: ~300 bytes each; a pack store's
+#: metadata holds one line per split): a link to /dev/zero or a sparse multi-GB file is refused unread
+MAX_STORE_JSON_BYTES = 256 << 20
+
+
+def _manifest_text(mpath: Path) -> str:
+    """`manifest.json`'s text, bounded (SideFileError, OSError, UnicodeDecodeError otherwise)."""
+    return read_side_file(mpath, MAX_STORE_JSON_BYTES).decode("utf-8")
+
+
 def is_token_store(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a directory whose committed manifest says `packtool.tokens` (contents unchecked)."""
     mpath = Path(path) / MANIFEST
     try:
-        manifest = json.loads(mpath.read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        manifest = jsontext.loads(_manifest_text(mpath))
+    except (OSError, ValueError):  # SideFileError and UnicodeDecodeError are ValueErrors
         return False
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
 
@@ -300,9 +312,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"no {MANIFEST} in {path}, not a token store (or an interrupted run), re-run `packtool tokenize`"
         )
     try:
-        manifest = json.loads(mpath.read_text("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{MANIFEST} is not valid JSON ({exc}), {mpath}, re-run `packtool tokenize`") from exc
+        manifest = jsontext.loads(_manifest_text(mpath))
+    except ValueError as exc:  # not UTF-8 or JSON, or never read (SideFileError: a device, over the limit)
+        kind = "read" if isinstance(exc, SideFileError) else "valid JSON"
+        raise FormatError(f"{MANIFEST} is not {kind} ({exc}), {mpath}, re-run `packtool tokenize`") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise FormatError(
             f"{mpath} is not a packtool token store manifest (format={manifest.get('format') if isinstance(manifest, dict) else None!r}), expected format {FORMAT_NAME!r}"
@@ -319,6 +332,16 @@ def read_manifest(path: Path) -> dict[str, Any]:
     for key in ("tokenizer", "dtype", "n_documents", "n_tokens", "files"):
         if key not in manifest:
             raise FormatError(f"{MANIFEST} lacks {key!r}, {mpath}, re-run `packtool tokenize`")
+    for key, value in manifest.items():  # sizes the files are checked against: "many" or -1 is no size
+        count = key in ("n_documents", "n_tokens")
+        if (count and (isinstance(value, bool) or not isinstance(value, int) or value < 0)) or (
+            key in ("tokenizer", "files") and not isinstance(value, dict)
+        ):
+            want = "a count (an integer >= 0)" if count else "a JSON object"
+            got = repr(value)[:80] if count else type(value).__name__
+            raise FormatError(
+                f"{MANIFEST} field {key!r} must be {want}, got {got}, {mpath}, re-run `packtool tokenize`"
+            )
     return manifest
 
 
@@ -342,7 +365,7 @@ def open_token_store(path: str | os.PathLike[str], *, check_hashes: bool = False
     n_docs, n_tokens = int(manifest["n_documents"]), int(manifest["n_tokens"])
     _check_size(root / TOKENS_BIN, n_tokens * dtype.itemsize, TOKENS_BIN)
     _check_size(root / BOUNDARIES, n_docs * BOUNDARY_DTYPE.itemsize, BOUNDARIES)
-    has_loss = isinstance(manifest["files"], dict) and LOSS in manifest["files"]
+    has_loss = LOSS in manifest["files"]
     if has_loss:
         _check_size(root / LOSS, n_tokens, LOSS)
     check_file_records(

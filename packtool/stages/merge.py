@@ -73,6 +73,9 @@ def merge_shards(
     if overwrite:
         check_replaceable(out, list(shard_dirs))
     first = stores[0].manifest
+    manifest = {k: v for k, v in first.items() if k not in _WRITER_KEYS}
+    manifest.update(_summed_counts(stores, manifest))
+    manifest["build"] = first["shard"]["build"]
     total = sum(s.n_tokens for s in stores)
     done = 0
     # one writer per output (a second merge or tokenize fails at once, naming this one); OS errors are one line
@@ -91,30 +94,46 @@ def merge_shards(
                 done += b - a
                 if progress:
                     progress(done, total)
-        manifest = {k: v for k, v in first.items() if k not in _WRITER_KEYS}
-        manifest["sources"] = _sum_sources([s.manifest for s in stores])
-        if "n_rejected" in manifest:
-            manifest["n_rejected"] = sum(int(s.manifest.get("n_rejected", 0)) for s in stores)
-        if "rejected_by_reason" in manifest:
-            reasons: dict[str, int] = {}
-            for store in stores:
-                for kind, n in store.manifest.get("rejected_by_reason", {}).items():
-                    reasons[kind] = reasons.get(kind, 0) + int(n)
-            manifest["rejected_by_reason"] = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-        manifest["build"] = first["shard"]["build"]
         full = writer.finish(manifest)
     return MergeResult(out, full, len(stores))
 
 
+_SHARD_COUNTS = ("index", "count", "chunk_start", "chunk_end", "n_chunks")
+
+
+def _entry(store: TokenStore) -> dict[str, Any]:
+    """The manifest's `shard` entry, checked: every count an integer >= 0 and in order, `build` a string.
+
+    A hand-edited or damaged entry (`"index": "x"`, `"count": 1e400`) was a ValueError traceback; a count of
+    10**12 made a set of that many shard numbers."""
+    shard = store.manifest.get("shard")
+    where = store.path / MANIFEST
+    if not isinstance(shard, dict):
+        raise ConfigError(
+            f"{store.path} is not a shard (its manifest has no 'shard' entry), "
+            "pass only stores written with `tokenize --num-shards N --shard-index I`"
+        )
+    for key in _SHARD_COUNTS:
+        value = shard.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise FormatError(
+                f"the shard entry's {key!r} must be an integer >= 0, got {json.dumps(value)[:40]}, {where}, "
+                "re-run that shard"
+            )
+    if not isinstance(shard.get("build"), str):
+        raise FormatError(f"the shard entry's 'build' is not a string, {where}, re-run that shard")
+    if not (shard["index"] < shard["count"] and shard["chunk_start"] <= shard["chunk_end"] <= shard["n_chunks"]):
+        raise FormatError(
+            f"the shard entry is inconsistent (index {shard['index']} of {shard['count']}, chunks "
+            f"{shard['chunk_start']}..{shard['chunk_end']} of {shard['n_chunks']}), {where}, re-run that shard"
+        )
+    return shard
+
+
 def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
     """Same run, every shard once, in order; raise a ConfigError naming the problem otherwise."""
-    for store in stores:
-        if "shard" not in store.manifest:
-            raise ConfigError(
-                f"{store.path} is not a shard (its manifest has no 'shard' entry), "
-                "pass only stores written with `tokenize --num-shards N --shard-index I`"
-            )
-    stores = sorted(stores, key=lambda s: int(s.manifest["shard"]["index"]))
+    entries = {id(store): _entry(store) for store in stores}
+    stores = sorted(stores, key=lambda s: int(entries[id(s)]["index"]))
     first = stores[0].manifest
     count = int(first["shard"]["count"])
     for store in stores:
@@ -139,10 +158,14 @@ def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
             f"shard index {dup[0]} is given twice ({', '.join(str(s.path) for s in stores if s.manifest['shard']['index'] == dup[0])}), "
             "pass each shard once"
         )
-    missing = sorted(set(range(count)) - set(indices))
-    if missing:
+    if len(indices) != count:  # the first ten numbers missing, found without a set of `count` of them
+        given, missing, i = set(indices), list[int](), 0
+        while len(missing) < 10 and i < count:
+            if i not in given:
+                missing.append(i)
+            i += 1
         raise ConfigError(
-            f"shards {missing[:10]} of {count} are missing, run `packtool tokenize ... --num-shards {count} "
+            f"shards {missing} of {count} are missing, run `packtool tokenize ... --num-shards {count} "
             f"--shard-index I` for them and pass every shard directory"
         )
     end = 0
@@ -161,10 +184,33 @@ def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
     return stores
 
 
-def _sum_sources(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = [dict(s) for s in manifests[0]["sources"]]
-    for m in manifests[1:]:
-        for total, part in zip(out, m["sources"], strict=True):
-            for key in ("records", "documents", "rejected"):
-                total[key] = int(total[key]) + int(part[key])
+def _summed_counts(stores: list[TokenStore], keys: dict[str, Any]) -> dict[str, Any]:
+    """The per-shard counts summed (`sources`' records/documents/rejected, `n_rejected`, `rejected_by_reason`),
+    before anything is written; a count that is not one is a FormatError naming the shard's manifest."""
+    store = stores[0]
+    try:
+        out: dict[str, Any] = {"sources": [dict(s) for s in store.manifest["sources"]]}
+        for store in stores[1:]:
+            for total, part in zip(out["sources"], store.manifest["sources"], strict=True):
+                for key in ("records", "documents", "rejected"):
+                    total[key] = _count(total[key]) + _count(part[key])
+        if "n_rejected" in keys:
+            out["n_rejected"] = sum(_count(s.manifest.get("n_rejected", 0)) for s in stores)
+        if "rejected_by_reason" in keys:
+            reasons: dict[str, int] = {}
+            for store in stores:
+                for kind, n in store.manifest.get("rejected_by_reason", {}).items():
+                    reasons[kind] = reasons.get(kind, 0) + _count(n)
+            out["rejected_by_reason"] = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise FormatError(
+            f"the shard's per-shard counts (sources, n_rejected, rejected_by_reason) are damaged "
+            f"({type(exc).__name__}: {str(exc)[:80]}), {store.path / MANIFEST}, re-run that shard"
+        ) from None
     return out
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{json.dumps(value)[:40]} is not a count")
+    return value

@@ -26,6 +26,7 @@ import numpy as np
 from packtool.errors import ConfigError, UsageError
 from packtool.formats.exports import StagedExport
 from packtool.formats.locks import exclusive_output
+from packtool.formats.oserrors import writing
 from packtool.formats.pack_store import (
     PackSplit,
     find_pack_dir,
@@ -61,7 +62,8 @@ def export_store(config: ExportConfig, progress: Progress | None = None) -> Expo
     spec.check(store, ids)  # refuse what the trainer cannot represent before writing anything
     names, shared = spec.file_names(split, size)
     log.info("exporting %d packs of %s to %s in %s", store.n_packs, directory, target, output)
-    with exclusive_output(output), StagedExport(output, names, shared, config.overwrite) as staged:
+    # a read-only or full file system is one line (it was an OSError traceback), and nothing is left
+    with writing(output), exclusive_output(output), StagedExport(output, names, shared, config.overwrite) as staged:
         job = ExportJob(store, ids, staged, output, progress)
         lines, numbers = spec.write(job)
     return ExportResult(

@@ -10,7 +10,7 @@ from pathlib import Path
 from packtool.choices import Algorithm, ExecutorName, Overlong, Split
 from packtool.core.mixture import check_fraction, check_weight
 from packtool.core.packing import MAX_CAPACITY
-from packtool.errors import ConfigError, UsageError
+from packtool.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class PackConfig:
     split: Split = Split.TRAINING
     """Which split this token store becomes; re-packing a split replaces only its files and line."""
     workers: int | None = None
-    """Parallel pack-block writers; None = all cores. Output bytes never depend on it."""
+    """Parallel pack-block writers; None = all cores, and never more than the cores (`exec.worker_count`).
+    Output bytes never depend on it."""
     executor: ExecutorName = ExecutorName.LOCAL
     """Where pack blocks are written: local (a thread pool) or ray (Ray tasks, shared file system)."""
     ray_address: str | None = None
@@ -80,10 +81,10 @@ class PackConfig:
             )
         paths = [self.tokens_dir] if isinstance(self.tokens_dir, (str, os.PathLike)) else list(self.tokens_dir)
         if not paths:
-            raise ConfigError("no token store given, pass at least one STORE[:WEIGHT]")
+            raise UsageError("no token store given, pass at least one STORE[:WEIGHT]")
         if self.weights is not None:
-            if len(self.weights) != len(paths):
-                raise ConfigError(
+            if len(self.weights) != len(paths):  # two keys that contradict each other: a usage error
+                raise UsageError(
                     f"{len(self.weights)} weights for {len(paths)} token stores, give one weight per store"
                 )
             for p, w in zip(paths, self.weights, strict=True):

@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,12 @@ from packtool import __version__
 from packtool.core.packing import lower_bound
 from packtool.core.packing.segments import Segments, build_segments
 from packtool.errors import ConfigError, FormatError
-from packtool.exec import make_executor
+from packtool.exec import make_executor, worker_count
 from packtool.formats.faults import fault_point
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
 from packtool.formats.pack_store import MIXTURE_VERSION, pack_dir, read_metadata
-from packtool.formats.pack_writer import PackSplitWriter, prepare_pack_dir, publish_together
+from packtool.formats.pack_writer import PackSplitWriter, pack_dir_made, publish_together
 from packtool.formats.store_set import StoreSet, open_store_set
 from packtool.formats.token_store import TokenStore, dtype_name, open_token_store
 from packtool.progress import Progress
@@ -68,7 +67,7 @@ def _write_matrices(
     """Fill `{S}_{N}.npy` (and `.loss.npy`) block by block through the chosen executor."""
     if layout.n_packs == 0:
         return
-    workers = max(1, config.workers if config.workers else (os.cpu_count() or 1))
+    workers = worker_count(config.workers, config.executor, config.ray_address)
     execute = make_executor(config.executor, workers, ray_address=config.ray_address)
     tasks = block_tasks(layout, stores, writer, config.size, pad_id, sync=str(config.executor) == "ray")
     done = 0
@@ -136,7 +135,7 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
         counts = [first.n_documents, *(open_token_store(p).n_documents for p, _ in specs[1:])]
         check_repetition([p for p, _ in specs], [w for _, w in specs], counts)
     directory = pack_dir(config.output, first.tokenizer_name)
-    with writing(directory), exclusive_output(prepare_pack_dir(directory)):  # one writer per pack directory
+    with writing(directory), pack_dir_made(directory) as made, exclusive_output(made):  # one writer per directory
         _check_validation_owner(directory, config)
         stores = open_store_set([p for p, _ in specs], check_hashes=True)
         selections: list[SplitSelection | None] = [None]

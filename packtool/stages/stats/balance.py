@@ -62,6 +62,11 @@ def step_balance(
             f"--world-size {world} is more ranks than the split has packs ({n}), packtool stats, "
             f"pass --world-size {n} or fewer (or pack the data into more packs)"
         )
+    if world * micro_batches > n:  # a step larger than the epoch (10**30 overflowed numpy's reshape: a traceback)
+        raise UsageError(
+            f"--micro-batches {str(micro_batches)[:40]} x --world-size {world} is more packs per step than the split "
+            f"has ({n}), packtool stats, pass --micro-batches {max(1, n // world)} or fewer"
+        )
     plain = epoch_order(n, seed, 0, world=world)
     balanced = balanced_order(plain, costs, world=world, micro_batches=micro_batches, window=window, seed=seed)
     per_step: dict[str, np.ndarray] = {}

@@ -24,6 +24,7 @@ from packtool.core.batching import dynamic_waste
 from packtool.core.packing import ALGORITHMS, pack_lengths
 from packtool.core.packing.segments import build_segments
 from packtool.errors import ConfigError, UsageError
+from packtool.formats.model_config import MAX_SIZE
 from packtool.formats.pack_store import find_pack_dir, metadata_sources, open_pack_split, parse_data_name, sizes_in
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
@@ -71,6 +72,11 @@ class StatsConfig:
                                  ("--hidden-size", self.hidden_size, 1)):  # fmt: skip
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise UsageError(f"{flag} must be an integer >= {low}, got {value!r}, pass e.g. {flag} {low or 1}")
+        if self.hidden_size is not None and self.hidden_size > MAX_SIZE:  # 10**200 overflowed the float cost
+            raise UsageError(
+                f"--hidden-size must be at most {MAX_SIZE} (no model is wider), got {str(self.hidden_size)[:40]}, "
+                "pass the model's hidden size"
+            )
         if self.world_size is None and (self.model is not None or self.hidden_size is not None):
             raise UsageError("--model/--hidden-size price the steps of --world-size W, pass --world-size too")
         if self.world_size is not None:

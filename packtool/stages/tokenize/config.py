@@ -5,11 +5,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from packtool.choices import AssistantTurns, BackendName, ExecutorName, InputFormat, OnError
-from packtool.errors import ConfigError, UsageError
+from packtool.errors import UsageError
 from packtool.stages.tokenize.inputs.record import DEFAULT_MAX_RECORD_BYTES
 
 #: --chunk-bytes left out: the inputs' total size / AUTO_CHUNKS, between these bounds (`auto_chunk_bytes`)
@@ -39,7 +38,7 @@ class TokenizeConfig:
     completion_field: str | None = None
     """prompt-completion: the completion, the target (default `completion`)."""
     messages_field: str | None = None
-    """chat: `messages`, sharegpt: `conversations` when left out (each shape's default: its spec)."""
+    """chat and openai: `messages`, sharegpt: `conversations` when left out (each shape's default: its spec)."""
     role_map: str | None = None
     """chat / sharegpt: `from=to,...` renaming roles to system/user/assistant/tool (extends sharegpt's default map)."""
     instruction_field: str | None = None
@@ -63,7 +62,8 @@ class TokenizeConfig:
     eos: bool | None = None
     """None appends EOS when the tokenizer defines one (text, prompt-completion); chat leaves it to the template."""
     workers: int | None = None
-    """Parallel tokenizer threads/processes; None = all cores. Output bytes never depend on it."""
+    """Parallel tokenizer threads/processes; None = all cores, and never more than the cores (`resolved_workers`).
+    Output bytes never depend on it."""
     on_error: OnError = OnError.FAIL
     """fail: stop at the first bad record (file:line); skip: log it to rejects.jsonl and go on."""
     overwrite: bool = False
@@ -87,10 +87,14 @@ class TokenizeConfig:
     """Ray cluster to join with --executor ray; None starts a local Ray with num_cpus = workers."""
 
     def resolved_workers(self) -> int:
-        return max(1, self.workers if self.workers else (os.cpu_count() or 1))
+        """The workers (and Rust tokenizer threads) the run uses: `--workers`, capped at the machine's cores."""
+        from packtool.exec import worker_count
+
+        return worker_count(self.workers, self.executor, self.ray_address)
 
     def validate(self) -> TokenizeConfig:
-        """Check every choice and range; returns self. Raises ConfigError naming the flag and the fix."""
+        """Check every choice and range; returns self. A value outside its domain or flags that contradict each
+        other are a UsageError (exit 2) naming the flag and the fix."""
         for name, enum_type in (
             ("format", InputFormat),
             ("on_error", OnError),
@@ -103,22 +107,27 @@ class TokenizeConfig:
                 enum_type(str(value))
             except ValueError:
                 choices = ", ".join(e.value for e in enum_type)
-                raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not one of {choices}, pick one") from None
+                raise UsageError(f"--{name.replace('_', '-')} {value!r} is not one of {choices}, pick one") from None
         self._check_shape_flags()
         if not self.inputs:
-            raise ConfigError("no inputs given, pass at least one file, directory or glob")
+            raise UsageError("no inputs given, pass at least one file, directory or glob")
         if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.workers}, leave it out to use all cores")
+            raise UsageError(f"--workers must be >= 1, got {self.workers}, leave it out to use all cores")
         if self.max_record_bytes < 1:
-            raise ConfigError(
+            raise UsageError(
                 f"--max-record-bytes must be >= 1, got {self.max_record_bytes}, leave it out for the default (16 MiB)"
             )
         if self.chunk_bytes is not None and self.chunk_bytes < 1:
-            raise ConfigError(f"--chunk-bytes must be >= 1, got {self.chunk_bytes}, leave it out for the default")
+            raise UsageError(f"--chunk-bytes must be >= 1, got {self.chunk_bytes}, leave it out for the default")
+        if self.separator == "":
+            raise UsageError(
+                "--separator is empty, which would split nothing, pass the string between documents (e.g. "
+                "--separator '\\n\\n') or leave it out for one document per .txt file"
+            )
         if self.num_shards < 1:
-            raise ConfigError(f"--num-shards must be at least 1, got {self.num_shards}, pass a positive count")
+            raise UsageError(f"--num-shards must be at least 1, got {self.num_shards}, pass a positive count")
         if not 0 <= self.shard_index < self.num_shards:
-            raise ConfigError(
+            raise UsageError(
                 f"--shard-index {self.shard_index} is outside 0..{self.num_shards - 1} for --num-shards "
                 f"{self.num_shards}, pass an index below the shard count (Slurm: --shard-index $SLURM_ARRAY_TASK_ID)"
             )
@@ -147,6 +156,11 @@ class TokenizeConfig:
             raise UsageError(
                 f"--assistant-turns last does not apply to --format {fmt} (it is for records with assistant turns), "
                 "leave --assistant-turns out or pick the format of the records"
+            )
+        if self.chat_template is not None and not has_turns(fmt):
+            raise UsageError(
+                f"--chat-template does not apply to --format {fmt} (no chat template renders its records), "
+                "leave --chat-template out or pick the format of the records (chat, sharegpt, ...)"
             )
         if self.role_map is not None:
             try:

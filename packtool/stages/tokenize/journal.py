@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from packtool.formats import jsontext
 from packtool.formats.atomic import write_bytes_atomic
 from packtool.formats.faults import fault_point
 
@@ -78,7 +79,7 @@ class Journal:
         if path.is_file():
             for line in path.read_text("utf-8").splitlines():
                 try:
-                    data = json.loads(line)
+                    data = jsontext.loads(line)
                     if "source" in data:
                         self.source_hashes[str(data["source"])] = str(data["sha256"])
                     else:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import OutputExistsError, StorageError
+from packtool.formats import jsontext
+from packtool.formats.atomic import directories_made
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
 from packtool.formats.overwrite import check_replaceable
@@ -31,7 +33,6 @@ def guarded_output(output: Path) -> Iterator[None]:
     Parent directories it creates are removed again when the run fails and leaves them empty.
     """
     with writing(output):
-        created = []
         for parent in output.parents:
             if parent.exists():
                 if not parent.is_dir():
@@ -39,19 +40,11 @@ def guarded_output(output: Path) -> Iterator[None]:
                         f"cannot write the output, {parent} is a file, not a directory, choose another --output"
                     )
                 break
-            created.append(parent)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with exclusive_output(output):
-                done = recover_token_store(output)
-                if done:
-                    log.warning("%s", done)
-                yield
-        except BaseException:
-            for parent in created:  # deepest first; one holding resume state (.DIR.partial) stays
-                with contextlib.suppress(OSError):
-                    parent.rmdir()
-            raise
+        with directories_made(output.parent), exclusive_output(output):  # one holding .DIR.partial stays
+            done = recover_token_store(output)
+            if done:
+                log.warning("%s", done)
+            yield
 
 
 def check_output(output: Path, build: str, overwrite: bool, inputs: Sequence[Path]) -> dict[str, Any] | None:
@@ -63,7 +56,7 @@ def check_output(output: Path, build: str, overwrite: bool, inputs: Sequence[Pat
     manifest = None
     if (output / MANIFEST).is_file():
         try:
-            manifest = json.loads((output / MANIFEST).read_text("utf-8"))
+            manifest = jsontext.loads((output / MANIFEST).read_text("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             manifest = None
     if isinstance(manifest, dict) and manifest.get("build") == build and not overwrite:

@@ -21,7 +21,7 @@ from typing import Any
 from packtool.choices import AssistantTurns, InputFormat
 from packtool.core.encoding.shapes.base import Sample, ShapeFields, ShapeSpec, flag_of
 from packtool.core.encoding.shapes.registry import AUTO, every_shape, family
-from packtool.errors import ConfigError, InputError
+from packtool.errors import InputError, UsageError
 from packtool.stages.tokenize.config import TokenizeConfig
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.plan import read_chunk
@@ -124,17 +124,22 @@ def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
 
 
 def _check_flags(shape: Shape, config: TokenizeConfig) -> None:
-    """Flags the resolved shape does not read (known only once records decided it) are an error naming why."""
+    """Flags the resolved shape does not read (known only once records decided it) are a usage error naming why."""
     found = f"--format {config.format} {'detected' if shape.detected else 'read'} {shape.name}"
     if config.role_map is not None and not shape.spec.role_map:
         readers = list(dict.fromkeys(fmt for fmt, spec in every_shape() if spec.role_map))
-        raise ConfigError(
+        raise UsageError(
             f"--role-map applies to {' and '.join(readers)} records, but {found} ({shape.where}), leave --role-map out"
         )
     if config.assistant_turns == AssistantTurns.LAST and not shape.spec.chat:
-        raise ConfigError(
+        raise UsageError(
             f"--assistant-turns last applies to records with assistant turns, but {found} records ({shape.where}), "
             "leave --assistant-turns out"
+        )
+    if config.chat_template is not None and not shape.spec.chat:
+        raise UsageError(
+            f"--chat-template applies to records rendered by a chat template, but {found} records ({shape.where}), "
+            "leave --chat-template out"
         )
 
 

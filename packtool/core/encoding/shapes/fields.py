@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from packtool.core.encoding.shapes.base import ShapeError
+from packtool.formats import jsontext
 
 #: where conversations are found, in this order: `messages` (OpenAI, TRL), `conversations` (ShareGPT),
 #: `conversation` (LMSYS-Chat-1M, WildChat)
@@ -87,7 +88,7 @@ def tools_of(record: dict[str, Any], name: str) -> list[Any] | None:
         if not tools.strip():
             return None
         try:
-            tools = json.loads(tools)
+            tools = jsontext.loads(tools)
         except json.JSONDecodeError as exc:
             raise ShapeError(f"field {name!r} is a string that is not JSON ({exc.msg} at {exc.pos})") from None
     if tools is None:

@@ -15,6 +15,7 @@ from typing import Any
 from packtool.core.encoding.shapes.base import Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
 from packtool.core.encoding.shapes.fields import as_object, conversation_field, required, system_of, text, tools_of
 from packtool.core.encoding.shapes.roles import RoleMap, role_key, role_table
+from packtool.formats import jsontext
 
 #: the pseudo-role of a ShareGPT turn holding a tool call as JSON
 FUNCTION_CALL = "function_call"
@@ -75,7 +76,7 @@ def _turn(turn: Any, i: int, table: dict[str, str]) -> dict[str, Any]:
 def _tool_calls(value: str, i: int) -> list[dict[str, Any]]:
     """A function_call turn's JSON: one `{name, arguments}` object (or a list of them) -> transformers' tool_calls."""
     try:
-        parsed = json.loads(value)
+        parsed = jsontext.loads(value)
     except json.JSONDecodeError as exc:
         raise ShapeError(f"turn {i} function_call value is not JSON ({exc.msg} at {exc.pos})") from None
     calls = parsed if isinstance(parsed, list) else [parsed]

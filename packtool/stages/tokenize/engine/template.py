@@ -10,6 +10,10 @@ from pathlib import Path
 
 from packtool.core.encoding.chat import compile_template
 from packtool.errors import ConfigError
+from packtool.formats.sidefiles import SideFileError, read_side_file
+
+#: the largest chat template read (released ones are a few kB; the longest, with tool-call grammars, ~40 kB)
+TEMPLATE_BYTES = 16 << 20
 
 
 def read_chat_template(spec: str) -> str:
@@ -20,7 +24,9 @@ def read_chat_template(spec: str) -> str:
             raise ConfigError(f"--chat-template {spec} is a directory, pass a Jinja template file")
         if not path.exists():
             raise ConfigError(f"--chat-template {spec} does not exist, pass a Jinja template file")
-        text = path.read_text("utf-8")
+        text = read_side_file(path, TEMPLATE_BYTES).decode("utf-8")
+    except SideFileError as exc:
+        raise ConfigError(f"--chat-template {spec} is not read: {exc}, pass a Jinja template file") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"--chat-template {spec} is not UTF-8 text (byte {exc.start}), save the template as UTF-8"

@@ -18,7 +18,9 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from packtool.errors import TokenizerError
+from packtool.formats import jsontext
 from packtool.formats.files import sha256_file
+from packtool.formats.sidefiles import SideFileError, read_side_file
 from packtool.stages.tokenize.engine.locate import (
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
@@ -71,6 +73,10 @@ def _token_text(value: Any, key: str, path: Path) -> str | None:
     )
 
 
+#: the largest tokenizer side file read: tokenizer_config.json lists added tokens, a few MB for the largest
+SIDE_FILE_BYTES = 64 << 20
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     """A tokenizer side file (tokenizer_config.json, special_tokens_map.json): absent -> {}, else a JSON object."""
     if path.is_dir():
@@ -78,7 +84,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = jsontext.loads(read_side_file(path, SIDE_FILE_BYTES).decode("utf-8"))
+    except SideFileError as exc:
+        raise TokenizerError(f"{path.name} is not read: {exc}, {path}, fix or remove the file") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TokenizerError(f"{path.name} is not valid JSON ({exc}), {path}, fix or remove the file") from exc
     except OSError as exc:

@@ -8,12 +8,13 @@ order listed (they sort at the directory's own place among the inputs). A `Datas
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from packtool.errors import InputError
+from packtool.formats import jsontext
 from packtool.formats.oserrors import reading
 from packtool.formats.paths import contained
+from packtool.formats.sidefiles import SideFileError, read_side_file
 from packtool.stages.tokenize.inputs.locators.base import Found, norm
 
 STATE = "state.json"
@@ -52,7 +53,8 @@ def saved_dataset_files(path: Path, given: str, within: Path | None = None) -> l
     if (path / DICT).is_file():
         splits = _dataset_dict_splits(path, given)
         raise InputError(
-            f"a DatasetDict directory (splits: {', '.join(splits) or 'none'}) is several datasets",
+            f"a DatasetDict directory (splits: {', '.join(splits[:10]) or 'none'}{', ...' if len(splits) > 10 else ''}) "
+            "is several datasets",
             given,
             hint=f"name one split's directory, e.g. {given.rstrip('/')}/{splits[0] if splits else 'train'}",
         )
@@ -81,29 +83,62 @@ _SAVED_HINT = (
 )
 
 
+#: the largest state.json read: datasets writes ~60 bytes per Arrow file, so 16 MiB is some 250,000 of them
+MAX_STATE_BYTES = 16 << 20
+_LIST_HINT = "re-save the dataset with Dataset.save_to_disk"
+
+
 def _data_file_names(state: Path, given: str) -> list[str]:
-    """The `filename`s of `state.json`'s `_data_files`, each a string; InputError for anything else."""
+    """The `filename`s of `state.json`'s `_data_files`, each a string; InputError naming what is wrong otherwise.
+
+    Bounded: a `state.json` that is not a regular file or is larger than any file list is refused unread (a
+    75 MB one took 1 GB to parse, then failed on its last entry as "KeyError: 'filename'")."""
     with reading(str(state)):
-        text = state.read_bytes()
+        try:
+            text = read_side_file(state, MAX_STATE_BYTES)
+        except SideFileError as exc:
+            raise InputError(f"{STATE} is not read: {exc}", given, hint=_LIST_HINT) from None
     try:
-        entries = json.loads(text)["_data_files"]
-        names = [entry["filename"] for entry in entries]
-        if not isinstance(entries, list) or not all(isinstance(n, str) for n in names):
-            raise TypeError("_data_files must be a list of {'filename': NAME}")
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: a hostile nesting
+        data = jsontext.loads(text)
+    except ValueError as exc:  # invalid JSON or UTF-8, nesting past the recursion limit
         raise InputError(
-            f"cannot read the file list of a save_to_disk directory ({STATE}: {type(exc).__name__}: {str(exc)[:200]})",
+            f"cannot read the file list of a save_to_disk directory ({STATE} is not valid JSON: {str(exc)[:200]})",
             given,
-            hint="re-save the dataset with Dataset.save_to_disk",
+            hint=_LIST_HINT,
         ) from exc
-    return names
+    entries = data.get("_data_files") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        got = "no _data_files" if entries is None else f"_data_files is a JSON {_kind(entries)}"
+        raise InputError(
+            f"cannot read the file list of a save_to_disk directory ({STATE} has {got}, "
+            'expected a list of {"filename": NAME})',
+            given,
+            hint=_LIST_HINT,
+        )
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("filename"), str):
+            raise InputError(
+                f"cannot read the file list of a save_to_disk directory ({STATE}'s _data_files[{i}] is "
+                f"{'a JSON ' + _kind(entry) if not isinstance(entry, dict) else 'an object without a string filename'}"
+                ', expected {"filename": NAME})',
+                given,
+                hint=_LIST_HINT,
+            )
+    return [entry["filename"] for entry in entries]
+
+
+def _kind(value: object) -> str:
+    """A JSON value's kind as JSON names it."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def _dataset_dict_splits(path: Path, given: str) -> list[str]:
     """The splits `dataset_dict.json` lists (each a directory name inside); else the subdirectories holding a split."""
     try:
-        splits = json.loads((path / DICT).read_bytes()).get("splits")
-    except (ValueError, AttributeError, OSError, RecursionError):
+        small = (path / DICT).stat().st_size <= MAX_STATE_BYTES  # a larger one lists no splits worth reading
+        splits = jsontext.loads((path / DICT).read_bytes()).get("splits") if small else None
+    except (ValueError, AttributeError, OSError):
         splits = None
     if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
         return sorted(p.name for p in path.iterdir() if p.is_dir() and (p / STATE).is_file())

@@ -99,6 +99,19 @@ def json_lines(path: str, pieces: Iterator[bytes | TooLong], first_line: int, li
         except error as exc:
             if not piece.strip():
                 continue  # a blank line is not a record
-            message = str(exc)
-            reason = "invalid UTF-8" if "utf-8" in message.lower() else f"malformed JSON ({message})"
-            yield RawRecord(path, line, error=reason)
+            yield RawRecord(path, line, error=_reason(piece, str(exc)))
+
+
+#: a UTF-8 byte order mark inside a file, where only its first line may carry one (files joined with `cat`)
+BOM_INSIDE = (
+    "a UTF-8 byte order mark (BOM) starts this line, but only a file's first line may carry one "
+    "(files joined with `cat`?): remove it"
+)
+
+
+def _reason(piece: bytes, message: str) -> str:
+    """Why a line is not a record: a BOM past the first line (orjson says "UTF-8 BOM is not supported", which
+    read as "invalid UTF-8"), invalid UTF-8, or malformed JSON with the parser's words."""
+    if piece.startswith(BOM):
+        return BOM_INSIDE
+    return "invalid UTF-8" if "utf-8" in message.lower() else f"malformed JSON ({message})"
