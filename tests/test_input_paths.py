@@ -211,6 +211,29 @@ def test_a_state_json_larger_than_any_file_list_is_refused_unread(tmp_path: Path
     assert "state.json is not read: it is 3," in line and "bytes, more than such a file holds (2,000)" in line, line
 
 
+@pytest.mark.parametrize("which", ["state.json", "dataset_dict.json"])
+def test_a_side_file_linked_to_a_device_is_refused_not_walked_around(tmp_path: Path, bpe_tokenizer_dir: Path,
+                                                                     which: str) -> None:
+    """A `state.json` linked to /dev/zero made the directory no saved dataset at all: its Arrow files were
+    tokenized as a plain directory, exit 0. The names decide what the directory is; the file is then refused.
+    A `dataset_dict.json` linked so is never read (its splits are the subdirectories holding one)."""
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    if which == "state.json":
+        saved = _saved(tmp_path / "ds", ROWS)
+    else:
+        ds = datasets.Dataset.from_list(ROWS)
+        datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(saved := tmp_path / "dd"))
+    (saved / which).unlink()
+    (saved / which).symlink_to("/dev/zero")
+    line = _tokenize_error(tmp_path, bpe_tokenizer_dir, str(saved))
+    if which == "state.json":
+        assert "state.json is not read: it is not a regular file" in line and str(saved) in line, line
+    else:
+        assert "a DatasetDict directory (splits: test, train) is several datasets" in line, line
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("splits", ["null", "5", '"train"', '{"train": 1}', '"' + "[" * 100_000 + '"'])
 def test_dataset_dict_json_splits_of_any_type(tmp_path: Path, bpe_tokenizer_dir: Path, splits: str) -> None:
     """Not a list of names: the splits are the subdirectories that hold one (never the letters of a string)."""

@@ -8,6 +8,7 @@ order listed (they sort at the directory's own place among the inputs). A `Datas
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from packtool.errors import InputError
@@ -41,8 +42,15 @@ def dataset(path: Path, given: str, within: Path | None = None) -> Found:
 
 
 def is_saved_dataset(path: Path) -> bool:
-    """A `datasets` `save_to_disk` directory (one split) or a `DatasetDict` one (several)."""
-    return ((path / STATE).is_file() and (path / INFO).is_file()) or (path / DICT).is_file()
+    """A `datasets` `save_to_disk` directory (one split) or a `DatasetDict` one (several).
+
+    By the names alone (`lexists`): a `state.json` that is a link to a device or a directory still makes the
+    directory a saved dataset, whose reading then refuses that file by name, not a directory of Arrow files."""
+    return (_named(path / STATE) and _named(path / INFO)) or _named(path / DICT)
+
+
+def _named(path: Path) -> bool:
+    return os.path.lexists(path)
 
 
 def saved_dataset_files(path: Path, given: str, within: Path | None = None) -> list[Path]:
@@ -50,7 +58,7 @@ def saved_dataset_files(path: Path, given: str, within: Path | None = None) -> l
 
     Every name `state.json` lists must stay inside the directory, and its file (a link, in the hub cache)
     inside `within` (default: the directory): `formats.paths`."""
-    if (path / DICT).is_file():
+    if _named(path / DICT):
         splits = _dataset_dict_splits(path, given)
         raise InputError(
             f"a DatasetDict directory (splits: {', '.join(splits[:10]) or 'none'}{', ...' if len(splits) > 10 else ''}) "
@@ -135,10 +143,9 @@ def _kind(value: object) -> str:
 
 def _dataset_dict_splits(path: Path, given: str) -> list[str]:
     """The splits `dataset_dict.json` lists (each a directory name inside); else the subdirectories holding a split."""
-    try:
-        small = (path / DICT).stat().st_size <= MAX_STATE_BYTES  # a larger one lists no splits worth reading
-        splits = jsontext.loads((path / DICT).read_bytes()).get("splits") if small else None
-    except (ValueError, AttributeError, OSError):
+    try:  # bounded: a larger one, or one that is not a regular file, lists no splits worth reading
+        splits = jsontext.loads(read_side_file(path / DICT, MAX_STATE_BYTES)).get("splits")
+    except (ValueError, AttributeError, OSError, SideFileError):
         splits = None
     if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
         return sorted(p.name for p in path.iterdir() if p.is_dir() and (p / STATE).is_file())
