@@ -18,6 +18,7 @@ from input_support import check_resume, hub_repo, same_store_bytes, tokenize_ok
 from support import cli_error, write_jsonl, zipf_texts
 from test_input_readers import check_reader
 
+from packtool.core.encoding.shapes.fields import JsonText, structured
 from packtool.stages.tokenize.inputs import streams
 from packtool.stages.tokenize.inputs.plan import plan_chunks, read_chunk
 from packtool.stages.tokenize.inputs.readers import delimited
@@ -99,13 +100,56 @@ def test_a_lone_carriage_return_ends_a_row_as_csv_reads_it(tmp_path: Path) -> No
                                                                           (1, {"x": "c", "y": "d\re"})]
 
 
-def test_a_json_cell_is_parsed_only_when_it_is_an_array_or_object(tmp_path: Path) -> None:
+def test_a_cell_is_its_text_and_holds_json_only_when_it_is_an_array_or_object(tmp_path: Path) -> None:
     header = ["a", "b", "c", "d", "e"]
     path = _write(tmp_path / "v.csv", _csv_bytes(header, [['  [1, {"x": "y"}]', '{"k": 2}', "[not json", "42",
                                                              '"s"']]))
     _, chunks = plan_chunks([path], 1 << 20)
     (record,) = [r for c in chunks for r in read_chunk(c)]
-    assert record.value == {"a": [1, {"x": "y"}], "b": {"k": 2}, "c": "[not json", "d": "42", "e": '"s"'}
+    assert record.value == {"a": '  [1, {"x": "y"}]', "b": '{"k": 2}', "c": "[not json", "d": "42", "e": '"s"'}
+    assert [type(v) for v in record.value.values()] == [JsonText, JsonText, JsonText, str, str]
+    assert [structured(v) for v in record.value.values()] == [[1, {"x": "y"}], {"k": 2}, "[not json", "42", '"s"']
+
+
+#: text that is valid JSON (LLaMA-Factory's alpaca_en_demo has an `input` of "[4,21,11,32,14]"): read as a list,
+#: it was "field 'input' is not a string (got list)" and the record was lost; jsonl reads it as text
+_JSON_LOOKING = ["[4,21,11,32,14]", '{"a": 1}', " [] ", "[[1, 2], [3]]"]
+_TEXT_SHAPES = {
+    "text": ([{"text": t} for t in _JSON_LOOKING], ()),
+    "alpaca": ([{"instruction": "Reverse the list.", "input": t, "output": t[::-1], "system": t}
+                for t in _JSON_LOOKING], ("--format", "alpaca")),
+    "prompt-completion": ([{"prompt": "Q: " + t, "completion": t} for t in _JSON_LOOKING],
+                          ("--format", "prompt-completion")),
+    "auto": ([{"text": t} for t in _JSON_LOOKING], ()),
+}
+
+
+@pytest.mark.parametrize("shape", list(_TEXT_SHAPES))
+def test_a_text_cell_that_is_valid_json_stays_text(tmp_path: Path, bpe_tokenizer_dir: Path, shape: str) -> None:
+    records, flags = _TEXT_SHAPES[shape]
+    reference = tokenize_ok([write_jsonl(tmp_path / "r.jsonl", records)], bpe_tokenizer_dir, tmp_path / "ref", *flags)
+    header, rows = _table(records)
+    for name in ("r.csv", "r.tsv.gz"):
+        path = _write(tmp_path / name, _csv_bytes(header, rows, "\t" if ".tsv" in name else ","))
+        same_store_bytes(reference, tokenize_ok([path], bpe_tokenizer_dir, tmp_path / name.replace(".", "-"), *flags))
+
+
+def test_json_cells_where_a_shape_reads_structure(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """Alpaca `history`, ShareGPT `conversations`, `tools`, and a dotted path into an object cell read the
+    value the cell holds, with the same bytes as jsonl."""
+    history = [["hi", "hello"], ["[1]", "{}"]]
+    cases = {
+        "alpaca": ([{"instruction": "go", "input": "", "output": "[done]", "history": history}], ("--format", "alpaca")),
+        "sharegpt": ([{"conversations": [{"from": "human", "value": "[q]"}, {"from": "gpt", "value": "{a}"}]}],
+                     ("--format", "sharegpt")),
+        "dotted": ([{"meta": {"body": {"text": "[nested] text"}}}], ("--field", "meta.body.text")),
+    }
+    for name, (records, flags) in cases.items():
+        reference = tokenize_ok([write_jsonl(tmp_path / f"{name}.jsonl", records)], bpe_tokenizer_dir,
+                                tmp_path / f"{name}-ref", *flags)
+        header, rows = _table(records)
+        path = _write(tmp_path / f"{name}.csv", _csv_bytes(header, rows, ","))
+        same_store_bytes(reference, tokenize_ok([path], bpe_tokenizer_dir, tmp_path / f"{name}-csv", *flags))
 
 
 def test_rows_that_do_not_fit_are_bad_records_at_their_line(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:

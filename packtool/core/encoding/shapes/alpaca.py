@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from packtool.core.encoding.shapes.base import FIT, Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.fields import as_object, optional, required, system_of, text
+from packtool.core.encoding.shapes.fields import as_object, optional, required, structured, system_of, text
 
 
 def alpaca_conversation(record: Any, fields: ShapeFields) -> Conversation:
@@ -17,7 +17,7 @@ def alpaca_conversation(record: Any, fields: ShapeFields) -> Conversation:
     given = optional(record, fields.input)
     query = "" if given is None else text(given, f"field {fields.input!r}")
     messages = system_of(record, fields.system)
-    history = optional(record, fields.history)
+    history = structured(optional(record, fields.history))
     if history is not None:
         if not isinstance(history, list):
             raise ShapeError(f"field {fields.history!r} is not a list of [user, assistant] pairs")

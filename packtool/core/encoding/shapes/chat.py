@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from packtool.core.encoding.shapes.base import Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.fields import conversation_field, get_field, tools_of
+from packtool.core.encoding.shapes.fields import conversation_field, get_field, structured, tools_of
 from packtool.core.encoding.shapes.roles import role_key, role_table
 
 
@@ -18,6 +18,7 @@ def convert(record: Any, options: ShapeOptions) -> Conversation:
     messages, reason = get_field(record, options.fields.messages)
     if reason is not None:
         raise ShapeError(reason)
+    messages = structured(messages)
     if options.role_map and isinstance(messages, list):
         table = role_table(options.role_map, {})
         messages = [_renamed(m, table) for m in messages]

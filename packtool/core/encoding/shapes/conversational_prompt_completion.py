@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from packtool.core.encoding.shapes.base import FIT, Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.fields import as_object, get_field, required, tools_of
+from packtool.core.encoding.shapes.fields import as_object, get_field, required, structured, tools_of
 
 
 def convert(record: Any, options: ShapeOptions) -> Conversation:
@@ -16,7 +16,7 @@ def convert(record: Any, options: ShapeOptions) -> Conversation:
     fields = options.fields
     parts = []
     for name in (fields.prompt, fields.completion):
-        messages = required(record, name, "the record")
+        messages = structured(required(record, name, "the record"))
         if not isinstance(messages, list):
             raise ShapeError(
                 f"field {name!r} is not a list of messages (got {type(messages).__name__}), but the first records "
@@ -32,7 +32,7 @@ def convert(record: Any, options: ShapeOptions) -> Conversation:
 
 def detect(record: Any, fields: ShapeFields) -> Fit | None:
     prompt, reason = get_field(record, fields.prompt)
-    return FIT if reason is None and isinstance(prompt, list) else None
+    return FIT if reason is None and isinstance(structured(prompt), list) else None
 
 
 SPEC = ShapeSpec(

@@ -21,12 +21,36 @@ SPEAKER_KEYS = ("from", "role")
 MISSING: Any = object()
 
 
+class JsonText(str):
+    """A string that may hold a JSON array or object: a CSV cell whose first non-space character is `[` or
+    `{`. It is the text written where a shape reads text (an Alpaca `input` of `[4, 21, 11]` stays those
+    characters) and the value it holds where a shape reads a list or an object (`structured`)."""
+
+    __slots__ = ()
+
+
+def structured(value: Any) -> Any:
+    """`value`, or the JSON value a `JsonText` holds (one that does not parse stays its text)."""
+    if type(value) is not JsonText:
+        return value
+    try:
+        return jsontext.loads(value)
+    except ValueError:
+        return str(value)
+
+
+def plain_text(value: str) -> str:
+    """A string as the tokenizer and template get it: a `JsonText` as a plain `str`."""
+    return str(value) if type(value) is JsonText else value
+
+
 def get_field(value: Any, dotted: str) -> tuple[Any, str | None]:
     """Walk a dotted path (`a.b.c`) through nested dicts: (value, None) or (None, reason)."""
     if type(value) is dict and dotted in value and "." not in dotted:  # the common case: no split
         return value[dotted], None
     current = value
     for depth, key in enumerate(dotted.split(".")):
+        current = structured(current) if depth else current  # a dotted path reaches into a JSON cell
         if not isinstance(current, dict):
             where = ".".join(dotted.split(".")[:depth]) or "record"
             return None, f"{where} is not an object (got {type(current).__name__}), cannot read field {dotted!r}"
@@ -43,13 +67,14 @@ def get_text_field(value: Any, dotted: str) -> tuple[str | None, str | None]:
         return None, reason
     if not isinstance(got, str):
         return None, f"field {dotted!r} is not a string (got {type(got).__name__})"
-    return got, None
+    return plain_text(got), None
 
 
 def lookup(record: Any, dotted: str) -> Any:
     """A (dotted) field of a record, or MISSING."""
     current = record
-    for key in dotted.split("."):
+    for depth, key in enumerate(dotted.split(".")):
+        current = structured(current) if depth else current  # a dotted path reaches into a JSON cell
         if not isinstance(current, dict) or key not in current:
             return MISSING
         current = current[key]
@@ -78,7 +103,7 @@ def as_object(record: Any) -> dict[str, Any]:
 def text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise ShapeError(f"{what} is not a string (got {type(value).__name__})")
-    return value
+    return plain_text(value)
 
 
 def tools_of(record: dict[str, Any], name: str) -> list[Any] | None:
@@ -112,7 +137,7 @@ def conversation_field(record: Any) -> tuple[str, str] | None:
     if not isinstance(record, dict):
         return None
     for field in CONVERSATION_FIELDS:
-        turns = record.get(field)
+        turns = structured(record.get(field))
         if isinstance(turns, list) and turns and all(isinstance(t, dict) for t in turns):
             for key in SPEAKER_KEYS:
                 if all(key in t for t in turns):

@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from packtool.core.encoding.shapes.base import FIT, Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.fields import conversation_field, get_field, tools_of
+from packtool.core.encoding.shapes.fields import conversation_field, get_field, structured, tools_of
 
 WEIGHT = "weight"
 
@@ -31,6 +31,7 @@ def convert(record: Any, options: ShapeOptions) -> Conversation:
     messages, reason = get_field(record, options.fields.messages)
     if reason is not None:
         raise ShapeError(reason)
+    messages = structured(messages)
     tools = tools_of(record, options.fields.tools) if isinstance(record, dict) else None
     if not isinstance(messages, list):
         return Conversation(messages, tools)  # the chat path names what is wrong with it
@@ -64,7 +65,7 @@ def detect(record: Any, fields: ShapeFields) -> Fit | None:
     """role/content turns under `messages`: exactly this shape when some message carries a weight."""
     if conversation_field(record) != (fields.messages, "role"):
         return None
-    weighted = any(turn.get(WEIGHT) is not None for turn in record[fields.messages])
+    weighted = any(turn.get(WEIGHT) is not None for turn in structured(record[fields.messages]))
     return FIT if weighted else Fit(exact=False)
 
 

@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from packtool.core.encoding.shapes.base import Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.fields import as_object, conversation_field, required, system_of, text, tools_of
+from packtool.core.encoding.shapes.fields import (
+    as_object,
+    conversation_field,
+    required,
+    structured,
+    system_of,
+    text,
+    tools_of,
+)
 from packtool.core.encoding.shapes.roles import RoleMap, role_key, role_table
 from packtool.formats import jsontext
 
@@ -39,7 +47,7 @@ DEFAULT_ROLE_MAP: Mapping[str, str] = {
 def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = ()) -> Conversation:
     """One ShareGPT record as messages (see the module docstring)."""
     record = as_object(record)
-    turns = required(record, fields.messages, "the record")
+    turns = structured(required(record, fields.messages, "the record"))
     if not isinstance(turns, list):
         raise ShapeError(f"field {fields.messages!r} is not a list of turns (got {type(turns).__name__})")
     if not turns:

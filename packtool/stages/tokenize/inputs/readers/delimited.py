@@ -2,10 +2,11 @@
 
 A record is one row after the header (the first non-blank row), a dict of the header's names to its
 cells, read with Python's `csv` module (`,` or a tab between cells, `"` quoting, `""` a quote inside
-one, cells over several lines inside quotes); blank rows are not records. A cell whose first non-space
-character is `[` or `{` and that parses as JSON becomes the value it holds (a list of chat messages,
-an object), so `--messages-field` and the other field flags work as for jsonl; every other cell is a
-string, as written. A record is numbered by the physical line it starts on.
+one, cells over several lines inside quotes); blank rows are not records. Every cell is the string
+written; one whose first non-space character is `[` or `{` is a `JsonText`, which a shape reads as the
+JSON value it holds where it wants a list or an object (a `messages` column, `tools`, a dotted path)
+and as its text where it wants text, so the field flags work as for jsonl and an Alpaca `input` of
+`[4, 21, 11]` stays text. A record is numbered by the physical line it starts on.
 
 A plain file is cut into byte ranges at row ends, found by a compiled scanner (numba) that follows
 the quoting as `csv` does (a `"` opens a quoted cell only at a cell's start), so a cut never falls
@@ -19,13 +20,13 @@ An empty file holds no records, as an empty jsonl does.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import re
 from collections.abc import Callable, Generator, Iterator
 from functools import cache
 from typing import TYPE_CHECKING
 
+from packtool.core.encoding.shapes.fields import JsonText
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
 from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, Span, whole_file
@@ -337,9 +338,6 @@ def _records(
 ) -> Iterator[RawRecord]:
     """Rows -> records (dicts of the header's names), numbered by the line each row starts on. Without a
     `header`, the chunk starts the file: its first non-blank row is the header."""
-    import orjson
-
-    loads, error = orjson.loads, orjson.JSONDecodeError
     for parsed in _parsed(path, rows, delimiter, line):
         for start, got, maybe_json in parsed:
             if header is None:
@@ -354,9 +352,8 @@ def _records(
                 )
             else:
                 record = dict(zip(header, got, strict=True))
-                if maybe_json:  # a cell that is a JSON array or object becomes its value
+                if maybe_json:  # text where a shape reads text, its JSON value where it reads a list or object
                     for name, cell in record.items():
                         if _JSON_START.match(cell):
-                            with contextlib.suppress(error):
-                                record[name] = loads(cell)
+                            record[name] = JsonText(cell)
                 yield RawRecord(path, start, record)
