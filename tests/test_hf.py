@@ -65,8 +65,21 @@ def gpt_oss():
                                      num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"])
 
 
+def llama4():
+    """Chunked attention (chunks of 4 < the documents) in layer 0, a global no-RoPE layer 1, MoE in layer 1."""
+    return transformers.Llama4TextConfig(**SMALL, intermediate_size_mlp=48, num_hidden_layers=2, attention_chunk_size=4,
+                                         num_local_experts=2, interleave_moe_layer_step=2, no_rope_layers=[1, 0])
+
+
+def gpt_bigcode():
+    """Multi-query attention whose layers never see `position_ids`: packed documents come from the mask alone."""
+    return transformers.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                         multi_query=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
 FAMILIES: dict[str, Callable[[], object]] = {"llama": llama, "qwen3": qwen3, "mistral": mistral, "gemma3": gemma3,
-                                             "gemma2": gemma2, "gpt_oss": gpt_oss}
+                                             "gemma2": gemma2, "gpt_oss": gpt_oss, "llama4": llama4,
+                                             "gpt_bigcode": gpt_bigcode}
 
 
 def build(name: str, attn: str = "eager", **overrides):
@@ -74,9 +87,8 @@ def build(name: str, attn: str = "eager", **overrides):
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(0)
-    kwargs = {"experts_implementation": "eager"} if name == "gpt_oss" else {}
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float64,
-                                                          **kwargs)
+                                                          experts_implementation="eager")
     return model.eval()
 
 
@@ -170,6 +182,8 @@ def test_every_batch_style_equals_each_document_alone_under_eager(family) -> Non
     for style, (batch, pick) in batches(docs).items():
         # use_cache=True: a model left at its config default (transformers builds a cache, sdpa then leaks)
         for use_cache in (False, True) if style == "packed_position_ids" else (False,):
+            if use_cache and name in ("llama4", "gpt_bigcode"):
+                continue  # layers that never see position_ids: with a cache transformers drops the documents, as eager
             out = model(**batch, use_cache=use_cache).logits
             logits = pick(out)
             loss = sum(doc_loss(lg, d) for lg, d in zip(logits, docs, strict=True))
@@ -184,9 +198,13 @@ def test_every_batch_style_equals_each_document_alone_under_eager(family) -> Non
 
 
 def assert_the_feature_bites(model, docs, ref) -> None:
-    """The same packed batch without the layers' window/softcap/sinks differs from the reference: a kernel
-    ignoring the feature would be caught above."""
-    batch, pick = batches(docs)["packed_cu_seq_lens"]
+    """The same packed batch (position_ids only) without what makes the family hard differs from the reference,
+    so a kernel ignoring it would be caught above: the layers' window/softcap/sinks dropped, and flash-attention's
+    mask (padding only) in place of packtool's segment mask (chunks; documents for a model whose layers never
+    see position_ids)."""
+    from transformers.masking_utils import flash_attention_mask
+
+    batch, pick = batches(docs)["packed_position_ids"]
     calls = []
 
     def without(module, *args, **kwargs):
@@ -195,7 +213,7 @@ def assert_the_feature_bites(model, docs, ref) -> None:
         return packtool.hf.attention_forward(module, *args, **kwargs)
 
     transformers.AttentionInterface.register("packtool_plain_test", without)
-    transformers.masking_utils.AttentionMaskInterface.register("packtool_plain_test", packtool.hf.padding_mask)
+    transformers.masking_utils.AttentionMaskInterface.register("packtool_plain_test", flash_attention_mask)
     model.set_attn_implementation("packtool_plain_test")
     try:
         with torch.no_grad():
@@ -205,9 +223,7 @@ def assert_the_feature_bites(model, docs, ref) -> None:
     assert calls and max(float((a - b).abs().max()) for a, b in zip(logits, ref[0], strict=True)) > 1e-3
 
 
-
-
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3", "llama4"])
 def test_generate_on_a_left_padded_batch_equals_eager_per_document(name: str) -> None:
     docs = documents(1)[:3]
     model = build(name)
@@ -281,14 +297,27 @@ def test_the_mask_is_flash_attention_s() -> None:
     assert static.tolist() == [[True] * 5 + [False] * 3] * 2
 
 
-def test_chunked_attention_is_refused_once_a_sequence_outgrows_a_chunk() -> None:
-    """Llama 4's chunked layers: flash-attention is refused by transformers there, and so is "packtool"."""
-    from types import SimpleNamespace
+def test_the_mask_reads_chunks_and_documents_from_the_model_s_pattern() -> None:
+    """Llama 4's chunks and packed documents (transformers' own mask functions) become segments: int32
+    `2 * segment + joined`, 0 on padding; a plain causal pattern stays flash-attention's mask."""
+    from transformers.masking_utils import (
+        causal_mask_function,
+        chunked_causal_mask_function,
+        packed_sequence_compatibility_function,
+    )
 
-    config = SimpleNamespace(attention_chunk_size=8)
-    assert packtool.hf.padding_mask(1, 8, 8, config=config) is None
-    with pytest.raises(ConfigError, match=r"chunked attention \(config.attention_chunk_size=8: Llama 4\) over 9"):
-        packtool.hf.padding_mask(1, 9, 9, config=config)
+    chunked = chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))
+    ids = packtool.hf.padding_mask(1, 9, 9, mask_function=chunked)
+    assert ids.dtype == torch.int32 and (ids // 2).tolist() == [[1, 1, 1, 1, 2, 2, 2, 2, 3]]
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5]])
+    documents = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    packed = packed_sequence_compatibility_function(chunked, positions, documents)
+    assert (packtool.hf.padding_mask(1, 9, 9, mask_function=packed) // 2).tolist() == [[1, 1, 1, 2, 2, 2, 2, 3, 3]]
+    padded = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert packtool.hf.padding_mask(1, 9, 9, mask_function=causal_mask_function, attention_mask=padded).dtype == torch.bool
+    assert packtool.hf.padding_mask(1, 9, 9, mask_function=causal_mask_function) is None
+    decode = packtool.hf.padding_mask(1, 1, 9, q_offset=8, mask_function=chunked)  # the last chunk's keys only
+    assert decode.tolist() == [[False] * 8 + [True]]
 
 
 def test_spawned_dataloader_workers_give_the_in_process_batches(tmp_path) -> None:

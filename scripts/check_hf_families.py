@@ -1,0 +1,487 @@
+"""Sweep `attn_implementation="packtool"` over every causal-LM family of the installed transformers.
+
+    python scripts/check_hf_families.py [FAMILY ...] [--timeout 240] [--json FILE] [--variant default|bite]
+
+For each `model_type` in transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, the model is built
+from its own config class, shrunk by `packtool.audit.tiny` (a few thousand parameters, the first
+layer of every kind, sliding windows and chunks of 4 tokens), in float64 (float32 where float64
+does not run). The reference is each document ALONE under `eager`. Under "packtool" the same
+documents then run:
+
+- packed: `[1, T]` with restarting `position_ids` only (TRL `padding_free` / `DataCollatorWithFlattening`),
+  `[1, T]` with `cu_seq_lens_*` from `PackedCollator(keys=HF_KEYS)`, and `[2, N]` rows of two documents;
+- padded: right and left padding with a 2-D `attention_mask`;
+- plain: each document alone, and a `[2, L]` batch of equal-length rows;
+- generate: a left-padded batch, greedy, a few tokens (dynamic cache), against eager's `generate` per document.
+
+Logits and every parameter gradient must equal the reference within 1e-6 (float64; 1e-4 float32) x
+its largest |value|. The variant `bite` turns on what a family's config offers and the default
+leaves off (sliding windows, softcapping of 0.5, `use_bidirectional_attention` stays off), so the
+features are crossed. A style that differs is cross-checked under eager on the same batch: when
+eager differs from the reference the same way (layers other than attention mixing documents, e.g.
+Mamba or short convolutions without their CUDA kernels), the style is `model` (not attention's doing).
+
+Each family gets a verdict: `exact`; `refused` (packtool raised a one-line error naming the
+feature); `WRONG` (a silent difference: a defect); `crash` (another exception: a defect unless
+eager crashes too); `n/a` (encoder-decoder, attention outside transformers' interface, the family
+cannot be built tiny here). Each family runs in a worker process with a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from typing import Any
+
+MARK = "@@family "
+RTOL = {"float64": 1e-6, "float32": 1e-4}
+LENGTHS = (9, 7, 11, 5)  # rows of two documents: 16 + 16
+NEW_TOKENS = 4
+#: `bite`: fields turned on where a family's config has them (a window of 4 < the documents, a small softcap)
+BITE = {"use_sliding_window": True, "sliding_window": 4, "attn_logit_softcapping": 0.5, "max_window_layers": 1}
+
+
+# ---------------------------------------------------------------- one family (runs in a worker process)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+
+
+def tiny_config(model_type: str, variant: str) -> Any:
+    """The family's config class, shrunk; None with a reason when it is not a decoder-only causal LM."""
+    import transformers
+
+    from packtool.audit.tiny import tiny_config_dict
+
+    config = transformers.AutoConfig.for_model(model_type)
+    if getattr(config, "is_encoder_decoder", False):
+        raise NotApplicable("encoder-decoder")
+    text = config.get_text_config(decoder=True)
+    if type(text) not in transformers.AutoModelForCausalLM._model_mapping:
+        text = config
+    raw = text.to_dict()
+    if variant == "bite":
+        for key, value in BITE.items():
+            if key in raw:
+                raw[key] = value
+    small, _ = tiny_config_dict(raw, dict(getattr(type(text), "attribute_map", {}) or {}))
+    for key in ("use_cache",):
+        small.pop(key, None)
+    tiny = type(text).from_dict(small)
+    tiny.use_cache = False
+    return tiny
+
+
+class NotApplicable(Exception):
+    pass
+
+
+def documents(vocab: int) -> list[Any]:
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(0)
+    low = 3 if vocab > 8 else 0
+    return [torch.from_numpy(rng.integers(low, vocab, n)) for n in LENGTHS]
+
+
+def build(tiny: Any, dtype: Any) -> Any:
+    import copy
+
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        copy.deepcopy(tiny), attn_implementation="eager", dtype=dtype, experts_implementation="eager"
+    )
+    return model.eval()
+
+
+def _loss(logits: Any, doc: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits[:-1].double(), doc[1:], reduction="sum")
+
+
+def _grads(model: Any, loss: Any) -> list[Any]:
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad(loss, params, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, got, strict=True)]
+
+
+def run_docs(model: Any, docs: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Each document alone: (logits per document, gradients of the summed losses)."""
+    logits = [model(input_ids=d[None]).logits[0] for d in docs]
+    loss = sum(_loss(lg, d) for lg, d in zip(logits, docs, strict=True))
+    return [lg.detach() for lg in logits], _grads(model, loss)
+
+
+def batches(docs: list[Any]) -> dict[str, tuple[dict[str, Any], Any]]:
+    """style -> (model kwargs, logits -> each document's logits)."""
+    import numpy as np
+    import torch
+
+    from packtool.loader import HF_KEYS, PackedCollator
+
+    def items(groups: list[list[int]]) -> list[dict[str, Any]]:
+        out = []
+        for group in groups:
+            parts = [docs[i] for i in group]
+            ids = torch.cat(parts)
+            lens = [len(p) for p in parts]
+            out.append({"input_ids": ids, "labels": ids.clone(),
+                        "position_ids": torch.cat([torch.arange(n) for n in lens]),
+                        "cu_seqlens": torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)})
+        return out
+
+    flat = PackedCollator(flatten=True, keys=HF_KEYS)(items([[i] for i in range(len(docs))]))
+    rows = PackedCollator(keys=("input_ids", "position_ids"))(items([[0, 1], [2, 3]]))
+    bounds = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+
+    def in_order(out: Any) -> list[Any]:
+        row = out.reshape(-1, out.shape[-1])
+        return [row[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    width = max(len(d) for d in docs)
+    right = torch.zeros(len(docs), width, dtype=torch.long)
+    left = torch.zeros_like(right)
+    mask_r, mask_l = torch.zeros_like(right), torch.zeros_like(right)
+    for i, d in enumerate(docs):
+        right[i, : len(d)], mask_r[i, : len(d)] = d, 1
+        left[i, width - len(d) :], mask_l[i, width - len(d) :] = d, 1
+
+    def unpad(mask: Any) -> Any:
+        return lambda out: [out[i][mask[i].bool()] for i in range(len(docs))]
+
+    return {
+        "packed_position_ids": ({"input_ids": flat["input_ids"], "position_ids": flat["position_ids"]}, in_order),
+        "packed_cu_seq_lens": ({k: flat[k] for k in HF_KEYS if k != "labels"}, in_order),
+        "packed_rows": (dict(rows), in_order),
+        "padded_right": ({"input_ids": right, "attention_mask": mask_r}, unpad(mask_r)),
+        "padded_left": ({"input_ids": left, "attention_mask": mask_l,
+                         "position_ids": (mask_l.cumsum(-1) - 1).clamp(min=0)}, unpad(mask_l)),
+    }
+
+
+def _worst(a: list[Any], b: list[Any]) -> tuple[float, float]:
+    """(max |a - b|, max |b|) over the pairs."""
+    diff = max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b, strict=True))
+    scale = max(float(y.double().abs().max()) for y in b)
+    return diff, scale
+
+
+def compare(ref: tuple[list[Any], list[Any] | None], got: tuple[list[Any], list[Any] | None], rtol: float) -> dict[str, Any]:
+    import math
+
+    dl, sl = _worst(got[0], ref[0])
+    out: dict[str, Any] = {"logits": dl, "tol_logits": rtol * sl}
+    ok = dl <= rtol * sl
+    if ref[1] is not None and got[1] is not None:
+        dg, sg = _worst(got[1], ref[1])
+        out.update(grads=dg, tol_grads=rtol * max(sg, 1e-30))
+        ok = ok and dg <= rtol * max(sg, 1e-30)
+    finite = math.isfinite(dl) and math.isfinite(out.get("grads", 0.0))
+    out["ok"] = bool(ok and finite)
+    return out
+
+
+def run_style(model: Any, docs: list[Any], batch: dict[str, Any], pick: Any) -> tuple[list[Any], list[Any]]:
+    logits = pick(model(**batch, use_cache=False).logits)
+    loss = sum(_loss(lg, d) for lg, d in zip(logits, docs, strict=True))
+    return [lg.detach() for lg in logits], _grads(model, loss)
+
+
+def generate(model: Any, docs: list[Any], padded: bool) -> tuple[Any, list[Any]]:
+    """Greedy tokens and per-step logits: the left-padded batch, or each document alone (stacked)."""
+    import torch
+
+    opts = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "return_dict_in_generate": True,
+            "output_logits": True, "use_cache": True, "eos_token_id": None, "pad_token_id": 0}
+    if not padded:
+        outs = [model.generate(input_ids=d[None], **opts) for d in docs]
+        seqs = torch.stack([o.sequences[0, len(d):] for o, d in zip(outs, docs, strict=True)])
+        logits = [torch.stack([o.logits[s][0] for o in outs]) for s in range(NEW_TOKENS)]
+        return seqs, logits
+    width = max(len(d) for d in docs)
+    ids = torch.zeros(len(docs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, d in enumerate(docs):
+        ids[i, width - len(d) :], mask[i, width - len(d) :] = d, 1
+    out = model.generate(input_ids=ids, attention_mask=mask, **opts)
+    return out.sequences[:, width:], list(out.logits)
+
+
+def check_family(model_type: str, variant: str = "default") -> dict[str, Any]:
+    """Every style of one family: {"family", "verdict", "reason", "dtype", "calls", "styles": {...}}."""
+    import torch
+    import transformers
+
+    import packtool.hf
+    from packtool.errors import PacktoolError
+
+    result: dict[str, Any] = {"family": model_type, "variant": variant, "styles": {}}
+    calls = [0]
+    original = transformers.AttentionInterface._global_mapping[packtool.hf.NAME]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    transformers.AttentionInterface.register(packtool.hf.NAME, counted)
+    try:
+        tiny = tiny_config(model_type, variant)
+    except NotApplicable as exc:
+        return {**result, "verdict": "n/a", "reason": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - the config class cannot be built or shrunk here
+        return {**result, "verdict": "n/a", "reason": f"config not buildable tiny: {_first_line(exc)}"}
+    model = ref = None
+    reason = None
+    for dtype in (torch.float64, torch.float32):
+        try:
+            model = build(tiny, dtype)
+            docs = documents(int(model.config.get_text_config().vocab_size))
+            ref = run_docs(model, docs)
+            break
+        except Exception as exc:  # noqa: BLE001 - eager itself fails in this dtype
+            model, reason = None, _first_line(exc)
+    if model is None or ref is None:
+        return {**result, "verdict": "n/a", "reason": f"eager reference does not run: {reason}"}
+    name = str(next(model.parameters()).dtype).removeprefix("torch.")
+    rtol = RTOL[name]
+    result.update(dtype=name, architecture=type(model).__name__)
+    styles: dict[str, Any] = result["styles"]
+
+    def attempt(style: str, fn: Any) -> None:
+        try:
+            styles[style] = fn()
+        except PacktoolError as exc:
+            styles[style] = {"ok": False, "refused": _first_line(exc)}
+        except Exception as exc:  # noqa: BLE001 - a crash is a finding
+            styles[style] = {"ok": False, "crash": _first_line(exc)}
+
+    try:
+        model.set_attn_implementation(packtool.hf.NAME)
+    except Exception as exc:  # noqa: BLE001
+        return {**result, "verdict": "n/a", "reason": f"set_attn_implementation refused: {_first_line(exc)}"}
+    for style, (batch, pick) in batches(docs).items():
+        attempt(style, lambda batch=batch, pick=pick: compare(ref, run_style(model, docs, batch, pick), rtol))
+    attempt("plain", lambda: compare(ref, run_docs(model, docs), rtol))
+    if calls[0] == 0 and not any("refused" in out for out in styles.values()):
+        return {**result, "verdict": "n/a", "reason": "attention does not go through transformers' attention interface"}
+    equal = [docs[1], docs[0][: len(docs[1])]]
+
+    def plain_rows() -> dict[str, Any]:
+        model.set_attn_implementation("eager")
+        want = run_docs(model, equal)
+        model.set_attn_implementation(packtool.hf.NAME)
+        logits = [lg for lg in model(input_ids=torch.stack(equal), use_cache=False).logits]
+        loss = sum(_loss(lg, d) for lg, d in zip(logits, equal, strict=True))
+        return compare(want, ([lg.detach() for lg in logits], _grads(model, loss)), rtol)
+
+    attempt("plain_rows", plain_rows)
+    gen_docs = docs[:3]
+    try:
+        model.set_attn_implementation("eager")
+        with torch.no_grad():
+            want_seqs, want_logits = generate(model, gen_docs, padded=False)
+        gen_ref: Any = (want_seqs, want_logits)
+    except Exception as exc:  # noqa: BLE001 - the family cannot generate under eager either
+        gen_ref = _first_line(exc)
+    finally:
+        model.set_attn_implementation(packtool.hf.NAME)
+
+    def gen() -> dict[str, Any]:
+        if isinstance(gen_ref, str):
+            return {"ok": True, "skipped": f"eager cannot generate: {gen_ref}"}
+        with torch.no_grad():
+            seqs, logits = generate(model, gen_docs, padded=True)
+        out = compare((gen_ref[1], None), (logits, None), rtol)
+        out["tokens_equal"] = bool(torch.equal(seqs, gen_ref[0]))
+        out["ok"] = out["ok"] and out["tokens_equal"]
+        return out
+
+    attempt("generate", gen)
+    _cross_check(model, docs, gen_docs, gen_ref, styles, rtol)
+    result["calls"] = calls[0]
+    result.update(_verdict(styles))
+    return result
+
+
+def _cross_check(model: Any, docs: list[Any], gen_docs: list[Any], gen_ref: Any, styles: dict[str, Any],
+                 rtol: float) -> None:
+    """A style that differs (or crashes) under "packtool": does eager differ the same way on the same batch?"""
+    import torch
+
+    import packtool.hf
+
+    model.set_attn_implementation("eager")
+    try:
+        table = batches(docs)
+        for style, out in styles.items():
+            if out.get("ok") or "refused" in out:
+                continue
+            try:
+                if style == "generate":
+                    with torch.no_grad():
+                        seqs, logits = generate(model, gen_docs, padded=True)
+                    eager = compare((gen_ref[1], None), (logits, None), rtol)
+                    eager["ok"] = eager["ok"] and bool(torch.equal(seqs, gen_ref[0]))
+                elif style in table:
+                    eager = compare(run_docs(model, docs), run_style(model, docs, *table[style]), rtol)
+                else:
+                    continue
+            except Exception as exc:  # noqa: BLE001
+                eager = {"ok": False, "crash": _first_line(exc)}
+            out["eager"] = eager
+    finally:
+        model.set_attn_implementation(packtool.hf.NAME)
+
+
+def _verdict(styles: dict[str, Any]) -> dict[str, Any]:
+    wrong, crash, refused, model_limited = [], [], [], []
+    for style, out in styles.items():
+        if out.get("ok"):
+            continue
+        eager = out.get("eager") or {}
+        if "refused" in out:
+            refused.append(f"{style}: {out['refused']}")
+        elif eager and not eager.get("ok"):
+            model_limited.append(style)  # eager differs (or fails) on the same batch: not attention's doing
+        elif "crash" in out:
+            crash.append(f"{style}: {out['crash']}")
+        else:
+            wrong.append(style)
+    if crash:
+        return {"verdict": "crash", "reason": "; ".join(crash)}
+    if wrong:
+        return {"verdict": "WRONG", "reason": ", ".join(wrong)}
+    if refused:
+        return {"verdict": "refused", "reason": "; ".join(refused)}
+    note = f"eager differs too on: {', '.join(model_limited)}" if model_limited else ""
+    return {"verdict": "exact", "reason": note}
+
+
+def worker(variant: str) -> None:
+    """Read family names from stdin, write one result line per family (MARK + JSON) to stdout."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for line in sys.stdin:
+        family = line.strip()
+        if not family:
+            continue
+        start = time.perf_counter()
+        try:
+            result = check_family(family, variant)
+        except Exception as exc:  # noqa: BLE001 - the sweep itself failed on this family
+            result = {"family": family, "verdict": "crash", "reason": f"sweep: {_first_line(exc)}", "styles": {}}
+        result["seconds"] = round(time.perf_counter() - start, 1)
+        print(MARK + json.dumps(result, default=str), flush=True)
+
+
+# ---------------------------------------------------------------- the sweep (parent process)
+
+
+def all_families() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+class Worker:
+    def __init__(self, variant: str) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", "--variant", variant],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )
+        self.selector = selectors.DefaultSelector()
+        assert self.proc.stdout is not None
+        self.selector.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def run(self, family: str, timeout: float) -> dict[str, Any] | None:
+        """The family's result, or None when it ran past `timeout` or the worker died."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(family + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.selector.select(left):
+                return None
+            line = self.proc.stdout.readline()
+            if not line:
+                return None
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK) :])  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def sweep(families: list[str], variant: str, timeout: float, echo: bool = True) -> list[dict[str, Any]]:
+    results = []
+    worker_ = Worker(variant)
+    try:
+        for family in families:
+            start = time.perf_counter()
+            result = worker_.run(family, timeout)
+            if result is None:
+                worker_.close()
+                worker_ = Worker(variant)
+                result = {"family": family, "verdict": "timeout", "styles": {},
+                          "reason": f"no result within {timeout:.0f} s", "seconds": round(time.perf_counter() - start)}
+            results.append(result)
+            if echo:
+                print(row(result), flush=True)
+    finally:
+        worker_.close()
+    return results
+
+
+def row(result: dict[str, Any]) -> str:
+    return (f"| {result['family']} | {result.get('architecture', '-')} | {result['verdict']} | "
+            f"{result.get('dtype', '-')} | {result.get('reason') or ''} | {result.get('seconds', '-')} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("families", nargs="*", help="model_types (default: every causal-LM family)")
+    parser.add_argument("--variant", choices=("default", "bite"), default="default")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds per family")
+    parser.add_argument("--json", help="write every family's full result here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.variant)
+        return
+    families = args.families or all_families()
+    print("| family | architecture | verdict | dtype | reason | s |\n|---|---|---|---|---|---|", flush=True)
+    results = sweep(families, args.variant, args.timeout)
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    print("\n" + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items())), flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1, default=str)
+    sys.exit(1 if any(r["verdict"] in ("WRONG", "crash", "timeout") for r in results) else 0)
+
+
+if __name__ == "__main__":
+    main()
