@@ -44,6 +44,33 @@ LENGTHS = (9, 7, 11, 5)  # rows of two documents: 16 + 16
 NEW_TOKENS = 4
 #: `bite`: fields turned on where a family's config has them (a window of 4 < the documents, a small softcap)
 BITE = {"use_sliding_window": True, "sliding_window": 4, "attn_logit_softcapping": 0.5, "max_window_layers": 1}
+QSA = {"indexer_budget": 8, "indexer_compress_ratio": 4, "indexer_n_heads": 2, "indexer_kv_heads": 1,
+       "indexer_head_dim": 16}
+#: fields set after the shrink (a family that accepts only one value of a field the shrink sets)
+AFTER: dict[str, dict[str, Any]] = {"zaya": {"num_experts_per_tok": 1}}
+#: fields a family's default config leaves unset (None) although its model needs them, or a layer pattern that
+#: gives the tiny model an attention layer (set before the shrink; the shrink then makes them small)
+FIXES: dict[str, dict[str, Any]] = {
+    "deepseek_v2": {"num_experts_per_tok": 2},
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    "hunyuan_v1_dense": {"head_dim": 128},
+    "hunyuan_v1_moe": {"head_dim": 128},
+    "ministral": {"head_dim": 128},
+    "nemotron": {"num_key_value_heads": 8},
+    "qwen4_exp": QSA,
+    "qwen4_exp_text": QSA,
+    "lfm2_moe": {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},
+    "bamba": {"attn_layer_indices": [9, 18, 27]},
+    "gemma4_assistant": {"hidden_size_per_layer_input": 0},
+    "zamba": {"num_hidden_layers": 2, "attn_layer_period": 2, "attn_layer_offset": 1, "layers_block_type": None,
+              "attention_head_dim": 32, "mamba_dt_rank": 8},
+    "zamba2": {"num_hidden_layers": 2, "layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1],
+               "attention_head_dim": 32, "mamba_headdim": 16, "n_mamba_heads": 8},
+    "granitemoehybrid": {"num_hidden_layers": 8, "layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 2},
+}
 
 
 # ---------------------------------------------------------------- one family (runs in a worker process)
@@ -66,12 +93,18 @@ def tiny_config(model_type: str, variant: str) -> Any:
     text = config.get_text_config(decoder=True)
     if type(text) not in transformers.AutoModelForCausalLM._model_mapping:
         text = config
-    raw = text.to_dict()
+    raw = {**text.to_dict(), **FIXES.get(model_type, {})}
     if variant == "bite":
         for key, value in BITE.items():
             if key in raw:
                 raw[key] = value
     small, _ = tiny_config_dict(raw, dict(getattr(type(text), "attribute_map", {}) or {}))
+    for key, value in list(small.items()):  # a multimodal config: its text, vision and audio parts shrink alike
+        if key.endswith("_config") and isinstance(value, dict) and value.get("hidden_size"):
+            small[key], _ = tiny_config_dict(value)
+    if "is_decoder" in small:  # an encoder family's causal-LM head is a decoder
+        small["is_decoder"] = True
+    small.update(AFTER.get(model_type, {}))
     for key in ("use_cache",):
         small.pop(key, None)
     tiny = type(text).from_dict(small)
@@ -102,7 +135,37 @@ def build(tiny: Any, dtype: Any) -> Any:
     model = transformers.AutoModelForCausalLM.from_config(
         copy.deepcopy(tiny), attn_implementation="eager", dtype=dtype, experts_implementation="eager"
     )
+    if hasattr(model, "set_default_language"):  # X-MOD: one adapter per language
+        model.set_default_language(next(iter(tiny.languages)))
     return model.eval()
+
+
+def _check_size(tiny: Any) -> None:
+    """Refuse (before allocating anything) a model the shrink left large: its parameters counted on the meta device."""
+    import copy
+
+    import torch
+    import transformers
+
+    from packtool.audit.tiny import check_size
+
+    with torch.device("meta"):
+        shape = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(tiny))
+    check_size(shape)
+    large = sum(int(p.numel()) for p in shape.parameters())
+    if large > 20_000_000:
+        raise ValueError(f"{large:,} parameters: a nested config (vision, audio, patcher) kept its real sizes")
+
+
+def uses_interface(tiny: Any) -> bool:
+    """Whether the family's modeling code calls transformers' attention interface at all."""
+    import inspect
+
+    import transformers
+
+    cls = transformers.AutoModelForCausalLM._model_mapping[type(tiny)]
+    source = inspect.getsource(sys.modules[cls.__module__])
+    return "ALL_ATTENTION_FUNCTIONS" in source or "AttentionInterface" in source
 
 
 def _loss(logits: Any, doc: Any) -> Any:
@@ -244,6 +307,15 @@ def check_family(model_type: str, variant: str = "default") -> dict[str, Any]:
         return {**result, "verdict": "n/a", "reason": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the config class cannot be built or shrunk here
         return {**result, "verdict": "n/a", "reason": f"config not buildable tiny: {_first_line(exc)}"}
+    try:
+        if not uses_interface(tiny):
+            return {**result, "verdict": "n/a", "reason": "its attention does not call transformers' attention interface"}
+    except Exception:  # noqa: BLE001 - decided below by counting calls
+        pass
+    try:
+        _check_size(tiny)
+    except Exception as exc:  # noqa: BLE001 - a nested config the shrink does not reach
+        return {**result, "verdict": "n/a", "reason": f"not tiny: {_first_line(exc)}"}
     model = ref = None
     reason = None
     for dtype in (torch.float64, torch.float32):
@@ -348,25 +420,31 @@ def _cross_check(model: Any, docs: list[Any], gen_docs: list[Any], gen_ref: Any,
 
 
 def _verdict(styles: dict[str, Any]) -> dict[str, Any]:
-    wrong, crash, refused, model_limited = [], [], [], []
+    wrong, model_limited = [], []
+    crash: dict[str, list[str]] = {}
+    refused: dict[str, list[str]] = {}
     for style, out in styles.items():
         if out.get("ok"):
             continue
         eager = out.get("eager") or {}
         if "refused" in out:
-            refused.append(f"{style}: {out['refused']}")
+            refused.setdefault(out["refused"], []).append(style)
         elif eager and not eager.get("ok"):
             model_limited.append(style)  # eager differs (or fails) on the same batch: not attention's doing
         elif "crash" in out:
-            crash.append(f"{style}: {out['crash']}")
+            crash.setdefault(out["crash"], []).append(style)
         else:
             wrong.append(style)
+
+    def grouped(by: dict[str, list[str]]) -> str:
+        return "; ".join(f"{message} ({', '.join(names)})" for message, names in by.items())
+
     if crash:
-        return {"verdict": "crash", "reason": "; ".join(crash)}
+        return {"verdict": "crash", "reason": grouped(crash)}
     if wrong:
         return {"verdict": "WRONG", "reason": ", ".join(wrong)}
     if refused:
-        return {"verdict": "refused", "reason": "; ".join(refused)}
+        return {"verdict": "refused", "reason": grouped(refused)}
     note = f"eager differs too on: {', '.join(model_limited)}" if model_limited else ""
     return {"verdict": "exact", "reason": note}
 

@@ -318,6 +318,12 @@ def test_the_mask_reads_chunks_and_documents_from_the_model_s_pattern() -> None:
     assert packtool.hf.padding_mask(1, 9, 9, mask_function=causal_mask_function) is None
     decode = packtool.hf.padding_mask(1, 1, 9, q_offset=8, mask_function=chunked)  # the last chunk's keys only
     assert decode.tolist() == [[False] * 8 + [True]]
+    # position_ids restarting where the chunked pattern (counted from the row's start) does not cut: refused
+    q = torch.zeros(1, 9, 2, 4)
+    with pytest.raises(ConfigError, match=r"cut at the row's own positions \(chunked attention"):
+        packtool.hf.layout.from_segments(q, q, q, ids, positions)
+    rows, _ = packtool.hf.layout.from_segments(q, q, q, ids, torch.arange(9)[None])  # positions that agree
+    assert rows.cu_q.tolist() == [0, 4, 8, 9]
 
 
 def test_spawned_dataloader_workers_give_the_in_process_batches(tmp_path) -> None:
@@ -338,3 +344,20 @@ def test_spawned_dataloader_workers_give_the_in_process_batches(tmp_path) -> Non
     assert len(runs[0]) == len(runs[1]) > 2
     for a, b in zip(*runs, strict=True):
         assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in HF_KEYS)
+
+
+def test_the_trl_export_points_at_attn_implementation_packtool(tmp_path) -> None:
+    """`packtool export --to trl` prints the next steps (CLI) and returns them (`export_store`): the attention
+    line names `import packtool.hf` + `attn_implementation="packtool"`, and no longer says any implementation
+    separates the sequences (sdpa/eager do so only by building a T*T mask)."""
+    from support import cli, write_pack_store, zipf_docs
+
+    from packtool.stages.export import ExportConfig, export_store
+
+    write_pack_store(tmp_path / "p", zipf_docs(60, seed=4, max_len=100), 256)
+    code, out, err = cli("export", str(tmp_path / "p"), "--to", "trl", "--output", str(tmp_path / "cli"))
+    assert code == 0, err
+    lines = export_store(ExportConfig(tmp_path / "p", "trl", tmp_path / "api")).lines
+    for text in (out, "\n".join(lines)):
+        assert 'import packtool.hf, then from_pretrained(..., attn_implementation="packtool")' in text
+        assert "padding_free=True" in text and "any attn_implementation" not in text

@@ -164,8 +164,9 @@ def from_segments(
     The queries are the first T_q keys (a prefill or a training forward; a static cache's empty slots
     are 0). The segments and blocks are computed once per mask and kept on it, so the layers sharing a
     mask pay for them once. `position_ids` that restart where no segment starts mean transformers built
-    the mask without the documents (it skips packed detection when a KV cache is built): refused, as
-    the pattern (chunks) would be cut at the wrong places.
+    the mask without the documents (it finds them only without a KV cache): a row that is one segment
+    (causal, bidirectional, image blocks) is cut at the restarts, as `from_positions` cuts a row; a row
+    the pattern already cuts (chunks, counted from the row's start, not the document's) is refused.
     """
     b, tq = q.shape[:2]
     if ids.shape != (b, k.shape[1]) or k.shape[1] < tq:
@@ -175,14 +176,12 @@ def from_segments(
         )
     if k.shape[1] > tq:  # a static cache during prefill: the slots past the queries are empty
         k, v = k[:, :tq], v[:, :tq]
+    ids = ids[:, :tq] if ids.shape[1] > tq else ids
     cached = getattr(ids, "_packtool_segments", None)
-    if cached is None:
-        cached = _segments(ids[:, :tq])
+    if cached is None or cached[0] is not position_ids:
+        cached = (position_ids, _segments(_with_documents(ids, position_ids)))
         ids._packtool_segments = cached  # type: ignore[attr-defined]
-    if position_ids is not None and getattr(ids, "_packtool_positions", None) is not position_ids:
-        _check_documents(ids[:, :tq], position_ids, b, tq)
-        ids._packtool_positions = position_ids  # type: ignore[attr-defined]
-    index, cu, longest, links = cached
+    index, cu, longest, links = cached[1]
     flat_q, flat_k, flat_v = _flat(q, k, v)
     if index is not None:
         flat_q, flat_k, flat_v = (t.index_select(0, index) for t in (flat_q, flat_k, flat_v))
@@ -190,19 +189,32 @@ def from_segments(
     return rows, links
 
 
-def _check_documents(ids: torch.Tensor, position_ids: torch.Tensor, b: int, t: int) -> None:
-    pos = position_ids[None] if position_ids.ndim == 1 else position_ids
-    if pos.ndim != 2 or pos.shape[-1] != t or t < 2:
-        return
+def _with_documents(ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """`ids` with a segment start wherever `position_ids` restart inside a segment (see `from_segments`)."""
+    b, t = ids.shape
+    pos = None if position_ids is None else position_ids[None] if position_ids.ndim == 1 else position_ids
+    if pos is None or pos.ndim != 2 or pos.shape[-1] != t or t < 2:
+        return ids
     pos = pos.to(ids.device).expand(b, t)
     seg = ids >> 1
-    restart = (pos[:, 1:] != pos[:, :-1] + 1) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
-    if bool(restart.any()):
+    restart = torch.zeros(b, t, dtype=torch.bool, device=ids.device)
+    restart[:, 1:] = (pos[:, 1:] != pos[:, :-1] + 1) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
+    if not bool(restart.any()):
+        return ids
+    kept = seg > 0
+    cut = torch.zeros_like(kept)
+    cut[:, 1:] = (seg[:, 1:] != seg[:, :-1]) & kept[:, 1:] & kept[:, :-1]
+    if bool(cut.any()):
         raise ConfigError(
             "packed documents (position_ids restarting inside a row) reached a layer whose mask pattern transformers "
-            "built without them (it skips packed-sequence detection when a KV cache is built), packtool.hf, "
-            "pass use_cache=False for packed batches (model(**batch, use_cache=False) or model.config.use_cache = False)"
+            "built without them and cut at the row's own positions (chunked attention; transformers finds packed "
+            "documents only without a KV cache), packtool.hf, pass use_cache=False for packed batches "
+            "(model(**batch, use_cache=False)), or batch this model's documents padded (attention_mask)"
         )
+    start = restart | F.pad(~kept[:, :-1], (1, 0), value=True)
+    segment = torch.cumsum(start.to(ids.dtype), -1)
+    joined = (ids & 1) * F.pad(~restart[:, 1:], (0, 1), value=True).to(ids.dtype)  # no block across documents
+    return (2 * segment + joined) * kept.to(ids.dtype)
 
 
 def _segments(ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, int, Blocks | None]:
