@@ -98,6 +98,8 @@ def tiny_config(model_type: str, variant: str) -> Any:
         for key, value in BITE.items():
             if key in raw:
                 raw[key] = value
+        if "use_sliding_window" in raw and isinstance(raw.get("layer_types"), list):
+            raw["layer_types"] = None  # recomputed from use_sliding_window and max_window_layers (Qwen2 style)
     small, _ = tiny_config_dict(raw, dict(getattr(type(text), "attribute_map", {}) or {}))
     for key, value in list(small.items()):  # a multimodal config: its text, vision and audio parts shrink alike
         if key.endswith("_config") and isinstance(value, dict) and value.get("hidden_size"):

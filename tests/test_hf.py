@@ -3,7 +3,10 @@
 Each family is built from transformers' own config class, tiny, with the feature that makes it
 hard kept and made to bite: Mistral's sliding window (4) shorter than the documents (5-11 tokens),
 Qwen3 with sliding-window layers, Gemma 3's local + global layers, Gemma 2's logit softcapping
-(0.5, so it changes the scores), gpt-oss's sinks + sliding layers (eager experts). The same model
+(0.5, so it changes the scores), gpt-oss's sinks + sliding layers (eager experts), Llama 4's
+chunked attention (chunks of 4), GPTBigCode (its layers never see position_ids: packed documents
+come from the mask), Qwen2-MoE and PhiMoE (windows of 4 declared in the mask only). The last
+three were silently wrong before the family sweep (scripts/check_hf_families.py) found them. The same model
 (same weights) runs each document alone under `eager`: that is the reference. Under "packtool"
 the documents then run packed (restarting `position_ids` only, as TRL's padding_free passes;
 `cu_seq_lens_*` as `PackedCollator(keys=HF_KEYS)` passes; two packed rows `[2, N]`), padded
@@ -77,9 +80,24 @@ def gpt_bigcode():
                                          multi_query=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
+def qwen2_moe():
+    """A sliding layer whose window (4) is in the mask only: Qwen2-MoE never passes sliding_window to attention."""
+    small = {k: v for k, v in SMALL.items() if k != "head_dim"}
+    return transformers.Qwen2MoeConfig(**small, num_hidden_layers=2, use_sliding_window=True, sliding_window=4,
+                                       max_window_layers=1, num_experts=4, num_experts_per_tok=2,
+                                       moe_intermediate_size=16, shared_expert_intermediate_size=16)
+
+
+def phimoe():
+    """Every layer windowed (4) through the mask only, as Qwen2-MoE."""
+    small = {k: v for k, v in SMALL.items() if k != "head_dim"}
+    return transformers.PhimoeConfig(**small, num_hidden_layers=2, sliding_window=4, num_local_experts=4,
+                                     num_experts_per_tok=2)
+
+
 FAMILIES: dict[str, Callable[[], object]] = {"llama": llama, "qwen3": qwen3, "mistral": mistral, "gemma3": gemma3,
                                              "gemma2": gemma2, "gpt_oss": gpt_oss, "llama4": llama4,
-                                             "gpt_bigcode": gpt_bigcode}
+                                             "gpt_bigcode": gpt_bigcode, "qwen2_moe": qwen2_moe, "phimoe": phimoe}
 
 
 def build(name: str, attn: str = "eager", **overrides):
@@ -223,7 +241,7 @@ def assert_the_feature_bites(model, docs, ref) -> None:
     assert calls and max(float((a - b).abs().max()) for a, b in zip(logits, ref[0], strict=True)) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3", "llama4"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3", "llama4", "phimoe"])
 def test_generate_on_a_left_padded_batch_equals_eager_per_document(name: str) -> None:
     docs = documents(1)[:3]
     model = build(name)
@@ -304,6 +322,7 @@ def test_the_mask_reads_chunks_and_documents_from_the_model_s_pattern() -> None:
         causal_mask_function,
         chunked_causal_mask_function,
         packed_sequence_compatibility_function,
+        sliding_window_causal_mask_function,
     )
 
     chunked = chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))
@@ -316,6 +335,8 @@ def test_the_mask_reads_chunks_and_documents_from_the_model_s_pattern() -> None:
     padded = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
     assert packtool.hf.padding_mask(1, 9, 9, mask_function=causal_mask_function, attention_mask=padded).dtype == torch.bool
     assert packtool.hf.padding_mask(1, 9, 9, mask_function=causal_mask_function) is None
+    sliding = packtool.hf.padding_mask(1, 9, 9, mask_function=sliding_window_causal_mask_function(3))
+    assert (sliding // 2).tolist() == [[1] * 9] and getattr(sliding, packtool.hf.mask.WINDOW) == 3
     decode = packtool.hf.padding_mask(1, 1, 9, q_offset=8, mask_function=chunked)  # the last chunk's keys only
     assert decode.tolist() == [[False] * 8 + [True]]
     # position_ids restarting where the chunked pattern (counted from the row's start) does not cut: refused

@@ -28,7 +28,7 @@ from packtool.choices import AttentionBackend
 from packtool.errors import ConfigError
 from packtool.hf import layout
 from packtool.hf.features import refuse_call
-from packtool.hf.mask import SEGMENTS
+from packtool.hf.mask import SEGMENTS, WINDOW
 
 
 def attention_forward(
@@ -77,6 +77,7 @@ def attention_forward(
     else:
         rows = layout.from_positions(q, k, v, kwargs.get("position_ids"))
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    sliding_window = getattr(attention_mask, WINDOW, sliding_window)  # the mask's own window is eager's
     window = None
     if sliding_window is not None and 0 < int(sliding_window) < rows.max_k:
         window = int(sliding_window) - 1

@@ -7,12 +7,14 @@ the layer's keys, or None: the 4-D float mask of sdpa/eager would materialise T�
 which is what varlen kernels avoid.
 
 Unlike flash-attention's, it also reads the model's mask pattern (`mask_function`) where the
-padding mask cannot say it, along two diagonals only (O(B·T), once per forward and mask type):
+padding mask cannot say it, at three keys per query (O(B·T), once per forward and mask type):
 - key i-1 hidden from query i: a segment starts at i. transformers hides it where restarting
   `position_ids` start a document (packed detection, which works even for models that never
   hand `position_ids` to the attention function: CTRL, GPTBigCode, Persimmon, Moshi) and where
   a chunk of chunked attention starts (Llama 4's `attention_chunk_size`);
-- key i+1 visible from query i: a bidirectional block (Gemma 3's image tokens) joins i and i+1.
+- key i+1 visible from query i: a bidirectional block (Gemma 3's image tokens) joins i and i+1;
+- the first key of its segment hidden from query i: a sliding window, of the nearest such distance
+  (for the models that declare their window in the mask only: Qwen2-MoE, PhiMoE).
 Then the mask is an int32 `[B, T]` of `2 * segment + joined_with_next` (0: a padding token),
 which `layout.from_segments` turns into varlen segments. Decoding one token after a KV cache,
 the mask is the row of keys the query may see (chunks, a static cache's empty slots), so every
@@ -31,6 +33,8 @@ from packtool.hf.features import refuse_config
 
 SEGMENTS = torch.int32
 """dtype of a segment mask (`2 * segment + joined_with_next`, 0 = padding); a bool mask is padding only."""
+WINDOW = "packtool_window"
+"""Attribute of a segment mask: the sliding window (in keys, the query's own included) its pattern shows."""
 
 
 def padding_mask(
@@ -103,18 +107,26 @@ def _segments(
     device: Any,
     use_vmap: bool,
 ) -> torch.Tensor | None:
-    """The segment mask of a prefill / training forward (queries are keys 0..q_length-1), or `pad` when plain."""
+    """The segment mask of a prefill / training forward (queries are keys 0..q_length-1), or `pad` when plain.
+
+    A third look: can each query still see the first key of its segment? Where a sliding window hides it,
+    the nearest such query gives the window (`WINDOW` on the mask), for models that put their window in the
+    mask only and never pass `sliding_window` to the attention function (Qwen2-MoE, PhiMoE).
+    """
     if q_length < 2:
         return pad
     rows = torch.arange(batch_size, device=device)[:, None]
     i = torch.arange(1, q_length, device=device)[None, :]
     back = _evaluate(mask_function, rows, i, i - 1, use_vmap).expand(batch_size, q_length - 1)
     ahead = _evaluate(mask_function, rows, i - 1, i, use_vmap).expand(batch_size, q_length - 1)
-    starts = ~back
-    if not bool(starts.any()) and not bool(ahead.any()):
-        return pad
     start = torch.ones(batch_size, q_length, dtype=torch.bool, device=device)
-    start[:, 1:] = starts
+    start[:, 1:] = ~back
+    positions = torch.arange(q_length, device=device).expand(batch_size, q_length)
+    first = torch.cummax(torch.where(start, positions, 0), -1).values  # each query's segment start
+    hidden = ~_evaluate(mask_function, rows, positions, first, use_vmap).expand(batch_size, q_length)
+    window = int((positions - first)[hidden].min()) if bool(hidden.any()) else None
+    if not bool(start[:, 1:].any()) and not bool(ahead.any()) and window is None:
+        return pad
     joined = torch.zeros(batch_size, kv_length, dtype=SEGMENTS, device=device)
     joined[:, : q_length - 1] = (ahead & back).to(SEGMENTS)  # within a segment only
     segment = torch.zeros(batch_size, kv_length, dtype=SEGMENTS, device=device)
@@ -122,6 +134,8 @@ def _segments(
     ids = 2 * segment + joined
     if pad is not None:
         ids = ids * F.pad(pad, (0, kv_length - pad.shape[1])).to(SEGMENTS)
+    if window is not None:
+        setattr(ids, WINDOW, window)
     return ids
 
 
