@@ -182,3 +182,76 @@ def test_every_causal_lm_family_is_exact_refused_or_not_applicable(tmp_path: Pat
     assert not bad and run.returncode == 0, bad
     assert sum(r["verdict"] == "exact" for r in results) >= 100
     assert all(r.get("reason") for r in results if r["verdict"] in ("refused", "n/a"))
+
+
+# ---- the same paths on a GPU's kernels (bf16; `pytest -m gpu`) --------------------------------------------
+
+
+def _gpu_models():
+    from test_hf import gpt_bigcode, llama4, phimoe
+
+    def build(config):
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.bfloat16,
+                                                             experts_implementation="eager").cuda().eval()  # fmt: skip
+
+    return {"llama4": lambda: build(llama4()), "gpt_bigcode": lambda: build(gpt_bigcode()),
+            "phimoe": lambda: build(phimoe())}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["llama4", "gpt_bigcode", "phimoe", "gemma3_images"])
+def test_on_a_gpu_the_mask_read_paths_run_a_kernel_and_equal_each_document_alone(family: str) -> None:
+    """Chunks (Llama 4), documents from the mask alone (GPTBigCode), a window from the mask (PhiMoE) and image
+    blocks (Gemma 3: a second, non-causal call with keys of their own) on CUDA in bf16: packed (position_ids
+    only) or padded under "packtool" equal each document alone under eager within bf16 noise, and the calls ran
+    on a varlen kernel, not the exact fallback, where torch has one."""
+    from packtool.attention import select_backend
+    from packtool.attention.kernels import spec
+
+    seen: list[str] = []
+    real = spec.run
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        if family == "gemma3_images":
+            model = gemma3_vision().to(torch.bfloat16).cuda()
+            docs = [torch.from_numpy(np.concatenate([rng.integers(8, 96, a), [IMAGE] * 4, rng.integers(8, 96, b)]))
+                    for a, b in ((3, 5), (6, 2))]  # fmt: skip
+            images = torch.randn(2, 3, 16, 16, dtype=torch.bfloat16, device="cuda")
+            extra = [{"pixel_values": images[i : i + 1], "token_type_ids": (d == IMAGE).long()[None].cuda()}
+                     for i, d in enumerate(docs)]  # fmt: skip
+            want = [model(input_ids=d[None].cuda(), **e).logits[0].float() for d, e in zip(docs, extra, strict=True)]
+            width = max(len(d) for d in docs)
+            ids = torch.zeros(2, width, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, d in enumerate(docs):
+                ids[i, : len(d)], mask[i, : len(d)] = d, 1
+            batch = {"input_ids": ids.cuda(), "attention_mask": mask.cuda(), "pixel_values": images,
+                     "token_type_ids": (ids == IMAGE).long().cuda()}  # fmt: skip
+
+            def pick(out: torch.Tensor) -> list[torch.Tensor]:
+                return [out[i][mask[i].bool().cuda()].float() for i in range(2)]
+        else:
+            model = _gpu_models()[family]()
+            docs = [torch.from_numpy(rng.integers(3, 96, n)) for n in (9, 7, 11, 5)]
+            want = [model(input_ids=d[None].cuda()).logits[0].float() for d in docs]
+            batch = {"input_ids": torch.cat(docs)[None].cuda(),
+                     "position_ids": torch.cat([torch.arange(len(d)) for d in docs])[None].cuda()}  # fmt: skip
+            bounds = np.cumsum([0] + [len(d) for d in docs])
+
+            def pick(out: torch.Tensor) -> list[torch.Tensor]:
+                return [out[0, a:b].float() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+        model.set_attn_implementation("packtool")
+        spec.run = lambda kernel, call: seen.append(kernel.name) or real(kernel, call)
+        try:
+            got = pick(model(**batch, use_cache=False).logits)
+        finally:
+            spec.run = real
+        model.set_attn_implementation("sdpa")
+        noise = close([model(input_ids=d[None].cuda(), **(extra[i] if family == "gemma3_images" else {})).logits[0]
+                       .float() for i, d in enumerate(docs)], want)  # fmt: skip
+    assert close(got, want) <= max(2 * noise, 0.02), (family, close(got, want), noise)
+    if select_backend(torch.zeros(8, 4, 8, device="cuda", dtype=torch.bfloat16)) != "fallback":
+        assert seen and "fallback" not in seen, seen

@@ -184,11 +184,7 @@ def tiny_config_dict(d: dict[str, Any], aliases: dict[str, str] | None = None) -
             d[key] = [new_index[int(x) % n] for x in d[key] if int(x) % n in new_index]
     overrides = _per_layer(d, n)
     if overrides:  # Gemma 4's global layers, DOTS3's indexed layers: kept layers' overrides, shrunk like the rest
-        d["per_layer_config"] = {
-            str(new_index[i]): {k: SIZES[k] if k in SIZES and v not in (None, 0) else v for k, v in layer.items()}
-            for i, layer in overrides.items()
-            if i in new_index
-        }
+        d["per_layer_config"] = {str(new_index[i]): _shrink_layer(layer) for i, layer in overrides.items() if i in new_index}
     for period, offset in (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset")):
         if d.get(period):  # Jamba: the pattern is periodic; a period of 2 keeps both kinds in two layers
             d[period], d[offset] = 2, 1
@@ -234,6 +230,15 @@ def tiny_config_dict(d: dict[str, Any], aliases: dict[str, str] | None = None) -
     for key in TOKEN_IDS:
         d[key] = _clamp_ids(d.get(key))
     return d, keep
+
+
+def _shrink_layer(layer: dict[str, Any]) -> dict[str, Any]:
+    """One layer's overrides, shrunk like the config (its key/value heads grouped where they were)."""
+    out = {k: SIZES[k] if k in SIZES and v not in (None, 0) else v for k, v in layer.items()}
+    kv, heads = layer.get("num_key_value_heads"), layer.get("num_attention_heads")
+    if isinstance(kv, int) and kv > 0:
+        out["num_key_value_heads"] = HEADS // 2 if isinstance(heads, int) and kv < heads else HEADS
+    return out
 
 
 def _per_layer(d: dict[str, Any], n: int) -> dict[int, dict[str, Any]]:
