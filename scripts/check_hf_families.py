@@ -40,7 +40,11 @@ import selectors
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's packtool, not whichever one the environment has installed
 
 MARK = "@@family "
 RTOL = {"float64": 1e-6, "float32": 1e-4}
