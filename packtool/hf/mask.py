@@ -124,8 +124,10 @@ def _segments(
     positions = torch.arange(q_length, device=device).expand(batch_size, q_length)
     first = torch.cummax(torch.where(start, positions, 0), -1).values  # each query's segment start
     hidden = ~_evaluate(mask_function, rows, positions, first, use_vmap).expand(batch_size, q_length)
-    window = int((positions - first)[hidden].min()) if bool(hidden.any()) else None
-    if not bool(start[:, 1:].any()) and not bool(ahead.any()) and window is None:
+    far = torch.where(hidden, positions - first, q_length)  # q_length: no window seen
+    cut, blocks, nearest = torch.stack([start[:, 1:].any().long(), ahead.any().long(), far.min()]).tolist()  # one sync
+    window = int(nearest) if nearest < q_length else None
+    if not cut and not blocks and window is None:
         return pad
     joined = torch.zeros(batch_size, kv_length, dtype=SEGMENTS, device=device)
     joined[:, : q_length - 1] = (ahead & back).to(SEGMENTS)  # within a segment only
