@@ -86,6 +86,38 @@ FIXES: dict[str, dict[str, Any]] = {
 }
 
 
+#: what mixes packed documents outside attention, per family whose packed batches differ under eager the same way
+MIXES = {
+    "bamba": "Mamba-2 layers (BambaMixer)",
+    "falcon_h1": "Mamba-2 mixers beside attention in every layer (FalconH1Mixer)",
+    "jamba": "Mamba layers (JambaMambaMixer)",
+    "nemotron_h": "Mamba-2 layers (NemotronHMamba2Mixer)",
+    "granitemoehybrid": "Mamba-2 layers; and it hands position_ids to neither its mask nor its attention, so "
+                        "restarting position_ids alone separate no documents under any attn_implementation "
+                        "(cu_seq_lens_* do, in attention)",
+    "qwen3_next": "Gated DeltaNet layers",
+    "qwen3_5": "Gated DeltaNet layers",
+    "qwen3_5_text": "Gated DeltaNet layers",
+    "qwen3_5_moe": "Gated DeltaNet layers",
+    "qwen3_5_moe_text": "Gated DeltaNet layers",
+    "olmo_hybrid": "Gated DeltaNet layers",
+    "kimi_linear": "Kimi Delta Attention layers",
+    "bailing_hybrid": "linear (delta) attention layers",
+    "minimax": "lightning (linear) attention layers",
+    "lfm2_moe": "short convolution layers",
+    "lfm3": "short convolution layers",
+    "recurrent_gemma": "RG-LRU recurrent blocks",
+    "zaya": "the convolutions of its Compressed Convolutional Attention (q/k/v mixed over neighbouring tokens "
+            "before attention)",
+}
+OUTSIDE = "the model mixes packed documents outside attention: {what}; "
+AS_EAGER = "eager gives the same result on this batch (the difference is the model's, not attention's)"
+POSITIONS = ("the model counts positions from padding_idx + 1 (RoBERTa style); each document alone given the same "
+             "position_ids equals it")
+#: an attention-only twin of a family (set before the shrink) that checks attention apart from the layers that mix
+TWINS: dict[str, dict[str, Any]] = {"granitemoehybrid": {"layer_types": ["attention"] * 8}}
+
+
 # ---------------------------------------------------------------- one family (runs in a worker process)
 
 
@@ -94,8 +126,9 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
-def tiny_config(model_type: str, variant: str) -> Any:
-    """The family's config class, shrunk; None with a reason when it is not a decoder-only causal LM."""
+def tiny_config(model_type: str, variant: str, extra: dict[str, Any] | None = None) -> Any:
+    """The family's config class, shrunk (`extra`: fields set before the shrink, over FIXES); NotApplicable when it
+    is not a decoder-only causal LM."""
     import transformers
 
     from packtool.audit.tiny import tiny_config_dict
@@ -106,7 +139,7 @@ def tiny_config(model_type: str, variant: str) -> Any:
     text = config.get_text_config(decoder=True)
     if type(text) not in transformers.AutoModelForCausalLM._model_mapping:
         text = config
-    raw = {**text.to_dict(), **FIXES.get(model_type, {})}
+    raw = {**text.to_dict(), **FIXES.get(model_type, {}), **(extra or {})}
     if variant == "bite":
         for key, value in BITE.items():
             if key in raw:
@@ -299,7 +332,7 @@ def generate(model: Any, docs: list[Any], padded: bool) -> tuple[Any, list[Any]]
     return out.sequences[:, width:], list(out.logits)
 
 
-def check_family(model_type: str, variant: str = "default") -> dict[str, Any]:
+def check_family(model_type: str, variant: str = "default", extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every style of one family: {"family", "verdict", "reason", "dtype", "calls", "styles": {...}}."""
     import torch
     import transformers
@@ -317,7 +350,7 @@ def check_family(model_type: str, variant: str = "default") -> dict[str, Any]:
 
     transformers.AttentionInterface.register(packtool.hf.NAME, counted)
     try:
-        tiny = tiny_config(model_type, variant)
+        tiny = tiny_config(model_type, variant, extra)
     except NotApplicable as exc:
         return {**result, "verdict": "n/a", "reason": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the config class cannot be built or shrunk here
@@ -407,7 +440,13 @@ def check_family(model_type: str, variant: str = "default") -> dict[str, Any]:
     attempt("generate", gen)
     _cross_check(model, docs, gen_docs, (ref, gen_ref), got, styles, rtol)
     result["calls"] = calls[0]
-    result.update(_verdict(styles))
+    if extra is None and model_type in TWINS and any(not o.get("ok") and "refused" not in o for o in styles.values()):
+        twin = check_family(model_type, variant, TWINS[model_type])  # the same model, attention layers only
+        for style, out in styles.items():
+            if not out.get("ok"):
+                mine = twin["styles"].get(style) or {}
+                out["twin"] = "exact" if mine.get("ok") else "as_eager" if mine.get("same_as_eager") else "differs"
+    result.update(_verdict(model_type, styles))
     return result
 
 
@@ -457,10 +496,11 @@ def _cross_check(model: Any, docs: list[Any], gen_docs: list[Any], refs: tuple[A
         model.set_attn_implementation(packtool.hf.NAME)
 
 
-def _verdict(styles: dict[str, Any]) -> dict[str, Any]:
+def _verdict(model_type: str, styles: dict[str, Any]) -> dict[str, Any]:
+    """The family's verdict from its styles, and why: a `limited` style names the rule that explains it."""
     import math
 
-    wrong, model_limited = [], []
+    wrong, why = [], {}
     crash: dict[str, list[str]] = {}
     refused: dict[str, list[str]] = {}
     for style, out in styles.items():
@@ -469,13 +509,19 @@ def _verdict(styles: dict[str, Any]) -> dict[str, Any]:
         eager = out.get("eager") or {}
         if "refused" in out:
             refused.setdefault(out["refused"], []).append(style)
-        elif eager and not eager.get("ok") and (out.get("same_as_eager") or ("crash" in out and "crash" in eager)):
-            model_limited.append(style)  # eager differs the same way (or fails too): not attention's doing
-        elif out.get("logits", 1.0) <= out.get("tol_logits", 0.0) and math.isnan(eager.get("grads", 0.0)):
-            model_limited.append(style)  # logits exact; eager's own gradients on this batch are NaN (Recurrent Gemma)
         elif out.get("same_as_positioned_documents"):
-            model_limited.append(style)  # each document alone given the same position_ids: the model's own
-            # positions (RoBERTa counts from padding_idx + 1) differ from the position_ids the batch passes
+            why.setdefault(POSITIONS, []).append(style)
+        elif "crash" in out and "crash" in eager:
+            why.setdefault(f"the model raises the same under eager ({out['crash']})", []).append(style)
+        elif eager and not eager.get("ok") and out.get("same_as_eager"):
+            mixes = OUTSIDE.format(what=MIXES[model_type]) if model_type in MIXES else ""
+            why.setdefault(mixes + AS_EAGER, []).append(style)
+        elif eager and not eager.get("ok") and out.get("twin") in ("exact", "as_eager"):
+            mixes = OUTSIDE.format(what=MIXES.get(model_type, "its other layers"))
+            why.setdefault(mixes + "packtool keeps them apart in attention where eager does not (an attention-only "
+                           "twin of the model is exact on this batch)", []).append(style)
+        elif out.get("logits", 1.0) <= out.get("tol_logits", 0.0) and math.isnan(eager.get("grads", 0.0)):
+            why.setdefault("logits exact; eager's own gradients on this batch are NaN", []).append(style)
         elif "crash" in out:
             crash.setdefault(out["crash"], []).append(style)
         else:
@@ -490,9 +536,8 @@ def _verdict(styles: dict[str, Any]) -> dict[str, Any]:
         return {"verdict": "WRONG", "reason": ", ".join(wrong)}
     if refused:
         return {"verdict": "refused", "reason": grouped(refused)}
-    if model_limited:
-        return {"verdict": "limited", "reason": f"exact where the model allows; differs under eager too, or only by "
-                                                f"the model's own positions: {', '.join(model_limited)}"}
+    if why:
+        return {"verdict": "limited", "reason": grouped(why)}
     return {"verdict": "exact", "reason": ""}
 
 
@@ -514,6 +559,7 @@ def worker(variant: str) -> None:
         except Exception as exc:  # noqa: BLE001 - the sweep itself failed on this family
             result = {"family": family, "verdict": "crash", "reason": f"sweep: {_first_line(exc)}", "styles": {}}
         result["seconds"] = round(time.perf_counter() - start, 1)
+        result["packtool"] = sys.modules["packtool"].__file__ if "packtool" in sys.modules else None  # which checkout
         print(MARK + json.dumps(result, default=str), flush=True)
 
 

@@ -6,7 +6,8 @@ eager. The families it caught are pinned here: Gemma 3's image tokens, which att
 whole image (a bidirectional block inside a causal layer), Gemma 3's bidirectional mode, and the
 features no varlen kernel runs, which are refused with one line naming them instead of being
 dropped (Inkling's score bias, DeepSeek's sparse attention, Doge's dynamic mask, an argument
-packtool does not know). The whole sweep is the `slow` test at the end (about 25 minutes on 2 cores).
+packtool does not know). The whole sweep is the `slow` test at the end (about 5 minutes on 2 cores); the
+default suite checks that the sweep measures this checkout's packtool (`test_the_sweep_checks_this_checkout`).
 """
 
 from __future__ import annotations
@@ -170,18 +171,42 @@ def test_models_whose_attention_needs_a_dense_mask_are_refused_before_their_code
             model(input_ids=ids, **extra)
 
 
+def test_the_sweep_checks_this_checkout(tmp_path: Path) -> None:
+    """The sweep's worker imports the packtool of the checkout the script is in, not whichever one the environment
+    has installed (scripts/ is sys.path[0] of a script: another checkout's editable install was measured, and its
+    verdicts were reported for this one). One family, its verdict and the packtool it ran."""
+    out = tmp_path / "llama.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_hf_families.py"), "llama", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:]
+    (result,) = json.loads(out.read_text())
+    assert result["verdict"] == "exact", result
+    assert Path(result["packtool"]).resolve() == (ROOT / "packtool" / "__init__.py").resolve()
+    assert all(style["ok"] for style in result["styles"].values()) and len(result["styles"]) == 8
+
+
+#: the floor of the sweep's counts on transformers 5.23 (docs/HF.md has the table: 111 exact, 25 limited, 10 refused)
+FLOOR = {"exact": 105, "limited": 30, "refused": 14}
+
+
 @pytest.mark.slow
-def test_every_causal_lm_family_is_exact_refused_or_not_applicable(tmp_path: Path) -> None:
+def test_every_causal_lm_family_is_exact_limited_refused_or_not_applicable(tmp_path: Path) -> None:
     """scripts/check_hf_families.py over every family of the installed transformers: none WRONG, none crashing,
-    none running out of time; the refused and not-applicable ones say why."""
+    none running out of time; each limited, refused and not-applicable one says why (a limited family is exact
+    in attention and differs only where the model itself does: under eager on the same batch, or by its own
+    positions); at least FLOOR["exact"] exact, and no more limited or refused ones than their ceilings."""
     out = tmp_path / "families.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_hf_families.py"), "--json", str(out)],
                          capture_output=True, text=True, timeout=3 * 3600)  # fmt: skip
     results = json.loads(out.read_text())
-    bad = [(r["family"], r["verdict"], r.get("reason")) for r in results if r["verdict"] not in ("exact", "refused", "n/a")]
+    bad = [(r["family"], r["verdict"], r.get("reason")) for r in results
+           if r["verdict"] not in ("exact", "limited", "refused", "n/a")]  # fmt: skip
     assert not bad and run.returncode == 0, bad
-    assert sum(r["verdict"] == "exact" for r in results) >= 100
-    assert all(r.get("reason") for r in results if r["verdict"] in ("refused", "n/a"))
+    counts = {v: sum(r["verdict"] == v for r in results) for v in FLOOR}
+    assert counts["exact"] >= FLOOR["exact"], counts
+    assert counts["limited"] <= FLOOR["limited"] and counts["refused"] <= FLOOR["refused"], counts
+    assert all(r.get("reason") for r in results if r["verdict"] in ("limited", "refused", "n/a"))
+    assert all(Path(r["packtool"]).resolve().parent == (ROOT / "packtool").resolve() for r in results if "packtool" in r)
 
 
 # ---- the same paths on a GPU's kernels (bf16; `pytest -m gpu`) --------------------------------------------
