@@ -184,7 +184,9 @@ def tiny_config_dict(d: dict[str, Any], aliases: dict[str, str] | None = None) -
             d[key] = [new_index[int(x) % n] for x in d[key] if int(x) % n in new_index]
     overrides = _per_layer(d, n)
     if overrides:  # Gemma 4's global layers, DOTS3's indexed layers: kept layers' overrides, shrunk like the rest
-        d["per_layer_config"] = {str(new_index[i]): _shrink_layer(layer) for i, layer in overrides.items() if i in new_index}
+        d["per_layer_config"] = {
+            str(new_index[i]): _shrink_layer(layer) for i, layer in overrides.items() if i in new_index
+        }
     for period, offset in (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset")):
         if d.get(period):  # Jamba: the pattern is periodic; a period of 2 keeps both kinds in two layers
             d[period], d[offset] = 2, 1
