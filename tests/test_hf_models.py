@@ -171,6 +171,31 @@ def test_models_whose_attention_needs_a_dense_mask_are_refused_before_their_code
             model(input_ids=ids, **extra)
 
 
+def test_roberta_packs_exactly_given_its_own_positions() -> None:
+    """RoBERTa-style models count positions from padding_idx + 1 (their embeddings read them), so 0-based
+    position_ids change the model, not its attention: packed with position_ids offset by padding_idx + 1
+    (docs/HF.md), each document under "packtool" equals itself alone under eager; 0-based ones do not."""
+    config = transformers.RobertaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, max_position_embeddings=64, is_decoder=True,
+                                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float64)
+    rng = np.random.default_rng(2)
+    docs = [torch.from_numpy(rng.integers(3, 96, n)) for n in (9, 7, 11)]
+    bounds = np.cumsum([0] + [len(d) for d in docs])
+    with torch.no_grad():
+        want = [model(input_ids=d[None]).logits[0] for d in docs]
+        model.set_attn_implementation("packtool")
+        zero = torch.cat([torch.arange(len(d)) for d in docs])[None]
+
+        def packed(positions: torch.Tensor) -> list[torch.Tensor]:
+            out = model(input_ids=torch.cat(docs)[None], position_ids=positions, use_cache=False).logits[0]
+            return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+        assert close(packed(zero + config.pad_token_id + 1), want) < RTOL
+        assert close(packed(zero), want) > 1e-3
+
+
 def test_the_sweep_checks_this_checkout(tmp_path: Path) -> None:
     """The sweep's worker imports the packtool of the checkout the script is in, not whichever one the environment
     has installed (scripts/ is sys.path[0] of a script: another checkout's editable install was measured, and its
