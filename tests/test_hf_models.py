@@ -210,8 +210,8 @@ def test_the_sweep_checks_this_checkout(tmp_path: Path) -> None:
     assert all(style["ok"] for style in result["styles"].values()) and len(result["styles"]) == 8
 
 
-#: the floor of the sweep's counts on transformers 5.23 (docs/HF.md has the table: 111 exact, 25 limited, 10 refused)
-FLOOR = {"exact": 105, "limited": 30, "refused": 14}
+#: the floor of the sweep's counts on transformers 5.23 (docs/HF.md has the table: 110 exact, 26 limited, 10 refused)
+FLOOR = {"exact": 110, "limited": 26, "refused": 10}
 
 
 @pytest.mark.slow
