@@ -452,3 +452,19 @@ def test_config_fields_of_the_wrong_kind_are_named(tmp_path: Path, field: str, v
     (tmp_path / "config.json").write_text(json.dumps(d))
     line = cli_error("audit", str(tmp_path / "config.json"), *FAST)
     assert f"config.json field {field!r} must be {kind}" in line and len(line) < 400
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "gemma4_text", "gemma3n_text"])
+def test_the_shrink_builds_mla_per_layer_overrides_and_kv_sharing(model_type: str) -> None:
+    """DeepSeek V3's MLA (rotary dims are `head_dim`, queries `qk_nope + qk_rope` wide), Gemma 4's `per_layer_config`
+    (global layers' own head size, keyed by layer index) and Gemma 3n's KV sharing and per-layer input embeddings
+    (a vocabulary of their own): the tiny model builds small and runs (the sweep of scripts/check_hf_families.py
+    found each failing: a shape error, an index outside the kept layers, a 268M-parameter table)."""
+    config = transformers.AutoConfig.for_model(model_type)
+    tiny_dict, kept = tiny_config_dict(config.to_dict(), dict(type(config).attribute_map))
+    tiny = type(config).from_dict(tiny_dict)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny, experts_implementation="eager").eval()
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000 and tiny.num_hidden_layers == len(kept) >= 2
+    with torch.no_grad():
+        assert model(input_ids=torch.arange(3, 12)[None]).logits.shape == (1, 9, 128)

@@ -3,7 +3,10 @@
 Each family is built from transformers' own config class, tiny, with the feature that makes it
 hard kept and made to bite: Mistral's sliding window (4) shorter than the documents (5-11 tokens),
 Qwen3 with sliding-window layers, Gemma 3's local + global layers, Gemma 2's logit softcapping
-(0.5, so it changes the scores), gpt-oss's sinks + sliding layers (eager experts). The same model
+(0.5, so it changes the scores), gpt-oss's sinks + sliding layers (eager experts), Llama 4's
+chunked attention (chunks of 4), GPTBigCode (its layers never see position_ids: packed documents
+come from the mask), Qwen2-MoE and PhiMoE (windows of 4 declared in the mask only). The last
+three were silently wrong before the family sweep (scripts/check_hf_families.py) found them. The same model
 (same weights) runs each document alone under `eager`: that is the reference. Under "packtool"
 the documents then run packed (restarting `position_ids` only, as TRL's padding_free passes;
 `cu_seq_lens_*` as `PackedCollator(keys=HF_KEYS)` passes; two packed rows `[2, N]`), padded
@@ -65,8 +68,36 @@ def gpt_oss():
                                      num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"])
 
 
+def llama4():
+    """Chunked attention (chunks of 4 < the documents) in layer 0, a global no-RoPE layer 1, MoE in layer 1."""
+    return transformers.Llama4TextConfig(**SMALL, intermediate_size_mlp=48, num_hidden_layers=2, attention_chunk_size=4,
+                                         num_local_experts=2, interleave_moe_layer_step=2, no_rope_layers=[1, 0])
+
+
+def gpt_bigcode():
+    """Multi-query attention whose layers never see `position_ids`: packed documents come from the mask alone."""
+    return transformers.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                         multi_query=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def qwen2_moe():
+    """A sliding layer whose window (4) is in the mask only: Qwen2-MoE never passes sliding_window to attention."""
+    small = {k: v for k, v in SMALL.items() if k != "head_dim"}
+    return transformers.Qwen2MoeConfig(**small, num_hidden_layers=2, use_sliding_window=True, sliding_window=4,
+                                       max_window_layers=1, num_experts=4, num_experts_per_tok=2,
+                                       moe_intermediate_size=16, shared_expert_intermediate_size=16)
+
+
+def phimoe():
+    """Every layer windowed (4) through the mask only, as Qwen2-MoE."""
+    small = {k: v for k, v in SMALL.items() if k != "head_dim"}
+    return transformers.PhimoeConfig(**small, num_hidden_layers=2, sliding_window=4, num_local_experts=4,
+                                     num_experts_per_tok=2)
+
+
 FAMILIES: dict[str, Callable[[], object]] = {"llama": llama, "qwen3": qwen3, "mistral": mistral, "gemma3": gemma3,
-                                             "gemma2": gemma2, "gpt_oss": gpt_oss}
+                                             "gemma2": gemma2, "gpt_oss": gpt_oss, "llama4": llama4,
+                                             "gpt_bigcode": gpt_bigcode, "qwen2_moe": qwen2_moe, "phimoe": phimoe}
 
 
 def build(name: str, attn: str = "eager", **overrides):
@@ -74,9 +105,8 @@ def build(name: str, attn: str = "eager", **overrides):
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(0)
-    kwargs = {"experts_implementation": "eager"} if name == "gpt_oss" else {}
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float64,
-                                                          **kwargs)
+                                                          experts_implementation="eager")
     return model.eval()
 
 
@@ -170,6 +200,8 @@ def test_every_batch_style_equals_each_document_alone_under_eager(family) -> Non
     for style, (batch, pick) in batches(docs).items():
         # use_cache=True: a model left at its config default (transformers builds a cache, sdpa then leaks)
         for use_cache in (False, True) if style == "packed_position_ids" else (False,):
+            if use_cache and name in ("llama4", "gpt_bigcode"):
+                continue  # layers that never see position_ids: with a cache transformers drops the documents, as eager
             out = model(**batch, use_cache=use_cache).logits
             logits = pick(out)
             loss = sum(doc_loss(lg, d) for lg, d in zip(logits, docs, strict=True))
@@ -184,9 +216,13 @@ def test_every_batch_style_equals_each_document_alone_under_eager(family) -> Non
 
 
 def assert_the_feature_bites(model, docs, ref) -> None:
-    """The same packed batch without the layers' window/softcap/sinks differs from the reference: a kernel
-    ignoring the feature would be caught above."""
-    batch, pick = batches(docs)["packed_cu_seq_lens"]
+    """The same packed batch (position_ids only) without what makes the family hard differs from the reference,
+    so a kernel ignoring it would be caught above: the layers' window/softcap/sinks dropped, and flash-attention's
+    mask (padding only) in place of packtool's segment mask (chunks; documents for a model whose layers never
+    see position_ids)."""
+    from transformers.masking_utils import flash_attention_mask
+
+    batch, pick = batches(docs)["packed_position_ids"]
     calls = []
 
     def without(module, *args, **kwargs):
@@ -195,7 +231,7 @@ def assert_the_feature_bites(model, docs, ref) -> None:
         return packtool.hf.attention_forward(module, *args, **kwargs)
 
     transformers.AttentionInterface.register("packtool_plain_test", without)
-    transformers.masking_utils.AttentionMaskInterface.register("packtool_plain_test", packtool.hf.padding_mask)
+    transformers.masking_utils.AttentionMaskInterface.register("packtool_plain_test", flash_attention_mask)
     model.set_attn_implementation("packtool_plain_test")
     try:
         with torch.no_grad():
@@ -205,9 +241,7 @@ def assert_the_feature_bites(model, docs, ref) -> None:
     assert calls and max(float((a - b).abs().max()) for a, b in zip(logits, ref[0], strict=True)) > 1e-3
 
 
-
-
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3", "llama4", "phimoe"])
 def test_generate_on_a_left_padded_batch_equals_eager_per_document(name: str) -> None:
     docs = documents(1)[:3]
     model = build(name)
@@ -281,14 +315,36 @@ def test_the_mask_is_flash_attention_s() -> None:
     assert static.tolist() == [[True] * 5 + [False] * 3] * 2
 
 
-def test_chunked_attention_is_refused_once_a_sequence_outgrows_a_chunk() -> None:
-    """Llama 4's chunked layers: flash-attention is refused by transformers there, and so is "packtool"."""
-    from types import SimpleNamespace
+def test_the_mask_reads_chunks_and_documents_from_the_model_s_pattern() -> None:
+    """Llama 4's chunks and packed documents (transformers' own mask functions) become segments: int32
+    `2 * segment + joined`, 0 on padding; a plain causal pattern stays flash-attention's mask."""
+    from transformers.masking_utils import (
+        causal_mask_function,
+        chunked_causal_mask_function,
+        packed_sequence_compatibility_function,
+        sliding_window_causal_mask_function,
+    )
 
-    config = SimpleNamespace(attention_chunk_size=8)
-    assert packtool.hf.padding_mask(1, 8, 8, config=config) is None
-    with pytest.raises(ConfigError, match=r"chunked attention \(config.attention_chunk_size=8: Llama 4\) over 9"):
-        packtool.hf.padding_mask(1, 9, 9, config=config)
+    chunked = chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))
+    ids = packtool.hf.padding_mask(1, 9, 9, mask_function=chunked)
+    assert ids.dtype == torch.int32 and (ids // 2).tolist() == [[1, 1, 1, 1, 2, 2, 2, 2, 3]]
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5]])
+    documents = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    packed = packed_sequence_compatibility_function(chunked, positions, documents)
+    assert (packtool.hf.padding_mask(1, 9, 9, mask_function=packed) // 2).tolist() == [[1, 1, 1, 2, 2, 2, 2, 3, 3]]
+    padded = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert packtool.hf.padding_mask(1, 9, 9, mask_function=causal_mask_function, attention_mask=padded).dtype == torch.bool
+    assert packtool.hf.padding_mask(1, 9, 9, mask_function=causal_mask_function) is None
+    sliding = packtool.hf.padding_mask(1, 9, 9, mask_function=sliding_window_causal_mask_function(3))
+    assert (sliding // 2).tolist() == [[1] * 9] and getattr(sliding, packtool.hf.mask.WINDOW) == 3
+    decode = packtool.hf.padding_mask(1, 1, 9, q_offset=8, mask_function=chunked)  # the last chunk's keys only
+    assert decode.tolist() == [[False] * 8 + [True]]
+    # position_ids restarting where the chunked pattern (counted from the row's start) does not cut: refused
+    q = torch.zeros(1, 9, 2, 4)
+    with pytest.raises(ConfigError, match=r"cut at the row's own positions \(chunked attention"):
+        packtool.hf.layout.from_segments(q, q, q, ids, positions)
+    rows, _ = packtool.hf.layout.from_segments(q, q, q, ids, torch.arange(9)[None])  # positions that agree
+    assert rows.cu_q.tolist() == [0, 4, 8, 9]
 
 
 def test_spawned_dataloader_workers_give_the_in_process_batches(tmp_path) -> None:
@@ -309,3 +365,20 @@ def test_spawned_dataloader_workers_give_the_in_process_batches(tmp_path) -> Non
     assert len(runs[0]) == len(runs[1]) > 2
     for a, b in zip(*runs, strict=True):
         assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in HF_KEYS)
+
+
+def test_the_trl_export_points_at_attn_implementation_packtool(tmp_path) -> None:
+    """`packtool export --to trl` prints the next steps (CLI) and returns them (`export_store`): the attention
+    line names `import packtool.hf` + `attn_implementation="packtool"`, and no longer says any implementation
+    separates the sequences (sdpa/eager do so only by building a T*T mask)."""
+    from support import cli, write_pack_store, zipf_docs
+
+    from packtool.stages.export import ExportConfig, export_store
+
+    write_pack_store(tmp_path / "p", zipf_docs(60, seed=4, max_len=100), 256)
+    code, out, err = cli("export", str(tmp_path / "p"), "--to", "trl", "--output", str(tmp_path / "cli"))
+    assert code == 0, err
+    lines = export_store(ExportConfig(tmp_path / "p", "trl", tmp_path / "api")).lines
+    for text in (out, "\n".join(lines)):
+        assert 'import packtool.hf, then from_pretrained(..., attn_implementation="packtool")' in text
+        assert "padding_free=True" in text and "any attn_implementation" not in text

@@ -73,6 +73,9 @@ SIZES: dict[str, int] = {
     "mamba_expand": 2,
     "expand": 2,
     "block_multiple_of": 32,  # LFM2 rounds its FFN width up to this
+    # per-layer input embeddings (Gemma 3n, Gemma 4): a vocabulary and a width of their own
+    "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": 16,
     "num_nextn_predict_layers": 0,
     # widths under names of their own (not in any attribute_map): GPT-2 / OPT MLPs, GPT-J / CodeGen rotary dims
     "n_inner": 96,
@@ -126,6 +129,10 @@ def layer_kinds(d: dict[str, Any], n: int) -> list[tuple[Any, ...]]:
             members = {int(x) % n for x in d[key]}  # negative indices count from the end
             for i in range(n):
                 kinds[i].append((key, i in members))
+    overrides = _per_layer(d, n)
+    if overrides:
+        for i in range(n):
+            kinds[i].append(("per_layer_config", _hashable(overrides.get(i))))
     for period, offset in (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset")):
         if d.get(period):
             for i in range(n):
@@ -177,6 +184,11 @@ def tiny_config_dict(d: dict[str, Any], aliases: dict[str, str] | None = None) -
     for key in INDEX_LISTS:
         if isinstance(d.get(key), list):
             d[key] = [new_index[int(x) % n] for x in d[key] if int(x) % n in new_index]
+    overrides = _per_layer(d, n)
+    if overrides:  # Gemma 4's global layers, DOTS3's indexed layers: kept layers' overrides, shrunk like the rest
+        d["per_layer_config"] = {
+            str(new_index[i]): _shrink_layer(layer) for i, layer in overrides.items() if i in new_index
+        }
     for period, offset in (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset")):
         if d.get(period):  # Jamba: the pattern is periodic; a period of 2 keeps both kinds in two layers
             d[period], d[offset] = 2, 1
@@ -194,8 +206,15 @@ def tiny_config_dict(d: dict[str, Any], aliases: dict[str, str] | None = None) -
     kv_heads = d.get("num_key_value_heads")
     for key, value in SIZES.items():
         for name in aliased([key], aliases):
-            if d.get(name) is not None:
+            if d.get(name) not in (None, 0):  # 0 switches a part off (no shared experts, no per-layer inputs)
                 d[name] = value
+    if isinstance(d.get("qk_rope_head_dim"), int):  # MLA: rotary dims are head_dim, queries/keys nope + rope wide
+        if "head_dim" in d:
+            d["head_dim"] = d["qk_rope_head_dim"]
+        if "qk_head_dim" in d and isinstance(d.get("qk_nope_head_dim"), int):
+            d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    if isinstance(d.get("num_kv_shared_layers"), int):  # layers reusing an earlier layer's KV: none in two layers
+        d["num_kv_shared_layers"] = 0
     for canonical, cap in POSITION_CAPS.items():
         for key in aliased([canonical], aliases):
             if isinstance(d.get(key), int) and d[key] > cap:
@@ -215,6 +234,31 @@ def tiny_config_dict(d: dict[str, Any], aliases: dict[str, str] | None = None) -
     for key in TOKEN_IDS:
         d[key] = _clamp_ids(d.get(key))
     return d, keep
+
+
+def _shrink_layer(layer: dict[str, Any]) -> dict[str, Any]:
+    """One layer's overrides, shrunk like the config (its key/value heads grouped where they were)."""
+    out = {k: SIZES[k] if k in SIZES and v not in (None, 0) else v for k, v in layer.items()}
+    kv, heads = layer.get("num_key_value_heads"), layer.get("num_attention_heads")
+    if isinstance(kv, int) and kv > 0:
+        out["num_key_value_heads"] = HEADS // 2 if isinstance(heads, int) and kv < heads else HEADS
+    return out
+
+
+def _per_layer(d: dict[str, Any], n: int) -> dict[int, dict[str, Any]]:
+    """`per_layer_config` ({layer index (int or "05"): {field: value}}) by integer layer index; {} when absent."""
+    raw = d.get("per_layer_config")
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[int, dict[str, Any]] = {}
+    for key, value in raw.items():
+        try:
+            index = int(key) % max(n, 1)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict):
+            out[index] = value
+    return out
 
 
 def _n_layers(d: dict[str, Any], aliases: dict[str, str]) -> int:

@@ -2,14 +2,18 @@
 
 transformers calls `fn(module, query, key, value, attention_mask, scaling=, dropout=,
 sliding_window=, softcap=, s_aux=, position_ids=, cu_seq_lens_q=, ...)` with `[B, heads, T, D]`
-tensors and expects `([B, T, heads, D], None)`. The batch layout (padding mask, collator offsets,
-restarting position_ids, plain rows, a KV cache) becomes varlen segments (`layout.py`); the
-layer's features become `varlen_attention`'s: causal unless the module says otherwise (Gemma 3
-bidirectional), transformers' `sliding_window=W` (W tokens, the current one included) as
-flash-attn's window `(W - 1, W - 1)`, `softcap`, the sinks `s_aux` (gpt-oss) and `dropout` (> 0
-only while training). The kernel is `varlen_attention`'s choice (`backend`): the first in its
-table that has every feature the layer uses, so a layer never runs on a kernel that would ignore
-one; a forced backend that lacks one is a ConfigError naming it.
+tensors and expects `([B, T, heads, D], None)`. The batch layout (a padding or segment mask,
+collator offsets, restarting position_ids, plain rows, a KV cache) becomes varlen segments
+(`layout.py`); the layer's features become `varlen_attention`'s: causal unless the call or the
+module says otherwise (`is_causal=False`, Gemma 3's bidirectional mode), transformers'
+`sliding_window=W` (W tokens, the current one included) as flash-attn's window `(W - 1, W - 1)`,
+`softcap`, the sinks `s_aux` (gpt-oss; `sinks` when it holds one logit per head), `dropout`
+(> 0 only while training), values narrower than queries (MLA: padded, then cropped), and the
+bidirectional blocks of a segment mask (a second, non-causal call for their queries). An argument
+that asks for more than a varlen kernel does (a score bias, a per-query choice of keys) or that
+packtool does not know is refused by name (`features.py`). The kernel is `varlen_attention`'s
+choice (`backend`): the first in its table that has every feature the layer uses, so a layer never
+runs on a kernel that would ignore one; a forced backend that lacks one is a ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from packtool.attention import varlen_attention
 from packtool.choices import AttentionBackend
 from packtool.errors import ConfigError
 from packtool.hf import layout
+from packtool.hf.features import refuse_call
+from packtool.hf.mask import SEGMENTS, WINDOW
 
 
 def attention_forward(
@@ -42,25 +48,46 @@ def attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface over `varlen_attention` (see the module docstring)."""
-    if query.shape[1] % key.shape[1]:
+    heads = query.shape[1]
+    sinks = kwargs.get("sinks")
+    if s_aux is None and isinstance(sinks, torch.Tensor) and sinks.numel() == heads:
+        s_aux = kwargs.pop("sinks").reshape(heads)  # one sink logit per head, under another name
+    refuse_call(kwargs, heads)
+    if heads % key.shape[1]:
         raise ConfigError(
-            f"{query.shape[1]} query heads are not a multiple of {key.shape[1]} key/value heads, packtool.hf, "
+            f"{heads} query heads are not a multiple of {key.shape[1]} key/value heads, packtool.hf, "
             "use a model whose kv heads divide its query heads"
         )
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, T, heads, D]
     dim_v = v.shape[-1]
     if dim_v < q.shape[-1]:  # MLA: values narrower than queries; pad and crop, as transformers does for flash
         v = F.pad(v, (0, q.shape[-1] - dim_v))
-    if attention_mask is not None:
+    elif dim_v > q.shape[-1]:
+        raise ConfigError(
+            f"values of head size {dim_v} are wider than queries and keys ({q.shape[-1]}), packtool.hf, "
+            "use attn_implementation='sdpa' or 'eager' for this model"
+        )
+    blocks = None
+    if attention_mask is not None and attention_mask.dtype == SEGMENTS and attention_mask.ndim == 2:
+        rows, blocks = layout.from_segments(q, k, v, attention_mask, kwargs.get("position_ids"))
+    elif attention_mask is not None:
         rows = layout.from_mask(q, k, v, attention_mask)
     elif kwargs.get("cu_seq_lens_q") is not None:
         rows = layout.from_cu(q, k, v, kwargs)
     else:
         rows = layout.from_positions(q, k, v, kwargs.get("position_ids"))
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    sliding_window = getattr(attention_mask, WINDOW, sliding_window)  # the mask's own window is eager's
     window = None
     if sliding_window is not None and 0 < int(sliding_window) < rows.max_k:
-        window = (int(sliding_window) - 1, int(sliding_window) - 1)
+        window = int(sliding_window) - 1
+    features: dict[str, Any] = {
+        "softmax_scale": scaling,
+        "backend": backend,
+        "softcap": softcap or None,
+        "sinks": s_aux,
+        "dropout": float(dropout or 0.0),
+    }
     out = varlen_attention(
         rows.q,
         rows.k,
@@ -68,14 +95,24 @@ def attention_forward(
         rows.cu_q,
         rows.max_q,
         causal=causal,
-        softmax_scale=scaling,
-        backend=backend,
         cu_seqlens_k=None if rows.cu_k is rows.cu_q else rows.cu_k,
         max_seqlen_k=rows.max_k,
-        window=window,
-        softcap=softcap or None,
-        sinks=s_aux,
-        dropout=float(dropout or 0.0),
+        window=None if window is None else (window, window),
+        **features,
     )
+    if blocks is not None and causal:  # each block's queries see the rest of their block too
+        inside = varlen_attention(
+            rows.q.index_select(0, blocks.index_q),
+            rows.k.index_select(0, blocks.index_k),
+            rows.v.index_select(0, blocks.index_k),
+            blocks.cu_q,
+            blocks.max_q,
+            causal=False,
+            cu_seqlens_k=blocks.cu_k,
+            max_seqlen_k=blocks.max_k,
+            window=None if window is None else (window, -1),
+            **features,
+        )
+        out = out.index_copy(0, blocks.index_q, inside)
     out = rows.repad(out)
     return (out[..., :dim_v] if out.shape[-1] != dim_v else out), None

@@ -4,12 +4,15 @@ The same cases, in the same order, as transformers' flash-attention path
 (`modeling_flash_attention_utils._flash_attention_forward`), so one model object serves training,
 evaluation and generation:
 1. a 2-D `attention_mask` (padding; also a KV cache): unpad the keys by the mask and the queries
-   by its last `T_q` columns (left padding) or, decoding one token, one query per row;
+   by its last `T_q` columns (left padding) or, decoding one token, one query per row; an int32
+   segment mask (`mask.py`: packed documents, chunks, bidirectional blocks read from the model's
+   mask pattern) gives the segments itself (`from_segments`);
 2. `cu_seq_lens_q/_k` (+ `max_length_q/_k`): packed batches whose collator knows its documents
    (`PackedCollator(keys=HF_KEYS)`, TRL's `padding_free`), flattened as they are;
 3. `position_ids` that restart inside a row (TRL / `DataCollatorWithFlattening` pass only those):
    a document starts wherever the position is not the previous one + 1, and at every row start,
    so `[B, N]` rows of packed documents are kept apart too (flash-attn only splits `[1, T]`);
+   multimodal RoPE positions `[3, B, T]` cannot say where a document starts: rows, as case 4;
 4. otherwise every row is one sequence; with a KV cache and no mask, `T_k > T_q` and causal
    attention is aligned to the bottom right (the newest query sees every key).
 """
@@ -120,11 +123,12 @@ def from_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_i
     pos = position_ids
     if pos.ndim == 1:
         pos = pos[None]
+    if pos.ndim == 3:  # multimodal RoPE: image tokens repeat positions, so restarts say nothing; one row each
+        return from_positions(q, k, v, None)
     if pos.ndim != 2 or pos.shape[-1] != tq:
         raise ConfigError(
             f"position_ids of shape {tuple(position_ids.shape)} for {b} rows of {tq} tokens, packtool.hf, pass "
-            "[batch, tokens] position_ids, or cu_seq_lens_q/_k for packed documents (multimodal RoPE positions "
-            "cannot say where a document starts)"
+            "[batch, tokens] position_ids, or cu_seq_lens_q/_k for packed documents"
         )
     pos = pos.to(dev).expand(b, tq)
     start = torch.ones(b, tq, dtype=torch.bool, device=dev)
@@ -133,3 +137,117 @@ def from_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_i
     cu = torch.cat([starts, torch.tensor([b * tq], dtype=torch.int32, device=dev)])
     longest = _max(cu, None)
     return Layout(*_flat(q, k, v), cu, cu, longest, longest, (b, tq))
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Bidirectional blocks of a causal layer (Gemma 3's image tokens): their queries see their whole block.
+
+    A second varlen call, non-causal: the queries of each block (`index_q` into the layout's flattened
+    queries) against the keys from their segment's start to the block's end (`index_k`), so a query sees
+    the causal past of its document and the rest of its block, as transformers' `blockwise_overlay`.
+    """
+
+    index_q: torch.Tensor
+    index_k: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+def from_segments(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor | None = None
+) -> tuple[Layout, Blocks | None]:
+    """Case 1, segment mask (`mask.py`): int32 `[B, T_k]` of `2 * segment + joined_with_next`, 0 = padding.
+
+    The queries are the first T_q keys (a prefill or a training forward; a static cache's empty slots
+    are 0). The segments and blocks are computed once per mask and kept on it, so the layers sharing a
+    mask pay for them once. `position_ids` that restart where no segment starts mean transformers built
+    the mask without the documents (it finds them only without a KV cache): a row that is one segment
+    (causal, bidirectional, image blocks) is cut at the restarts, as `from_positions` cuts a row; a row
+    the pattern already cuts (chunks, counted from the row's start, not the document's) is refused.
+    """
+    b, tq = q.shape[:2]
+    if ids.shape != (b, k.shape[1]) or k.shape[1] < tq:
+        raise ConfigError(
+            f"a segment mask of shape {tuple(ids.shape)} for {b} rows of {tq} queries and {k.shape[1]} keys, "
+            "packtool.hf, build the mask with packtool.hf's mask function (AttentionMaskInterface)"
+        )
+    if k.shape[1] > tq:  # a static cache during prefill: the slots past the queries are empty
+        k, v = k[:, :tq], v[:, :tq]
+    ids = ids[:, :tq] if ids.shape[1] > tq else ids
+    cached = getattr(ids, "_packtool_segments", None)
+    if cached is None or cached[0] is not position_ids:
+        cached = (position_ids, _segments(_with_documents(ids, position_ids)))
+        ids._packtool_segments = cached  # type: ignore[attr-defined]
+    index, cu, longest, links = cached[1]
+    flat_q, flat_k, flat_v = _flat(q, k, v)
+    if index is not None:
+        flat_q, flat_k, flat_v = (t.index_select(0, index) for t in (flat_q, flat_k, flat_v))
+    rows = Layout(flat_q, flat_k, flat_v, cu, cu, longest, longest, (b, tq), index)
+    return rows, links
+
+
+def _with_documents(ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """`ids` with a segment start wherever `position_ids` restart inside a segment (see `from_segments`)."""
+    b, t = ids.shape
+    pos = None if position_ids is None else position_ids[None] if position_ids.ndim == 1 else position_ids
+    if pos is None or pos.ndim != 2 or pos.shape[-1] != t or t < 2:
+        return ids
+    pos = pos.to(ids.device).expand(b, t)
+    seg = ids >> 1
+    restart = torch.zeros(b, t, dtype=torch.bool, device=ids.device)
+    restart[:, 1:] = (pos[:, 1:] != pos[:, :-1] + 1) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
+    if not bool(restart.any()):
+        return ids
+    kept = seg > 0
+    cut = torch.zeros_like(kept)
+    cut[:, 1:] = (seg[:, 1:] != seg[:, :-1]) & kept[:, 1:] & kept[:, :-1]
+    if bool(cut.any()):
+        raise ConfigError(
+            "packed documents (position_ids restarting inside a row) reached a layer whose mask pattern transformers "
+            "built without them and cut at the row's own positions (chunked attention; transformers finds packed "
+            "documents only without a KV cache), packtool.hf, pass use_cache=False for packed batches "
+            "(model(**batch, use_cache=False)), or batch this model's documents padded (attention_mask)"
+        )
+    start = restart | F.pad(~kept[:, :-1], (1, 0), value=True)
+    segment = torch.cumsum(start.to(ids.dtype), -1)
+    joined = (ids & 1) * F.pad(~restart[:, 1:], (0, 1), value=True).to(ids.dtype)  # no block across documents
+    return (2 * segment + joined) * kept.to(ids.dtype)
+
+
+def _segments(ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, int, Blocks | None]:
+    """(kept flat positions or None, cu_seqlens over the kept tokens, longest segment, blocks or None)."""
+    b, t = ids.shape
+    seg = ids >> 1
+    keep = seg > 0
+    start = keep.clone()
+    start[:, 1:] &= seg[:, 1:] != seg[:, :-1]
+    index = keep.reshape(-1).nonzero().reshape(-1)
+    n = int(index.numel())
+    first = start.reshape(-1).index_select(0, index)
+    starts = first.nonzero().reshape(-1).to(torch.int32)
+    cu = torch.cat([starts, torch.tensor([n], dtype=torch.int32, device=ids.device)])
+    longest = _max(cu, None)
+    link = (ids & 1).reshape(-1).index_select(0, index).bool()
+    blocks = _blocks(link, first, cu) if bool(link.any()) else None
+    return (None if n == b * t else index), cu, longest, blocks
+
+
+def _blocks(link: torch.Tensor, first: torch.Tensor, cu: torch.Tensor) -> Blocks:
+    """Runs of kept tokens joined to the next one: each run's queries and the keys its queries see."""
+    dev = link.device
+    before = F.pad(link[:-1], (1, 0))  # token j joined to j - 1
+    member = link | before
+    run_start = (member & ~before).nonzero().reshape(-1)
+    run_end = (member & ~link).nonzero().reshape(-1)  # inclusive
+    segment = torch.cumsum(first.to(torch.int64), 0) - 1  # each kept token's segment
+    seg_start = cu.to(torch.int64).index_select(0, segment.index_select(0, run_start))
+    lens_q = run_end - run_start + 1
+    lens_k = run_end - seg_start + 1
+    index_q = member.nonzero().reshape(-1)
+    offsets = torch.repeat_interleave(seg_start - torch.cumsum(lens_k, 0) + lens_k, lens_k)
+    index_k = offsets + torch.arange(int(lens_k.sum()), device=dev)
+    return Blocks(index_q, index_k, _cu(lens_q.to(torch.int32)), _cu(lens_k.to(torch.int32)),
+                  int(lens_q.max()), int(lens_k.max()))  # fmt: skip

@@ -59,8 +59,11 @@ def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
         f'TRL: train_dataset = datasets.load_dataset("parquet", data_files="{data}", split="train")',
         "  SFTConfig(packing=False, padding_free=True, max_length=None, "
         'dataset_kwargs={"skip_prepare_dataset": True}, per_device_train_batch_size=B)',
-        f"  one row = one pack of {store.size} tokens: B rows give B*{store.size} tokens per device step; "
-        "any attn_implementation separates the sequences (flash-attention reads cu_seq_lens; sdpa/eager find them in position_ids)",
+        f"  one row = one pack of {store.size} tokens: B rows give B*{store.size} tokens per device step",
+        '  attention: import packtool.hf, then from_pretrained(..., attn_implementation="packtool") attends each '
+        "sequence alone through varlen kernels on the cu_seq_lens TRL passes (flash-attn when installed, else "
+        "torch's own on CUDA; no T*T mask); sdpa/eager keep sequences apart only with a T*T mask built from "
+        "position_ids (SFTTrainer's use_cache=False)",
     ]
     return lines, {"tokens_per_row": store.size}
 
