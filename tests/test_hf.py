@@ -28,6 +28,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 import packtool.hf  # noqa: E402
 from packtool.errors import ConfigError  # noqa: E402
+from packtool.hf.features import chunks_follow_documents  # noqa: E402
 from packtool.loader import HF_KEYS, PackedCollator  # noqa: E402
 
 LENGTHS = (9, 7, 11, 5)  # rows of two documents: 16 + 16
@@ -188,6 +189,8 @@ def assert_equal_to(ref, got) -> None:
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request):
     name = request.param
+    if name == "llama4" and not chunks_follow_documents():
+        pytest.skip(f"transformers {transformers.__version__} chunks a packed row, not each document: refused (below)")
     model = build(name)
     docs = documents()
     ref = per_document(model, docs)
@@ -239,6 +242,43 @@ def assert_the_feature_bites(model, docs, ref) -> None:
     finally:
         model.set_attn_implementation("packtool")
     assert calls and max(float((a - b).abs().max()) for a, b in zip(logits, ref[0], strict=True)) > 1e-3
+
+
+def test_packed_chunks_under_a_transformers_that_chunks_the_row_are_refused(monkeypatch) -> None:
+    """transformers before 5.23 chunks a packed row by its row positions under every attn_implementation (5.17's
+    Llama 4 under eager and sdpa too): a document starting off the row's chunk phase gets chunks that are not its
+    own. That release's mask is rebuilt here (the packed-document mask AND-ed with the row-phase chunks, as 5.17
+    did): "packtool" refuses such a batch by name, and still runs what that mask chunks right: documents that
+    start on the phase, plain and padded batches."""
+    from transformers import masking_utils
+
+    monkeypatch.setattr(masking_utils, "packed_sequence_compatibility_function",
+                        lambda mask_function, position_ids, packed: masking_utils.and_masks(
+                            mask_function, masking_utils.packed_sequence_mask_function(packed)),
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(packtool.hf.mask, "chunks_follow_documents", lambda: False)
+    model = build("llama4")
+    docs = documents()  # 9 + 7: the second document starts at 9, off the chunk phase of 4
+    ref = per_document(model, docs)
+    model.set_attn_implementation("eager")
+    batch, pick = batches(docs)["packed_position_ids"]
+    with torch.no_grad():  # eager too chunks the row: not each document alone
+        eager = pick(model(**batch, use_cache=False).logits)
+    assert max(float((a - b).abs().max()) for a, b in zip(eager, ref[0], strict=True)) > 1e-3
+    model.set_attn_implementation("packtool")
+    for style in ("packed_position_ids", "packed_cu_seq_lens", "packed_rows"):
+        batch, _ = batches(docs)[style]
+        with pytest.raises(ConfigError, match=r"chunked attention \(config.attention_chunk_size=4\) on packed "
+                                              r"documents .* upgrade to transformers>=5.23"):  # fmt: skip
+            model(**batch, use_cache=False)
+    on_phase = [docs[0][:8], docs[1][:4], docs[2][:8], docs[3][:4]]  # starting at 0, 8, 12, 20: chunked alike
+    ref = per_document(model, on_phase)
+    for style in ("packed_position_ids", "packed_rows", "padded_right", "padded_left"):
+        batch, pick = batches(on_phase)[style]
+        logits = pick(model(**batch, use_cache=False).logits)
+        loss = sum(doc_loss(lg, d) for lg, d in zip(logits, on_phase, strict=True))
+        assert_equal_to(ref, ([lg.detach() for lg in logits], grads(model, loss)))
+    assert_equal_to(ref, per_document(model, on_phase))
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral", "gemma3", "llama4", "phimoe"])

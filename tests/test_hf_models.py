@@ -259,7 +259,10 @@ def test_on_a_gpu_the_mask_read_paths_run_a_kernel_and_equal_each_document_alone
     on a varlen kernel, not the exact fallback, where torch has one."""
     from packtool.attention import select_backend
     from packtool.attention.kernels import spec
+    from packtool.hf.features import chunks_follow_documents
 
+    if family == "llama4" and not chunks_follow_documents():
+        pytest.skip(f"transformers {transformers.__version__} chunks a packed row, not each document: refused")
     seen: list[str] = []
     real = spec.run
     rng = np.random.default_rng(0)

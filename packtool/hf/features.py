@@ -12,7 +12,10 @@ forward, before the model's own code would trip over a 2-D mask) and the attenti
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
+
+import torch
 
 from packtool.errors import ConfigError
 
@@ -76,3 +79,36 @@ def refuse_call(kwargs: dict[str, Any], heads: int) -> None:
             shape = tuple(getattr(value, "shape", ()))
             raise refuse(f"attention sinks of shape {shape} (`sinks`: one logit per query, not per head)")
         raise refuse(f"the attention argument `{name}` ({type(value).__name__}), which packtool does not know,")
+
+
+@cache
+def chunks_follow_documents() -> bool:
+    """Whether this transformers lays chunked attention out from each packed document's own start (5.23 and
+    later remap a packed row's indices to per-document positions). Earlier releases chunk the packed ROW by
+    its row positions under every attn_implementation, so a document's chunks there are not its chunks alone."""
+    from transformers import masking_utils
+
+    return hasattr(masking_utils, "packed_sequence_compatibility_function")
+
+
+def misphased_chunks(chunk: int, start: torch.Tensor) -> ConfigError | None:
+    """The refusal for a chunked layer's segment starts (`[B, T]` bool, no padding) that chunk packed documents by
+    their ROW positions (see `chunks_follow_documents`): every multiple of `chunk` starts a segment, and so does
+    some position that is not one (a document starting off the row's chunk phase, whose own chunks would start
+    there). None when the chunks are each document's own (a document starting on the phase is chunked alike)."""
+    length = start.shape[-1]
+    if chunk >= length:
+        return None
+    phase = torch.arange(length, device=start.device) % chunk == 0
+    off, every = torch.stack([(start[:, 1:] & ~phase[1:]).any(), start[:, phase].all()]).tolist()
+    if not (off and every):
+        return None
+    import transformers
+
+    return ConfigError(
+        f"chunked attention (config.attention_chunk_size={chunk}) on packed documents cannot run as "
+        f"attn_implementation='packtool' under transformers {transformers.__version__}, which chunks a packed row "
+        "by its row positions, not each document from its start (as every attn_implementation of that release "
+        "does), packtool.hf, upgrade to transformers>=5.23, or train this model on padded batches "
+        "(DynamicBatchSampler(padded=True) + PaddedCollator)"
+    )

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from packtool.hf.features import refuse_config
+from packtool.hf.features import chunks_follow_documents, misphased_chunks, refuse_config
 
 SEGMENTS = torch.int32
 """dtype of a segment mask (`2 * segment + joined_with_next`, 0 = padding); a bool mask is padding only."""
@@ -68,7 +68,10 @@ def padding_mask(
         return None if bool(seen.all()) else seen
     if isinstance(q_offset, torch.Tensor) or q_offset != 0 or kv_offset != 0 or q_length > kv_length:
         return pad  # a chunk after a cache: the padding mask, causal from the bottom right (layout.from_mask)
-    return _segments(mask_function, batch_size, q_length, kv_length, pad, device, use_vmap)
+    chunk = getattr(config, "attention_chunk_size", None) if attention_mask is None else None
+    if chunk and chunks_follow_documents():
+        chunk = None  # this transformers chunks each packed document from its own start
+    return _segments(mask_function, batch_size, q_length, kv_length, pad, device, use_vmap, chunk)
 
 
 def _padding(
@@ -106,8 +109,12 @@ def _segments(
     pad: torch.Tensor | None,
     device: Any,
     use_vmap: bool,
+    chunk: int | None = None,
 ) -> torch.Tensor | None:
     """The segment mask of a prefill / training forward (queries are keys 0..q_length-1), or `pad` when plain.
+
+    `chunk`: the model's chunk size where this transformers chunks a packed row by its row positions, to refuse
+    a chunked layer whose packed documents would not get their own chunks (`features.misphased_chunks`).
 
     A third look: can each query still see the first key of its segment? Where a sliding window hides it,
     the nearest such query gives the window (`WINDOW` on the mask), for models that put their window in the
@@ -121,6 +128,8 @@ def _segments(
     ahead = _evaluate(mask_function, rows, i - 1, i, use_vmap).expand(batch_size, q_length - 1)
     start = torch.ones(batch_size, q_length, dtype=torch.bool, device=device)
     start[:, 1:] = ~back
+    if chunk and int(chunk) > 0 and (refusal := misphased_chunks(int(chunk), start)) is not None:
+        raise refusal
     positions = torch.arange(q_length, device=device).expand(batch_size, q_length)
     first = torch.cummax(torch.where(start, positions, 0), -1).values  # each query's segment start
     hidden = ~_evaluate(mask_function, rows, positions, first, use_vmap).expand(batch_size, q_length)
