@@ -17,7 +17,7 @@ Parts: (1) packtool `--backend fast` vs the bare script on 128 MB: every pair's 
 best (target >= 0.8), with the ids checked equal; (2) `--backend hf` end to end vs
 `Tokenizer.encode_batch_fast` over the same texts already in memory (target >= 0.9), in-process;
 (3) tokens/s and peak RSS on 1 GB (target >= 20M tokens/s on 2 cores, < 1 GB); (4) readers:
-the same records as a `.json` array and an Arrow stream, planned and read (no tokenizing) vs jsonl
+the same records as a `.json` array, an Arrow stream and a CSV file, planned and read (no tokenizing) vs jsonl
 (`--sources-only` runs just this part; it needs no tokenizer).
 
 Run: python scripts/bench_tokenize.py [--mb 128] [--gb 1] [--repeat 3] [--workers N]
@@ -292,6 +292,7 @@ def part_sources(corpus: Path, repeat: int) -> None:
 
     array = corpus.with_suffix(".json")
     arrow = corpus.with_suffix(".arrow")
+    table_csv = corpus.with_suffix(".csv")
     if not array.is_file() or array.stat().st_mtime < corpus.stat().st_mtime:
         with open(corpus, "rb") as src, open(array.with_suffix(".tmp"), "wb") as out:
             out.write(b"[")
@@ -305,9 +306,18 @@ def part_sources(corpus: Path, repeat: int) -> None:
         with pa.OSFile(str(arrow.with_suffix(".tmp")), "wb") as fh, pa.ipc.new_stream(fh, table.schema) as w:
             w.write_table(table, max_chunksize=1000)  # datasets' writer_batch_size
         arrow.with_suffix(".tmp").replace(arrow)
+    if not table_csv.is_file() or table_csv.stat().st_mtime < corpus.stat().st_mtime:
+        import csv
+
+        with open(corpus, "rb") as src, open(table_csv.with_suffix(".tmp"), "w", newline="", encoding="utf-8") as out:
+            writer = csv.writer(out)  # Python's csv quoting, as pandas and datasets write it
+            writer.writerow(["text"])
+            writer.writerows([orjson.loads(line)["text"]] for line in src)
+        table_csv.with_suffix(".tmp").replace(table_csv)
     best: dict[str, float] = {}
+    sources = (("jsonl", corpus), (".json array", array), ("Arrow stream", arrow), ("CSV", table_csv))
     for _ in range(repeat):  # interleaved, best of each
-        for name, path in (("jsonl", corpus), (".json array", array), ("Arrow stream", arrow)):
+        for name, path in sources:
             start = time.perf_counter()
             _, chunks = plan_chunks([path], 16 << 20)
             n = sum(1 for c in chunks for r in read_chunk(c) if r.value is not None)
