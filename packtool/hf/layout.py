@@ -45,6 +45,8 @@ from packtool.errors import ConfigError
 from packtool.hf.mask import SEGMENTS, WINDOW
 
 _MEMO = "_packtool_reading"  # attribute of the tensor a forward's reading is kept on
+_READ = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "position_ids", "max_length_q", "max_length_k", "lengths")
+"""The call's keys a reading depends on (with the mask): the same objects give the same reading."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ def read(
 
 def _plan(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwargs: dict[str, Any]) -> _Plan:
     """The segments of a forward whose queries are its keys, once per (mask, keys): kept on the anchor tensor."""
-    keys = tuple(kwargs.get(name) for name in ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "position_ids"))
+    keys = tuple(kwargs.get(name) for name in _READ)
     anchor = mask if mask is not None else next((x for x in keys if isinstance(x, torch.Tensor)), None)
     if anchor is None:  # plain rows: one document each
         cu = torch.arange(b + 1, dtype=torch.int32, device=device) * t
@@ -199,6 +201,7 @@ def _build(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwar
             keep = None
             if pattern is not None:
                 pattern = _kept_starts(mask >> 1, None, numbered=True)
+    _check_lengths(b, t, kwargs.get("lengths"), keep)
     docs, source = _declared(b, t, device, kwargs, keep)
     starts = docs
     if pattern is not None:
@@ -212,6 +215,18 @@ def _build(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwar
             )
         starts = docs | pattern
     return _segments(starts, keep, joined)
+
+
+def _check_lengths(b: int, t: int, lengths: Any, keep: torch.Tensor | None) -> None:
+    """`PaddedCollator`'s `lengths` (real tokens per row) must be what the mask keeps: else the mask is not its own."""
+    if lengths is None:
+        return
+    real = keep.sum(-1) if keep is not None else torch.full((b,), t)
+    if not isinstance(lengths, torch.Tensor) or lengths.shape != (b,) or not torch.equal(lengths.to(real), real):
+        raise ConfigError(
+            f"lengths {getattr(lengths, 'tolist', lambda: lengths)()} disagree with the attention_mask's real tokens "
+            f"per row {real.tolist()}, packtool.hf, pass PaddedCollator's batch whole (its attention_mask with it)"
+        )
 
 
 def _kept_starts(starts: torch.Tensor, keep: torch.Tensor | None, numbered: bool = False) -> torch.Tensor:
