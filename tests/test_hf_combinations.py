@@ -314,3 +314,22 @@ def test_torch_compile_before_any_eager_forward_is_exact() -> None:
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0 and "exact" in run.stdout, run.stderr[-3000:]
+
+
+def test_a_static_cache_without_a_mask_equals_eager() -> None:
+    """A static cache filled by `model(input_ids, past_key_values=StaticCache(...))` with no attention_mask: the
+    mask function marks the slots written, wider than the queries. Those are a prefill (the queries are the first
+    keys), then one token after them; the empty slots are neither keys nor the queries' place (llama and gpt-oss
+    read the prefill's queries from the empty slots before)."""
+    doc = documents()[2][None]
+    for name in ("llama", "mistral", "gpt_oss"):
+        got = {}
+        for attn in ("eager", "packtool"):
+            model = build(name, attn)
+            cache = transformers.StaticCache(config=model.config, max_cache_len=24)
+            with torch.no_grad():
+                first = model(input_ids=doc, past_key_values=cache, use_cache=True).logits
+                then = model(input_ids=doc[:, :1], past_key_values=cache, use_cache=True).logits
+            got[attn] = (first, then)
+        for want, have in zip(got["eager"], got["packtool"], strict=True):
+            torch.testing.assert_close(have, want, rtol=0, atol=RTOL * float(want.abs().max()))

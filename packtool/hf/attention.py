@@ -2,9 +2,9 @@
 
 transformers calls `fn(module, query, key, value, attention_mask, scaling=, dropout=,
 sliding_window=, softcap=, s_aux=, position_ids=, cu_seq_lens_q=, ...)` with `[B, heads, T, D]`
-tensors and expects `([B, T, heads, D], None)`. The batch layout (a padding or segment mask,
-collator offsets, restarting position_ids, plain rows, a KV cache) becomes varlen segments
-(`layout.py`); the layer's features become `varlen_attention`'s: causal unless the call or the
+tensors and expects `([B, T, heads, D], None)`. The batch (a padding or segment mask, collator
+offsets, `seq_idx`, restarting position_ids, plain rows, a KV cache) becomes varlen segments
+through ONE reading, the same on every layer (`layout.read`); the layer's features become `varlen_attention`'s: causal unless the call or the
 module says otherwise (`is_causal=False`, Gemma 3's bidirectional mode), transformers'
 `sliding_window=W` (W tokens, the current one included) as flash-attn's window `(W - 1, W - 1)`,
 `softcap`, the sinks `s_aux` (gpt-oss; `sinks` when it holds one logit per head), `dropout`

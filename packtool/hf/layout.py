@@ -122,7 +122,8 @@ def read(
 ) -> Reading:
     """THE reading of one attention call (`[B, T, heads, D]` q/k/v): see the module docstring.
 
-    Layouts are added here and only here (a new batch key gets its branch below, before the others).
+    Layouts are added here and only here: a batch key that declares another layout gets its branch at the top
+    of this function (the one dispatch point), and every other key must then agree with it or be refused.
     """
     if mask is not None and mask.ndim != 2:
         raise ConfigError(
