@@ -333,3 +333,26 @@ def test_a_static_cache_without_a_mask_equals_eager() -> None:
             got[attn] = (first, then)
         for want, have in zip(got["eager"], got["packtool"], strict=True):
             torch.testing.assert_close(have, want, rtol=0, atol=RTOL * float(want.abs().max()))
+
+
+def test_a_batch_refilled_in_place_is_read_again() -> None:
+    """The reading is kept on the batch's tensors for the forward's other layers; a training loop that refills the
+    same buffers in place (static shapes, CUDA graphs) gives another batch, read again: each document alone."""
+    model = build("llama", attn="packtool")  # no mask: the reading is kept on cu_seq_lens_q
+    docs = documents()
+    joined = [torch.cat(docs[:2]), torch.cat(docs[2:])]  # the same tokens as two documents of 16
+    first = PackedCollator(flatten=True, keys=HF_KEYS)(packed_items(docs, [[i] for i in range(4)]))
+    second = PackedCollator(flatten=True, keys=HF_KEYS)(packed_items(joined, [[0], [1]]))
+    batch = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in drop(first).items()}
+    batch["cu_seq_lens_k"] = batch["cu_seq_lens_q"]
+    batch["max_length_q"] = batch["max_length_k"] = 16  # static: the row's longest possible document
+    with torch.no_grad():
+        model(**batch)
+        cu = torch.zeros_like(batch["cu_seq_lens_q"])  # the same 5 slots: [0, 16, 32, 32, 32]
+        cu[1:3] = second["cu_seq_lens_q"][1:]
+        cu[3:] = 32
+        batch["cu_seq_lens_q"].copy_(cu)
+        batch["position_ids"].copy_(second["position_ids"])
+        got = model(**batch).logits[0]
+        want = torch.cat([model(input_ids=d[None]).logits[0] for d in joined])
+    torch.testing.assert_close(got, want, rtol=0, atol=RTOL * float(want.abs().max()))

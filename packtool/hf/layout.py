@@ -174,13 +174,29 @@ def _plan(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwarg
         cu = torch.arange(b + 1, dtype=torch.int32, device=device) * t
         return _Plan(None, cu, t, t, 0, None, b * t == 0)
     inputs = (mask, *keys)
+    versions = _versions(inputs)
     memo = getattr(anchor, _MEMO, None)
-    if memo is not None and all(a is c for a, c in zip(memo[0], inputs, strict=True)):
-        return memo[1]  # type: ignore[no-any-return]
+    if (
+        memo is not None
+        and versions is not None
+        and memo[1] == versions
+        and all(a is c for a, c in zip(memo[0], inputs, strict=True))
+    ):
+        return memo[2]  # type: ignore[no-any-return]
     plan = _build(b, t, device, mask, kwargs)
-    with contextlib.suppress(AttributeError, RuntimeError):  # a tensor that takes no attribute: recomputed per layer
-        setattr(anchor, _MEMO, (inputs, plan))
+    if versions is not None:
+        with contextlib.suppress(AttributeError, RuntimeError):  # a tensor that takes no attribute: read per layer
+            setattr(anchor, _MEMO, (inputs, versions, plan))
     return plan
+
+
+def _versions(inputs: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """The in-place version of each tensor (a buffer refilled between steps is another batch), None where a tensor
+    keeps none (inference mode): then nothing is kept and every layer reads the batch again."""
+    try:
+        return tuple(x._version if isinstance(x, torch.Tensor) else -1 for x in inputs)
+    except RuntimeError:
+        return None
 
 
 def _build(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwargs: dict[str, Any]) -> _Plan:
