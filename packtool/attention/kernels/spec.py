@@ -29,9 +29,9 @@ FEATURES = {
     "softcap": "attention logit softcapping (config.attn_logit_softcapping: Gemma 2)",
     "sinks": "attention sinks (gpt-oss)",
     "dropout": "attention dropout (config.attention_dropout > 0 while training)",
-    "varlen_kv": "keys of other lengths than the queries (a KV cache while generating)",
     "shared_prompt": "the shared-prompt layout (pack --share-prompt: a completion's queries against its prompt's "
     "keys and its own, causal aligned to the bottom right)",
+    "varlen_kv": "keys of other lengths than the queries (a KV cache while generating)",
 }
 
 
