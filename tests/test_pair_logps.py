@@ -118,3 +118,20 @@ def test_malformed_preference_batches_are_refused() -> None:
     labelled[0, 1] = 5  # a prompt token as a target
     with pytest.raises(FormatError, match="prompt segment has target labels"):
         pair_logps(torch.zeros(s["labels"].numel(), VOCAB), dict(s, labels=labelled), check_attention=False)
+
+
+def test_export_trl_prints_the_dpo_recipe_for_a_preference_store() -> None:
+    from packtool.stages.export.trl import dpo_recipe, is_preference
+
+    assert is_preference({"preference": {"pairs": 3, "layout": "chosen,rejected"}})
+    assert not is_preference({})
+    text = "\n".join(dpo_recipe("/packs", 1024))
+    for needle in (
+        "PackedDPOTrainer",
+        "PreferencePackCollator",
+        'attn_implementation="packtool"',
+        "remove_unused_columns=False",
+        "bf16=False, use_cpu=True",
+        "NOT for SFTTrainer",
+    ):
+        assert needle in text

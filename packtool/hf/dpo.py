@@ -217,7 +217,7 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         return dataset
 
     def _set_signature_columns_if_needed(self) -> None:
-        if self._signature_columns is None:
+        if self._signature_columns is None:  # type: ignore[has-type]
             self._signature_columns = list(PACK_KEYS)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
@@ -227,7 +227,7 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
             "attention_mask": padded.attention_mask,
             "completion_mask": padded.completion_mask,
         }
-        saved = self.ref_model
+        saved = self.ref_model  # type: ignore[has-type]
         self.ref_model = _Scorer(saved, inputs, padded)
         try:
             return super()._compute_loss(_Scorer(model, inputs, padded), view, return_outputs)

@@ -50,11 +50,36 @@ def columns(block: PackBlock) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     }
 
 
+def is_preference(metadata: dict[str, Any]) -> bool:
+    """A preference (DPO) pack store: its metadata carries the `preference` key (contract, AMENDMENT pref-train)."""
+    return bool(metadata.get("preference"))
+
+
+def dpo_recipe(directory: Any, size: int) -> list[str]:
+    """The TRL 1.16 DPOTrainer recipe for a preference pack store (docs/HF.md, "DPO on packs")."""
+    return [
+        "TRL DPO (preference pack store): import packtool.hf; from packtool.hf.dpo import PackedDPOTrainer, "
+        "PreferencePackCollator",
+        f"  packs = datasets.Dataset.from_list([{{k: v.tolist() for k, v in item.items()}} for item in "
+        f'PackedDataset("{directory}", size={size})])',
+        '  model / ref_model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="packtool") (two copies)',
+        "  PackedDPOTrainer(model=model, ref_model=ref_model, train_dataset=packs, "
+        "data_collator=PreferencePackCollator(), processing_class=tokenizer,",
+        "    args=DPOConfig(loss_type=..., remove_unused_columns=False, max_length=None, "
+        "per_device_train_batch_size=B))  # on CPU add bf16=False, use_cpu=True",
+        f"  one row = one pack of {size} tokens holding whole pairs; every TRL loss_type, exact to TRL's padded "
+        "DPOTrainer; precompute_ref_log_probs is not supported",
+        "  the parquet file is NOT for SFTTrainer: it would train on the rejected completions too",
+    ]
+
+
 def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
     store = job.store
     name = trl_name(store.split, store.size)
     stream_parquet(job.staged.path(name), "trl", store, columns, job.progress)
     data = job.directory / name
+    if is_preference(store.metadata):
+        return dpo_recipe(store.directory, store.size), {"tokens_per_row": store.size, "preference": True}
     lines = [
         f'TRL: train_dataset = datasets.load_dataset("parquet", data_files="{data}", split="train")',
         "  SFTConfig(packing=False, padding_free=True, max_length=None, "
