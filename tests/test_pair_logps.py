@@ -135,3 +135,21 @@ def test_export_trl_prints_the_dpo_recipe_for_a_preference_store() -> None:
         "NOT for SFTTrainer",
     ):
         assert needle in text
+
+
+def test_the_door_refuses_shared_batches_it_cannot_run_exactly() -> None:
+    pairs = make_pairs(5, 2, VOCAB)
+    model = build("llama", "packtool")
+    b = batch(pairs, shared=True)
+    keys = {k: v for k, v in b.items() if k != "labels"}
+    with pytest.raises(ConfigError, match="without cu_seq_lens_q"):
+        model(**{k: v for k, v in keys.items() if not k.startswith(("cu_seq", "max_length"))})
+    with pytest.raises(ConfigError, match="padding attention_mask"):
+        mask = torch.ones_like(b["input_ids"])
+        mask[0, -1] = 0
+        model(**keys, attention_mask=mask)
+    restarted = b["position_ids"].clone()
+    start = int(b["cu_seq_lens_q"][2])  # the first rejected completion, its positions from 0
+    restarted[0, start : int(b["cu_seq_lens_q"][3])] -= int(restarted[0, start])
+    with pytest.raises(ConfigError, match="do not continue each completion from its prompt"):
+        model(**dict(keys, position_ids=restarted, prefix_segment=b["prefix_segment"].clone()))
