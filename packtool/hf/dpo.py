@@ -18,9 +18,11 @@ tensors (chosen rows first, then rejected, each sequence from its first position
 `loss_type` (and `loss_weights`, `ld_alpha`, `use_weighting`, `f_divergence_type`) and every
 metric is TRL's code on the same numbers as its padded batch (tests/interop/test_trl_dpo.py).
 
-Not supported (refused): `precompute_ref_log_probs` (TRL's precompute walks its own padded
-dataset; a pack store has no TRL-shaped rows to attach them to), PEFT without a `ref_model`
-(TRL then runs the policy itself as reference outside this hook), vision datasets.
+`precompute_ref_log_probs=True`: the reference log-probs are computed once per pack and added to the
+dataset as `ref_chosen_logps` / `ref_rejected_logps` (one list per pack, its pairs in order of first
+appearance); `packs.save_to_disk(...)` stores them beside the packs for the next run, and the
+reference model is not needed during training. Not supported: PEFT without a `ref_model` and
+without precompute (TRL then runs the policy itself as reference outside this hook), vision datasets.
 Torch side: imports trl; `import packtool` never imports this module.
 """
 
@@ -37,6 +39,8 @@ from packtool.loss import IGNORE_INDEX, PairTargets, pair_targets
 
 #: the keys a pack row carries (prefix_segment only in a shared-prompt store)
 PACK_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "pair_ids", "chosen", "prefix_segment")
+#: columns PackedDPOTrainer adds with precompute_ref_log_probs=True (one list per pack, its pairs in order)
+REF_KEYS = ("ref_chosen_logps", "ref_rejected_logps")
 #: what `model(**batch)` gets of a collated batch
 MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
               "prefix_segment")  # fmt: skip
@@ -86,6 +90,9 @@ class PreferencePackCollator:
         }
         if shared[0]:
             batch["prefix_segment"] = torch.cat(pre_parts)
+        for key in ("ref_chosen_logps", "ref_rejected_logps"):
+            if all(p.get(key) is not None for p in packs):
+                batch[key] = cat(key, torch.float64)
         if batch["input_ids"].shape[1] != tokens:
             raise ConfigError(f"a pack's cu_seqlens does not cover its tokens, {WHERE}, pass PackedDataset items")
         return batch
@@ -147,6 +154,7 @@ class _Padded:
         self.cols = pos.index_select(0, keep) - 1
         self.shape = (2 * b, max(length - 1, 0))
         self.targets = targets
+        self.pairs = b
         if keep.numel() != targets.predictor.numel():
             raise RuntimeError("packtool.hf.dpo: the padded view and pair_targets disagree")
 
@@ -195,17 +203,38 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
     """`DPOTrainer` over packtool preference packs (module docstring): TRL's loss code on packed forwards."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        config = kwargs.get("args")
-        if config is not None and getattr(config, "precompute_ref_log_probs", False):
-            raise ConfigError(
-                f"precompute_ref_log_probs=True, {WHERE}, leave it False: the reference model runs on each packed "
-                "batch (TRL's precompute walks its own padded rows)"
-            )
         super().__init__(*args, **kwargs)
-        if self.ref_model is None:
+        if self.ref_model is None and not self.precompute_ref_logps:
             raise ConfigError(
-                f"no reference model (PEFT without ref_model), {WHERE}, pass ref_model= (a frozen copy of the model)"
+                f"no reference model (PEFT without ref_model), {WHERE}, pass ref_model= (a frozen copy of the model) "
+                "or precompute_ref_log_probs=True"
             )
+
+    def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
+        """Reference log-probs once per pack: columns `ref_chosen_logps` / `ref_rejected_logps`, one list per pack
+        (its pairs in order of first appearance), computed with the reference model (the initial policy when no
+        ref_model is given). `dataset.save_to_disk` keeps them beside the packs."""
+        model: Any = self.ref_model or self.model  # type: ignore[has-type]
+        device = self.accelerator.device
+        collate = PreferencePackCollator()
+        chosen: list[list[float]] = []
+        rejected: list[list[float]] = []
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            for row in dataset:
+                batch = collate([{k: row[k] for k in PACK_KEYS if row.get(k) is not None}])
+                batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+                padded = _Padded(batch)
+                out = _Scorer(model, batch, padded)()
+                sums = out.log_probs.sum(1)
+                chosen.append(sums[: padded.pairs].double().cpu().tolist())
+                rejected.append(sums[padded.pairs :].double().cpu().tolist())
+        model.train(was_training)
+        for column in ("ref_chosen_logps", "ref_rejected_logps"):
+            if column in dataset.column_names:
+                dataset = dataset.remove_columns(column)
+        return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
 
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
         first = next(iter(dataset))
@@ -218,7 +247,7 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
 
     def _set_signature_columns_if_needed(self) -> None:
         if self._signature_columns is None:  # type: ignore[has-type]
-            self._signature_columns = list(PACK_KEYS)
+            self._signature_columns = list(PACK_KEYS + REF_KEYS)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
         padded = _Padded(inputs)
@@ -227,6 +256,15 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
             "attention_mask": padded.attention_mask,
             "completion_mask": padded.completion_mask,
         }
+        if self.precompute_ref_logps:
+            for key in ("ref_chosen_logps", "ref_rejected_logps"):
+                if inputs.get(key) is None or inputs[key].numel() != padded.pairs:
+                    raise ConfigError(
+                        f"the batch has no {key} for its {padded.pairs} pairs, {WHERE}, let PackedDPOTrainer "
+                        "precompute them (precompute_ref_log_probs=True) on this dataset"
+                    )
+                view[key] = inputs[key]
+            return super()._compute_loss(_Scorer(model, inputs, padded), view, return_outputs)
         saved = self.ref_model  # type: ignore[has-type]
         self.ref_model = _Scorer(saved, inputs, padded)
         try:

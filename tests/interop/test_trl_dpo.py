@@ -153,3 +153,29 @@ def test_packed_dpo_trainer_equals_trl_padded_for_every_loss_type(setup, shared:
     assert got._metrics["train"]["logps/chosen"][-1] == pytest.approx(
         want._metrics["train"]["logps/chosen"][-1], rel=1e-6
     )
+
+
+def test_precomputed_reference_log_probs_per_pack_equal_the_reference_forward(setup) -> None:
+    tmp, tok, policy, _ref, _want, prepared, _padded = setup
+    packs = [item(prepared[:3], True, 0), item(prepared[3:], True, 3)]
+    results = []
+    for precompute in (False, True):
+        pol = copy.deepcopy(policy)
+        pol.set_attn_implementation("packtool")
+        ref = None if precompute else copy.deepcopy(pol)  # precompute: the initial policy is the reference
+        trainer = PackedDPOTrainer(model=pol, ref_model=ref, train_dataset=datasets.Dataset.from_list(packs),
+                                   args=config(tmp / f"p{precompute}", 2, remove_unused_columns=False,
+                                               precompute_ref_log_probs=precompute),
+                                   data_collator=PreferencePackCollator(), processing_class=tok)  # fmt: skip
+        if precompute:
+            assert [len(x) for x in trainer.train_dataset["ref_chosen_logps"]] == [3, 2]
+        inputs = next(iter(trainer.get_train_dataloader()))
+        out = []
+        for loss_type in ("sigmoid", "ipo", "apo_down"):
+            trainer.loss_types, trainer.loss_weights = [loss_type], [1.0]
+            out.append(step(trainer, inputs))
+        results.append(out)
+    for (a_loss, a_grads), (b_loss, b_grads) in zip(*results, strict=True):
+        assert abs(a_loss - b_loss) <= 1e-9 * max(abs(a_loss), 1e-12)
+        for g, w in zip(b_grads, a_grads, strict=True):
+            assert float((g - w).abs().max()) <= 1e-9 * max(float(w.abs().max()), 1e-12)

@@ -68,7 +68,7 @@ def dpo_recipe(directory: Any, size: int) -> list[str]:
         "    args=DPOConfig(loss_type=..., remove_unused_columns=False, max_length=None, "
         "per_device_train_batch_size=B))  # on CPU add bf16=False, use_cpu=True",
         f"  one row = one pack of {size} tokens holding whole pairs; every TRL loss_type, exact to TRL's padded "
-        "DPOTrainer; precompute_ref_log_probs is not supported",
+        "DPOTrainer; precompute_ref_log_probs=True stores reference log-probs per pack in the dataset",
         "  the parquet file is NOT for SFTTrainer: it would train on the rejected completions too",
     ]
 
