@@ -1,7 +1,8 @@
 """TRL 1.16's `DPOTrainer` on packtool preference packs: `PackedDPOTrainer`, every `loss_type`, exact.
 
     import packtool.hf
-    from packtool.hf.dpo import PackedDPOTrainer, PreferencePackCollator
+    from packtool.hf.dpo import PackedDPOTrainer, PreferencePackCollator, packs_dataset
+    packs = packs_dataset("packs/", size=4096)       # one row per pack of a preference pack store
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="packtool")
     trainer = PackedDPOTrainer(model=model, args=DPOConfig(..., remove_unused_columns=False, max_length=None),
                                train_dataset=packs, data_collator=PreferencePackCollator(), processing_class=tok)
@@ -28,6 +29,7 @@ Torch side: imports trl; `import packtool` never imports this module.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,6 +47,31 @@ REF_KEYS = ("ref_chosen_logps", "ref_rejected_logps")
 MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
               "prefix_segment")  # fmt: skip
 WHERE = "packtool.hf.dpo"
+
+
+def packs_dataset(packs: Any, **kwargs: Any) -> Any:
+    """A `datasets.Dataset`, one row per pack, of a preference pack store: `packs` is its directory (opened as
+    `PackedDataset(packs, **kwargs)`) or any sequence of `PackedDataset` items. Keeps `PACK_KEYS` as lists."""
+    import datasets
+
+    if isinstance(packs, (str, Path)):
+        from packtool.loader import PackedDataset
+
+        packs = PackedDataset(packs, **kwargs)
+    rows = []
+    for i in range(len(packs)):
+        item = packs[i]
+        if item.get("pair_ids") is None:
+            raise ConfigError(
+                f"pack {i} has no pair_ids (not a preference pack store), {WHERE}, pack a preference token store "
+                "(packtool tokenize --format preference, then packtool pack)"
+            )
+        rows.append({k: _plain(item[k]) for k in PACK_KEYS if item.get(k) is not None})
+    return datasets.Dataset.from_list(rows)
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 class PreferencePackCollator:

@@ -179,3 +179,23 @@ def test_precomputed_reference_log_probs_per_pack_equal_the_reference_forward(se
         assert abs(a_loss - b_loss) <= 1e-9 * max(abs(a_loss), 1e-12)
         for g, w in zip(b_grads, a_grads, strict=True):
             assert float((g - w).abs().max()) <= 1e-9 * max(float(w.abs().max()), 1e-12)
+
+
+def test_packs_dataset_keeps_the_pack_keys_and_refuses_plain_packs() -> None:
+    from packtool.errors import ConfigError
+    from packtool.hf.dpo import packs_dataset
+
+    pairs = [([5, 6, 7], [8, 9], [10]), ([11, 12], [13], [14, 15])]
+    b = batch(pairs, True, pad=2)
+    items = [{"input_ids": b["input_ids"][0], "labels": b["labels"][0], "position_ids": b["position_ids"][0],
+              "cu_seqlens": b["cu_seq_lens_q"], "pair_ids": b["pair_ids"], "chosen": b["chosen"],
+              "prefix_segment": b["prefix_segment"], "shared_prompt": True}]  # fmt: skip
+    ds = packs_dataset(items)
+    assert set(ds.column_names) == {"input_ids", "labels", "position_ids", "cu_seqlens", "pair_ids", "chosen",
+                                    "prefix_segment"}  # fmt: skip
+    got = PreferencePackCollator()([ds[0]])
+    assert torch.equal(got["prefix_segment"], b["prefix_segment"]) and torch.equal(
+        got["cu_seqlens"], b["cu_seq_lens_q"]
+    )
+    with pytest.raises(ConfigError, match="not a preference pack store"):
+        packs_dataset([{k: v for k, v in items[0].items() if k != "pair_ids"}])

@@ -59,9 +59,8 @@ def dpo_recipe(directory: Any, size: int) -> list[str]:
     """The TRL 1.16 DPOTrainer recipe for a preference pack store (docs/HF.md, "DPO on packs")."""
     return [
         "TRL DPO (preference pack store): import packtool.hf; from packtool.hf.dpo import PackedDPOTrainer, "
-        "PreferencePackCollator",
-        f"  packs = datasets.Dataset.from_list([{{k: v.tolist() for k, v in item.items()}} for item in "
-        f'PackedDataset("{directory}", size={size})])',
+        "PreferencePackCollator, packs_dataset",
+        f'  packs = packs_dataset("{directory}", size={size})  # a datasets.Dataset, one row per pack',
         '  model / ref_model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="packtool") (two copies)',
         "  PackedDPOTrainer(model=model, ref_model=ref_model, train_dataset=packs, "
         "data_collator=PreferencePackCollator(), processing_class=tokenizer,",
