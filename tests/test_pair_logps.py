@@ -54,6 +54,7 @@ def rel(got: torch.Tensor, want: torch.Tensor) -> float:
 def test_pair_logps_equal_each_sequence_alone_with_gradients(name: str, shared: bool) -> None:
     pairs = make_pairs(1, 3, VOCAB)
     pairs[1] = (pairs[1][0], pairs[1][1], list(pairs[1][1]))  # identical chosen and rejected
+    pairs[2] = (pairs[2][0], pairs[2][1], [])  # an empty rejected completion (no EOS): logps 0 over 0 tokens
     ref = build(name, "eager")
     want_c = torch.stack([alone_logps(ref, p, c) for p, c, _ in pairs])
     want_r = torch.stack([alone_logps(ref, p, r) for p, _, r in pairs])
@@ -69,6 +70,7 @@ def test_pair_logps_equal_each_sequence_alone_with_gradients(name: str, shared: 
     assert got.chosen_tokens.tolist() == [len(c) for _, c, _ in pairs]
     assert got.rejected_tokens.tolist() == [len(r) for _, _, r in pairs]
     assert rel(got.chosen, want_c) < RTOL and rel(got.rejected, want_r) < RTOL
+    assert float(got.rejected[2]) == 0.0
     (got.chosen.sum() - 0.5 * got.rejected.sum()).backward()
     for g, w in zip(grads(model), want_g, strict=True):
         assert rel(g, w) < RTOL
