@@ -155,3 +155,15 @@ def test_the_door_refuses_shared_batches_it_cannot_run_exactly() -> None:
     restarted[0, start : int(b["cu_seq_lens_q"][3])] -= int(restarted[0, start])
     with pytest.raises(ConfigError, match="do not continue each completion from its prompt"):
         model(**dict(keys, position_ids=restarted, prefix_segment=b["prefix_segment"].clone()))
+
+
+def test_the_shared_layout_is_computed_once_per_forward(monkeypatch) -> None:
+    from packtool.hf import shared_prompt
+
+    calls = []
+    real = shared_prompt.shared_prompt_layout
+    monkeypatch.setattr(shared_prompt, "shared_prompt_layout", lambda *a, **k: calls.append(1) or real(*a, **k))
+    b = batch(make_pairs(6, 2, VOCAB), shared=True)
+    b["cu_seq_lens_k"] = b["cu_seq_lens_q"].clone()  # equal, another tensor (checked once, not per layer)
+    build("llama", "packtool")(**b)  # two layers
+    assert len(calls) == 1

@@ -33,6 +33,7 @@ KEY = "prefix_segment"
 SEEN = "_packtool_shared_prompt"
 """Attribute set on a `prefix_segment` tensor once a "packtool" attention layer attended with it."""
 _CACHE = "_packtool_shared_layout"
+_BLOCKS = "_packtool_has_blocks"
 PAIR_KEYS = ("pair_ids", "chosen")
 """Preference batch keys that change nothing in attention: a whole batch may go to `model(**batch)`."""
 WHERE = "packtool.hf (shared-prompt batch)"
@@ -73,15 +74,21 @@ def check_positions(cu: torch.Tensor, prefix: torch.Tensor, position_ids: torch.
         )
 
 
-def layout_for(cu: torch.Tensor, prefix: torch.Tensor, position_ids: torch.Tensor | None) -> SharedPromptLayout:
-    """The shared layout of a batch, computed once per forward and kept on the `prefix_segment` tensor."""
+def layout_for(
+    cu: torch.Tensor, prefix: torch.Tensor, position_ids: torch.Tensor | None, cu_k: torch.Tensor | None = None
+) -> SharedPromptLayout:
+    """The shared layout of a batch, computed and checked once per forward (the layers hand the same tensors),
+    kept on the `prefix_segment` tensor."""
     cached = getattr(prefix, _CACHE, None)
-    if cached is not None and cached[0] is cu and cached[1] is position_ids:
-        return cached[2]  # type: ignore[no-any-return]
+    if cached is not None and cached[0] is cu and cached[1] is position_ids and cached[2] is cu_k:
+        return cached[3]  # type: ignore[no-any-return]
+    flat_cu = cu.reshape(-1)
+    if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.reshape(-1).to(flat_cu), flat_cu):
+        raise _refuse("cu_seq_lens_k differs from cu_seq_lens_q", "pass the collator's cu_seq_lens_q/_k (equal)")
     flat = prefix.reshape(-1).to(device=cu.device, dtype=torch.int64)
-    lay = shared_prompt_layout(cu, flat)
-    check_positions(cu.reshape(-1).to(torch.int64), flat, position_ids)
-    setattr(prefix, _CACHE, (cu, position_ids, lay))
+    lay = shared_prompt_layout(flat_cu, flat)
+    check_positions(flat_cu.to(torch.int64), flat, position_ids)
+    setattr(prefix, _CACHE, (cu, position_ids, cu_k, lay))
     return lay
 
 
@@ -103,9 +110,6 @@ def from_prefix(
             "prefix_segment reached a layer without cu_seq_lens_q (the P/C/R segments it indexes)",
             "pass the whole PackedCollator(keys=HF_KEYS) batch to model(**batch)",
         )
-    cu_k = kwargs.get("cu_seq_lens_k")
-    if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.reshape(-1), cu.reshape(-1)):
-        raise _refuse("cu_seq_lens_k differs from cu_seq_lens_q", "pass the collator's cu_seq_lens_q/_k (equal)")
     if q.shape[1] != k.shape[1]:
         raise _refuse(
             f"{q.shape[1]} queries against {k.shape[1]} keys (a KV cache)",
@@ -118,10 +122,13 @@ def from_prefix(
             raise _refuse(
                 "a padding attention_mask", "pass the packed batch without attention_mask (PackedCollator's HF_KEYS)"
             )
-        if bool((attention_mask & 1).any()):
+        blocks = getattr(attention_mask, _BLOCKS, None)
+        if blocks is None:  # once per mask: the layers sharing it pay one check
+            blocks = bool((attention_mask & 1).any())
+            setattr(attention_mask, _BLOCKS, blocks)
+        if blocks:
             raise _refuse("a layer with bidirectional blocks (image tokens)", "pack this model's data unshared")
-    cu = cu.reshape(-1)
-    lay = layout_for(cu, prefix, kwargs.get("position_ids"))
+    lay = layout_for(cu, prefix, kwargs.get("position_ids"), kwargs.get("cu_seq_lens_k"))
     b, t = q.shape[:2]
     if lay.total != b * t:
         raise _refuse(
