@@ -47,6 +47,7 @@ _PER_SHARD = {
     "rejected_by_reason",
     "build",
     "shard",
+    PREFERENCE,  # a preference store's pairs: summed
 }
 
 

@@ -105,8 +105,9 @@ def pair_policy(info: TokenizerInfo, shape: Shape, config: TokenizeConfig) -> Sp
     appended to each completion; conversational ones as `apply_chat_template(tokenize=True)`, no special
     tokens beyond what the template writes. So --bos/--eos and --assistant-turns last do not apply."""
     found = f"{shape.spec.name} records ({shape.where})"
-    for flag, value in (("--bos", config.bos), ("--eos", config.eos)):
+    for name, value in (("bos", config.bos), ("eos", config.eos)):
         if value is not None:
+            flag = f"--{name}" if value else f"--no-{name}"
             raise UsageError(
                 f"{flag} does not apply to preference pairs, {found}: their ids are TRL's DPOTrainer preprocessing "
                 f"(the tokenizer's own special tokens, EOS on standard completions), leave {flag} out"

@@ -40,8 +40,8 @@ def is_messages(value: Any) -> bool:
 
 
 def is_text(value: Any) -> bool:
-    """A standard value: a string (a CSV cell holding a list of messages is not one)."""
-    return isinstance(value, str) and not is_messages(value)
+    """A standard value as detection sees it: a string (a CSV cell holding a JSON list or object is not one)."""
+    return isinstance(value, str) and not isinstance(structured(value), (list, dict))
 
 
 def present(record: Any, name: str) -> Any:
@@ -55,8 +55,8 @@ def side(record: dict[str, Any], name: str, conversational: bool) -> Any:
     value = present(record, name)
     if value is MISSING:
         raise ShapeError(f"missing field {name!r}")
-    value = structured(value)
     if conversational:
+        value = structured(value)  # a CSV cell holds JSON where a list is expected; text where text is
         if isinstance(value, str):
             raise ShapeError(f"field {name!r} is a string, but the first record holds lists of messages: {ONE_SHAPE}")
         if not isinstance(value, list):
