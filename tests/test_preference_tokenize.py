@@ -122,11 +122,10 @@ def test_the_same_records_give_the_same_bytes_from_every_source(tmp_path: Path, 
     inputs = {"json": [tmp_path / "src.json"], "csv": [tmp_path / "src.csv"], "parquet": [tmp_path / "src.parquet"],
               "arrow": [tmp_path / "saved"], "hub": ["hf://datasets/org/pairs"]}
     for kind, paths in inputs.items():
-        for workers in ("1", "2"):
-            out = tokenize_ok(paths, tok, tmp_path / f"{kind}{workers}", "--format", "preference", "--workers",
-                              workers, "--chunk-bytes", "4096")
-            same_store_bytes(ref, out)
-            assert open_token_store(out).preference_pairs == len(records), kind
+        out = tokenize_ok(paths, tok, tmp_path / f"out_{kind}", "--format", "preference", "--workers", "2", "--chunk-bytes",
+                          "4096")
+        same_store_bytes(ref, out)
+        assert open_token_store(out).preference_pairs == len(records), kind
     small = tokenize_ok([src], tok, tmp_path / "small", "--format", "auto", "--workers", "2", "--chunk-bytes", "512")
     same_store_bytes(ref, small)
 
@@ -145,6 +144,7 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     (GOOD, {"prompt": "x", "chosen": "a", "rejected": "b", "tools": "{not json"}, "field 'tools' is a string that is not JSON"),
     (GOOD, "just a string", "the record is not a JSON object"),
     (CONV, {**CONV, "chosen": []}, "field 'chosen' is an empty list of messages"),
+    (CONV, {**CONV, "chat_template_kwargs": {"enable_thinking": False}}, "the record sets 'chat_template_kwargs'"),
     (CONV, {**CONV, "chosen": "Hello."}, "field 'chosen' is a string, but the first record holds lists of messages"),
     (CONV, {**CONV, "rejected": [{"role": "robot", "content": "x"}]}, "message 1 has unknown role 'robot'"),
     (CONV, {**CONV, "chosen": [{"role": "assistant", "content": 5}]}, "message 1 content is not a string"),
@@ -175,18 +175,26 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
 
 
 def test_hostile_records_fail_at_file_line_or_are_rejected_whole(tmp_path: Path, tokenizers: dict[str, Path]) -> None:
+    """Per first record (it sets the shape): the bad records are rejected by reason at their line, both
+    sequences gone; the first bad one of each file fails a --on-error fail run at file:line, nothing written."""
     tok = tokenizers["qwen2_5"]
-    for k, (first, bad, reason) in enumerate(HOSTILE):
-        src = write_jsonl(tmp_path / f"bad{k}.jsonl", [first, bad, first])
+    groups: dict[str, list[tuple[dict[str, Any], dict[str, Any], str]]] = {}
+    for case in HOSTILE:
+        groups.setdefault(json.dumps(case[0]), []).append(case)
+    for k, cases in enumerate(groups.values()):
+        first = cases[0][0]
+        src = write_jsonl(tmp_path / f"bad{k}.jsonl", [first, *(bad for _, bad, _ in cases), first])
         line = cli_error("tokenize", str(src), "--tokenizer", str(tok), "--output", str(tmp_path / f"o{k}"),
                          "--format", "preference")
-        assert f"bad{k}.jsonl:2" in line and reason in line, (k, line, reason)
+        assert f"bad{k}.jsonl:2" in line and cases[0][2] in line, (k, line)
         assert not (tmp_path / f"o{k}").exists()
         out = tokenize_ok([src], tok, tmp_path / f"skip{k}", "--format", "preference", "--on-error", "skip")
         rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
-        assert [r["line"] for r in rejects] == [2] and reason in rejects[0]["reason"], (k, rejects)
+        assert [r["line"] for r in rejects] == list(range(2, len(cases) + 2)), (k, rejects)
+        for reject, (_, _, reason) in zip(rejects, cases, strict=True):
+            assert reason in reject["reason"], (reject, reason)
         store = open_token_store(out)
-        assert store.n_documents == 4 and store.preference_pairs == 2  # both sequences of the bad one are gone
+        assert store.n_documents == 4 and store.preference_pairs == 2  # both sequences of each bad one are gone
         assert store.document(0).tolist() == store.document(2).tolist()
 
 

@@ -8,11 +8,19 @@ from typing import Any
 
 from packtool.core.encoding.shapes.base import FIT, Fit, Pair, ShapeFields, ShapeOptions, ShapeSpec
 from packtool.core.encoding.shapes.fields import as_object, structured, tools_of
-from packtool.core.encoding.shapes.preference import CHOSEN, REJECTED, is_messages, present, side
+from packtool.core.encoding.shapes.preference import (
+    CHOSEN,
+    REJECTED,
+    is_messages,
+    no_template_kwargs,
+    present,
+    side,
+)
 
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = as_object(record)
+    no_template_kwargs(record)
     prompt = side(record, options.fields.prompt, True)
     chosen, rejected = side(record, CHOSEN, True), side(record, REJECTED, True)
     return Pair(prompt, chosen, rejected, tools_of(record, options.fields.tools))

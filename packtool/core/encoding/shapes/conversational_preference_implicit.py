@@ -14,6 +14,7 @@ from packtool.core.encoding.shapes.preference import (
     extract_prompt,
     is_messages,
     no_prompt,
+    no_template_kwargs,
     present,
     side,
 )
@@ -21,6 +22,7 @@ from packtool.core.encoding.shapes.preference import (
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = as_object(record)
+    no_template_kwargs(record)
     no_prompt(record, options.fields)
     prompt, chosen, rejected = extract_prompt(side(record, CHOSEN, True), side(record, REJECTED, True))
     return Pair(prompt, chosen, rejected, tools_of(record, options.fields.tools))

@@ -29,6 +29,8 @@ from packtool.core.encoding.shapes.fields import MISSING, as_object, lookup, pla
 
 CHOSEN = "chosen"
 REJECTED = "rejected"
+#: a conversational TRL record's extra template arguments (refused: `no_template_kwargs`)
+TEMPLATE_KWARGS = "chat_template_kwargs"
 #: how a record of another shape than the run's is told apart (the end of its reason)
 ONE_SHAPE = "TRL reads every record the way its dataset's first record is, make the records of one file alike"
 
@@ -77,6 +79,17 @@ def no_prompt(record: dict[str, Any], fields: ShapeFields) -> None:
         raise ShapeError(
             f"the record has a {fields.prompt!r} field but the first record has none (an implicit prompt that "
             f"chosen and rejected share, which TRL extracts for every record, dropping this one): {ONE_SHAPE}"
+        )
+
+
+def no_template_kwargs(record: dict[str, Any]) -> None:
+    """TRL passes a conversational record's `chat_template_kwargs` to the template; packtool renders with none,
+    so a record that sets some would get other ids than TRL's: a bad record, never a silent difference."""
+    kwargs = present(record, TEMPLATE_KWARGS)
+    if kwargs is not MISSING and kwargs != {}:
+        raise ShapeError(
+            f"the record sets {TEMPLATE_KWARGS!r}, which packtool does not pass to the chat template (TRL does), "
+            "drop the field or bake it into --chat-template"
         )
 
 
