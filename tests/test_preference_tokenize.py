@@ -143,6 +143,7 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     (GOOD, CONV, "field 'prompt' is a list, but the first record holds strings"),
     (GOOD, {"prompt": "x", "chosen": "a", "rejected": "b", "tools": "{not json"}, "field 'tools' is a string that is not JSON"),
     (GOOD, "just a string", "the record is not a JSON object"),
+    (GOOD, {**GOOD, "images": ["cat.png"]}, "the record has 'images': vision preference records"),
     (CONV, {**CONV, "chosen": []}, "field 'chosen' is an empty list of messages"),
     (CONV, {**CONV, "chat_template_kwargs": {"enable_thinking": False}}, "the record sets 'chat_template_kwargs'"),
     (CONV, {**CONV, "chosen": "Hello."}, "field 'chosen' is a string, but the first record holds lists of messages"),
@@ -171,6 +172,8 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
                                         "rejected": {"from": "gpt", "value": "y"}},
      "field 'chosen' is not a {from, value} turn object (got str)"),
     (SHAPES["ranking_alpaca"][1][0], {"instruction": "q", "chosen": "x"}, "missing field 'rejected'"),
+    (SHAPES["ranking_alpaca"][1][0], {"instruction": "q", "chosen": "x", "rejected": "y", "images": ["a.jpg"]},
+     "the record has 'images'"),
 ]
 
 

@@ -15,11 +15,12 @@ from packtool.core.encoding.shapes.preference import (
     no_template_kwargs,
     present,
     side,
+    text_only,
 )
 
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
-    record = as_object(record)
+    record = text_only(as_object(record))
     no_template_kwargs(record)
     prompt = side(record, options.fields.prompt, True)
     chosen, rejected = side(record, CHOSEN, True), side(record, REJECTED, True)

@@ -17,11 +17,12 @@ from packtool.core.encoding.shapes.preference import (
     no_template_kwargs,
     present,
     side,
+    text_only,
 )
 
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
-    record = as_object(record)
+    record = text_only(as_object(record))
     no_template_kwargs(record)
     no_prompt(record, options.fields)
     prompt, chosen, rejected = extract_prompt(side(record, CHOSEN, True), side(record, REJECTED, True))

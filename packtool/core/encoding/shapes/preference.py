@@ -29,6 +29,8 @@ from packtool.core.encoding.shapes.fields import MISSING, as_object, lookup, pla
 
 CHOSEN = "chosen"
 REJECTED = "rejected"
+#: the keys that make TRL treat a dataset as a vision one (refused: `text_only`)
+IMAGES = ("image", "images")
 #: a conversational TRL record's extra template arguments (refused: `no_template_kwargs`)
 TEMPLATE_KWARGS = "chat_template_kwargs"
 #: how a record of another shape than the run's is told apart (the end of its reason)
@@ -80,6 +82,18 @@ def no_prompt(record: dict[str, Any], fields: ShapeFields) -> None:
             f"the record has a {fields.prompt!r} field but the first record has none (an implicit prompt that "
             f"chosen and rejected share, which TRL extracts for every record, dropping this one): {ONE_SHAPE}"
         )
+
+
+def text_only(record: dict[str, Any]) -> dict[str, Any]:
+    """The record, refused when it carries images: TRL preprocesses those with a vision model's processor."""
+    for name in IMAGES:
+        value = present(record, name)
+        if value is not MISSING and value != []:
+            raise ShapeError(
+                f"the record has {name!r}: vision preference records are preprocessed by TRL with the model's "
+                "processor, packtool tokenizes text only"
+            )
+    return record
 
 
 def no_template_kwargs(record: dict[str, Any]) -> None:
@@ -137,7 +151,7 @@ def extract_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
 
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
-    record = as_object(record)
+    record = text_only(as_object(record))
     prompt = side(record, options.fields.prompt, False)
     tools_of(record, options.fields.tools)  # TRL parses a JSON string of tools on every record: a bad one fails
     return Pair(prompt, side(record, CHOSEN, False), side(record, REJECTED, False))

@@ -8,11 +8,20 @@ from typing import Any
 
 from packtool.core.encoding.shapes.base import FIT, Fit, Pair, ShapeFields, ShapeOptions, ShapeSpec
 from packtool.core.encoding.shapes.fields import MISSING, as_object, tools_of
-from packtool.core.encoding.shapes.preference import CHOSEN, REJECTED, extract_prompt, is_text, no_prompt, present, side
+from packtool.core.encoding.shapes.preference import (
+    CHOSEN,
+    REJECTED,
+    extract_prompt,
+    is_text,
+    no_prompt,
+    present,
+    side,
+    text_only,
+)
 
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
-    record = as_object(record)
+    record = text_only(as_object(record))
     no_prompt(record, options.fields)
     tools_of(record, options.fields.tools)
     return Pair(*extract_prompt(side(record, CHOSEN, False), side(record, REJECTED, False)))

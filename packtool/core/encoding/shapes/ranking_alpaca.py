@@ -15,11 +15,11 @@ from typing import Any
 from packtool.core.encoding.shapes.alpaca import alpaca_prompt
 from packtool.core.encoding.shapes.base import FIT, Fit, Pair, ShapeFields, ShapeOptions, ShapeSpec
 from packtool.core.encoding.shapes.fields import as_object, tools_of
-from packtool.core.encoding.shapes.preference import CHOSEN, REJECTED, is_text, present, side
+from packtool.core.encoding.shapes.preference import CHOSEN, REJECTED, is_text, present, side, text_only
 
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
-    record = as_object(record)
+    record = text_only(as_object(record))
     chosen, rejected = side(record, CHOSEN, False), side(record, REJECTED, False)
     prompt = alpaca_prompt(record, options.fields)
     return Pair(

@@ -25,7 +25,7 @@ from packtool.core.encoding.shapes.fields import (
     system_of,
     tools_of,
 )
-from packtool.core.encoding.shapes.preference import CHOSEN, REJECTED, present
+from packtool.core.encoding.shapes.preference import CHOSEN, REJECTED, present, text_only
 from packtool.core.encoding.shapes.roles import role_table
 from packtool.core.encoding.shapes.sharegpt import DEFAULT_ROLE_MAP, sharegpt_turn
 
@@ -34,7 +34,7 @@ _ASKING = ("user", "tool")
 
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
-    record = as_object(record)
+    record = text_only(as_object(record))
     fields = options.fields
     turns = structured(required(record, fields.messages, "the record"))
     if not isinstance(turns, list):
