@@ -98,11 +98,11 @@ def as_trl(shape: str, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def build_tokenizers(root: Path) -> dict[str, Path]:
+def build_tokenizers(root: Path, families: list[str] = FAMILIES) -> dict[str, Path]:
     """Tiny byte-level BPEs with the families' real templates; Llama's post-processor adds BOS, as Llama 3's does
     (standard records get it from the tokenizer, conversational ones from the template's text)."""
     out = {}
-    for family in FAMILIES:
+    for family in families:
         spec = fixture(family)
         directory = build_tokenizer(root / family, spec)
         if spec["bos_token"]:

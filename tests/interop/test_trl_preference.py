@@ -32,7 +32,7 @@ from packtool.formats.token_store import open_token_store  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_tokenizers(tmp_path_factory.mktemp("trl_pref_tok"))
+    return build_tokenizers(tmp_path_factory.mktemp("trl_pref_tok"), FAMILIES)
 
 
 def trl_sequences(hf: Any, records: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
@@ -54,14 +54,20 @@ def trl_sequences(hf: Any, records: list[dict[str, Any]]) -> list[tuple[list[int
     return out
 
 
-@pytest.mark.parametrize("family", ["qwen2_5", "llama3_1"])
+#: Qwen2.5 and Llama 3.1 as in the default suite, plus Qwen3 (reasoning: the last assistant turn gets a think
+#: block) and DeepSeek-V3 (whose generation prompt TRL's common-prefix cut was written for)
+FAMILIES = ["qwen2_5", "llama3_1", "qwen3", "deepseek_v3"]
+TOOLS_RENDERED = {"qwen2_5", "qwen3"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_trl_dpo_preprocessing_equals_the_preference_store(tmp_path: Path, tokenizers: dict[str, Path],
                                                            family: str) -> None:
     tok_dir = tokenizers[family]
     hf = hf_tokenizer(tok_dir, family)
     for name, (_, records) in SHAPES.items():
-        if family == "llama3_1" and name != "standard":
-            records = [r for r in records if "tools" not in r]  # this Llama 3 template renders no tools
+        if family not in TOOLS_RENDERED and name != "standard":
+            records = [r for r in records if "tools" not in r]  # these templates render no tools
         trl_records = [as_trl(name, r) for r in records]
         want = trl_sequences(hf, trl_records)
         assert sequences(trl_reference(hf, trl_records)) == want, (family, name)  # the default suite's reference
