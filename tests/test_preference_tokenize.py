@@ -3,7 +3,7 @@
 Every shape (TRL standard / conversational, explicit / implicit prompt, with tools; LLaMA-Factory's ShareGPT
 and Alpaca ranking records) with two real chat templates (Qwen2.5, Llama 3.1: tests/fixtures, tiny tokenizers
 built offline): each pair is documents 2i (chosen) and 2i+1 (rejected), their ids are TRL's prompt + completion
-ids and `tokens.loss` its completion mask, as `preference_support.trl_reference` writes TRL's steps out with
+ids and `tokens.loss` its completion mask, as `trl_preference_reference.trl_reference` writes TRL's steps out with
 transformers (tests/interop/test_trl_preference.py checks that against TRL's own code). Also: `--format auto`,
 the same bytes from every source, workers, chunking and engine, hostile records at file:line and in
 rejects.jsonl (both sequences or neither), the flags that do not apply.
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from input_support import hub_repo, same_store_bytes, tokenize_ok
-from preference_support import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference
+from trl_preference_reference import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference
 from support import cli, cli_error, write_jsonl
 
 from packtool.formats.token_store import open_token_store

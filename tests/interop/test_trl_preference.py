@@ -6,7 +6,7 @@ each shape's records, with two real chat templates (Qwen2.5, Llama 3.1; tiny tok
 with a BOS post-processor), and `DataCollatorForPreference` turns it into TRL's forward sequences and
 completion masks. packtool's store of the same records (LLaMA-Factory's ranking records converted as
 docs/CHAT.md says) must hold the same ids and targets, byte for byte, pair i as documents 2i and 2i+1. The
-step-by-step reference of the default suite (`preference_support.trl_reference`) is checked against it too.
+step-by-step reference of the default suite (`trl_preference_reference.trl_reference`) is checked against it too.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.interop
 datasets = pytest.importorskip("datasets")
 trl = pytest.importorskip("trl")
 from input_support import tokenize_ok  # noqa: E402
-from preference_support import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference  # noqa: E402
+from trl_preference_reference import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference  # noqa: E402
 from support import write_jsonl  # noqa: E402
 from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer  # noqa: E402
 
