@@ -1,5 +1,6 @@
 """Usage errors of the command-line parser, as a user meets them: ONE line `error: <what>, <where>, <how to fix>`
-on stderr and exit 2, for every command (issue 34, item 5). They were a multi-line box (`Usage: packtool
+on stderr and exit 2, for every command (issue 34, item 5), through `main` in-process, typer's CliRunner
+and a `python -m packtool` process. They were a multi-line box (`Usage: packtool
 tokenize [OPTIONS] {inputs}...`, a framed message, "Value error, 'bogus' is not one of ...")."""
 
 from __future__ import annotations
@@ -65,6 +66,17 @@ def _check(code: int, out: str, err: str, words: list[str]) -> str:
 @pytest.mark.parametrize(("command", "kind", "argv", "words"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_usage_error_is_one_line_exit_2(command: str, kind: str, argv: list[str], words: list[str]) -> None:
     _check(*cli(*argv), words)
+
+
+@pytest.mark.parametrize(("command", "kind", "argv", "words"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_usage_error_through_typers_cli_runner(command: str, kind: str, argv: list[str], words: list[str]) -> None:
+    """The app itself formats them, so any caller of it (typer's CliRunner here) gets the same one line."""
+    from typer.testing import CliRunner
+
+    from packtool.cli.commands import app
+
+    result = CliRunner().invoke(app, argv)
+    _check(result.exit_code, result.stdout, result.stderr, words)
 
 
 def test_every_command_meets_every_error_it_can_have() -> None:

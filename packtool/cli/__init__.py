@@ -12,7 +12,6 @@ import typer
 
 from packtool.cli.commands import app
 from packtool.cli.summaries import error_line
-from packtool.cli.usage import ClickFailure, NoArgsIsHelp, UsageFailure, usage_line
 from packtool.errors import PacktoolError, UsageError
 
 
@@ -36,20 +35,10 @@ def main() -> None:
     processes are stopped) and ends with one line, exit 143; a re-run resumes.
     """
     previous = signal.signal(signal.SIGTERM, _terminate)
-    argv = sys.argv[1:]
     try:
-        code = app(args=argv, prog_name="packtool", standalone_mode=False)
+        code = app(prog_name="packtool", standalone_mode=False)  # parser errors: one line, exit 2 (cli/help.py)
         if isinstance(code, int) and code:  # `typer.Exit(n)` and Ctrl-C (130) come back as the code
             sys.exit(code)
-    except UsageFailure as exc:
-        if NoArgsIsHelp is not None and isinstance(exc, NoArgsIsHelp):  # bare `packtool`: the help, as asked
-            typer.echo(exc.format_message())  # type: ignore[attr-defined]
-            sys.exit(0)
-        typer.echo(error_line(usage_line(exc, typer.main.get_command(app), argv)), err=True)
-        sys.exit(2)
-    except ClickFailure as exc:  # a non-usage parser failure: still one line
-        typer.echo(error_line(exc.format_message()), err=True)  # type: ignore[attr-defined]
-        sys.exit(getattr(exc, "exit_code", 1))
     except typer.Abort:  # end of input at a prompt
         typer.echo("error: aborted, no input was given, run the command again", err=True)
         sys.exit(1)

@@ -10,23 +10,17 @@ first sentence whole instead of cutting it at 45 characters.
 
 from __future__ import annotations
 
-import enum
+import sys
 import textwrap
 from typing import Any
 
 from typer.core import TyperCommand, TyperGroup
 
+from packtool.cli.summaries import error_line
+from packtool.cli.usage import ClickFailure, NoArgsIsHelp, UsageFailure, choice_values, usage_line
+
 _Context: Any = TyperCommand.context_class
 _Formatter: Any = _Context.formatter_class
-
-
-def choice_values(param: Any) -> list[str]:
-    """The values a choice parameter accepts, as typed (enum values), or [] when it is not a choice."""
-    desc = getattr(param, "type_descriptor", None)
-    choices = getattr(desc, "choices", None) if desc is not None and getattr(desc, "is_choice", False) else None
-    if choices is None:  # an older typer: a click.Choice type
-        choices = getattr(getattr(param, "type", None), "choices", None)
-    return [str(c.value) if isinstance(c, enum.Enum) else str(c) for c in choices or ()]
 
 
 def _wrap(text: str, width: int, indent: str = "", first: str | None = None) -> list[str]:
@@ -130,6 +124,29 @@ class PlainGroup(TyperGroup):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         _prepare(self.params)
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """click's main, with every parser failure as one `error:` line (exit 2 for usage): for the console
+        entry and for any caller of the app (typer's CliRunner included). Other exceptions pass through."""
+        kwargs.update(zip(("args", "prog_name", "complete_var", "standalone_mode"), args, strict=False))
+        given = kwargs.pop("args", None)
+        argv = list(sys.argv[1:] if given is None else given)
+        standalone_mode = kwargs.pop("standalone_mode", True)
+        kwargs["prog_name"] = kwargs.get("prog_name") or "packtool"
+        try:
+            code = super().main(argv, standalone_mode=False, **kwargs)
+        except UsageFailure as exc:
+            if NoArgsIsHelp is not None and isinstance(exc, NoArgsIsHelp):  # bare `packtool`: the help, as asked
+                _echo(exc.format_message(), err=False)  # type: ignore[attr-defined]
+                sys.exit(0)
+            _echo(error_line(usage_line(exc, self, argv)))
+            sys.exit(2)
+        except ClickFailure as exc:  # a parser failure that is not about usage: still one line
+            _echo(error_line(exc.format_message()))  # type: ignore[attr-defined]
+            sys.exit(getattr(exc, "exit_code", 1))
+        if standalone_mode:  # as click: exit with the code (typer.Exit(n), Ctrl-C's 130), 0 after a success
+            sys.exit(code if isinstance(code, int) else 0)
+        return code
+
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         rows = []
         for name in self.list_commands(ctx):
@@ -141,3 +158,9 @@ class PlainGroup(TyperGroup):  # type: ignore[misc]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+def _echo(text: str, err: bool = True) -> None:
+    import typer
+
+    typer.echo(text, err=err)

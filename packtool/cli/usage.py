@@ -10,14 +10,13 @@ shows how it is typed. Exit 2, as every usage error.
 from __future__ import annotations
 
 import difflib
+import enum
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import typer
-
-from packtool.cli.help import choice_values
 
 _exc = sys.modules[typer.BadParameter.__module__]  # click's exceptions (vendored by typer >= 0.23)
 UsageFailure: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -28,6 +27,15 @@ NoArgsIsHelp: type[Exception] | None = getattr(_exc, "NoArgsIsHelpError", None)
 _NUMBER = {"int_parsing": "an integer", "int_from_float": "an integer", "int_type": "an integer",
            "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false"}  # fmt: skip
 _BOUND = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+
+
+def choice_values(param: Any) -> list[str]:
+    """The values a choice parameter accepts, as typed (enum values), or [] when it is not a choice."""
+    desc = getattr(param, "type_descriptor", None)
+    choices = getattr(desc, "choices", None) if desc is not None and getattr(desc, "is_choice", False) else None
+    if choices is None:  # an older typer: a click.Choice type
+        choices = getattr(getattr(param, "type", None), "choices", None)
+    return [str(c.value) if isinstance(c, enum.Enum) else str(c) for c in choices or ()]
 
 
 def _command(exc: Any, group: Any, argv: Sequence[str]) -> Any:
