@@ -130,3 +130,35 @@ def test_stats_seed_says_what_it_seeds_and_run_help_names_every_section() -> Non
     text = " ".join(out.split())
     assert code == 0 and all(section in text for section in SECTIONS), text
     assert "-> export" in text
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "openpty"), reason="needs a pseudo-terminal")
+def test_help_fits_a_real_80_column_terminal() -> None:
+    """Without COLUMNS, the width comes from the terminal itself (a pseudo-terminal of 80 columns here)."""
+    import fcntl
+    import os
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-m", "packtool", "tokenize", "--help"], stdout=slave,
+                            stderr=slave, env=env)  # fmt: skip
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    lines = b"".join(chunks).decode().replace("\r", "").splitlines()
+    assert max(map(len, lines)) <= 80 and any("--completion-field FIELD" in line for line in lines)

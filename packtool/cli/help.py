@@ -10,6 +10,7 @@ first sentence whole instead of cutting it at 45 characters.
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from typing import Any
@@ -23,6 +24,9 @@ _Context: Any = TyperCommand.context_class
 _Formatter: Any = _Context.formatter_class
 
 
+_EXTRA = re.compile(r"\[(?:default|required)[^\]]{0,40}\]")
+
+
 def _wrap(text: str, width: int, indent: str = "", first: str | None = None) -> list[str]:
     """Paragraphs (blank-line separated) wrapped at `width` between words only: a hyphenated word
     (`prompt-completion`, `data-parallel`) and a long path stay whole."""
@@ -33,7 +37,8 @@ def _wrap(text: str, width: int, indent: str = "", first: str | None = None) -> 
             lines.append("")
         wrapper.initial_indent = first if (first is not None and not lines) else indent
         wrapper.subsequent_indent = indent
-        lines += wrapper.wrap(" ".join(para.split()))
+        glued = _EXTRA.sub(lambda m: m.group(0).replace(" ", "\xa0"), " ".join(para.split()))  # `[default: x]` whole
+        lines += [line.replace("\xa0", " ") for line in wrapper.wrap(glued)]
     return lines
 
 
