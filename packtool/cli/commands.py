@@ -37,17 +37,19 @@ app = typer.Typer(
 )
 
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
-Workers = Annotated[
-    int | None, typer.Option("--workers", metavar="N", min=1, help="Parallel workers (default: all cores).")
+Workers = Annotated[int | None, typer.Option("--workers", min=1, help="Parallel workers (default: all cores).")]
+Executor = Annotated[ExecutorName, typer.Option("--executor", help="Where the tasks run.")]
+RayAddress = Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: a local one).")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed: same input and seed give identical bytes.")]
+StatsSeed = Annotated[
+    int,
+    typer.Option(
+        "--seed",
+        help="Seed of the random batches, the dynamic batcher's shuffle and the shuffling packers: the same store "
+        "and seed give the same numbers.",
+    ),
 ]
-Executor = Annotated[ExecutorName, typer.Option("--executor", metavar="EXECUTOR", help="Where the tasks run.")]
-RayAddress = Annotated[
-    str | None, typer.Option("--ray-address", metavar="ADDRESS", help="Ray cluster to join (default: a local one).")
-]
-Seed = Annotated[int, typer.Option("--seed", metavar="SEED", help="Seed: same input and seed give identical bytes.")]
-StorePath = Annotated[
-    Path, typer.Argument(metavar="PATH", help="A token store or a pack store (ROOT, ROOT/packed/TOKENIZER or a .npy).")
-]
+StorePath = Annotated[Path, typer.Argument(help="A token store or a pack store (ROOT, ROOT/packed/TOKENIZER or .npy).")]
 
 
 def _version(value: bool) -> None:
@@ -65,7 +67,7 @@ def _root(
 
 def _input_help() -> str:
     """The INPUT help; the readable suffixes come from the input readers' registry (read when typer builds
-    `tokenize`'s parameters). Help is plain text (`packtool.cli.help`): brackets show as written."""
+    `tokenize`'s parameters). Help is plain text (`cli/help.py`): brackets show as written."""
     from packtool.stages.tokenize.inputs.readers.registry import suffix_text
 
     return f"Files, directories or globs: {suffix_text()}, save_to_disk dirs; hf://datasets/ORG/NAME[@REVISION][/PATH]."
@@ -75,82 +77,56 @@ def _input_help() -> str:
 def tokenize(
     inputs: Annotated[
         list[str],
-        typer.Argument(metavar="INPUT...", help=_input_help()),
+        typer.Argument(help=_input_help()),
     ],
-    tokenizer: Annotated[
-        str, typer.Option("--tokenizer", metavar="TOKENIZER", help="tokenizer.json, a model directory, or a hub name.")
-    ],
-    output: Annotated[Path, typer.Option("--output", metavar="DIR", help="Token store directory to create.")],
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="tokenizer.json, a model directory, or a hub name.")],
+    output: Annotated[Path, typer.Option("--output", help="Token store directory to create.")],
     format: Annotated[
-        InputFormat, typer.Option("--format", metavar="FORMAT", help="How records become tokens and loss.")
+        InputFormat, typer.Option("--format", help="How records become tokens and loss.")
     ] = InputFormat.TEXT,
     field: Annotated[
-        str | None,
-        typer.Option("--field", metavar="FIELD", help="Text field (dotted path) for --format text (default: text)."),
+        str | None, typer.Option("--field", help="Text field (dotted path) for --format text (default: text).")
     ] = None,
-    prompt_field: Annotated[
-        str | None, typer.Option("--prompt-field", metavar="FIELD", help="prompt-completion: prompt.")
-    ] = None,
+    prompt_field: Annotated[str | None, typer.Option("--prompt-field", help="prompt-completion: prompt.")] = None,
     completion_field: Annotated[
-        str | None, typer.Option("--completion-field", metavar="FIELD", help="prompt-completion: completion.")
+        str | None, typer.Option("--completion-field", help="prompt-completion: completion.")
     ] = None,
     messages_field: Annotated[
-        str | None,
-        typer.Option("--messages-field", metavar="FIELD", help="chat, openai: messages; sharegpt: conversations."),
+        str | None, typer.Option("--messages-field", help="chat, openai: messages; sharegpt: conversations.")
     ] = None,
     role_map: Annotated[
-        str | None,
-        typer.Option(
-            "--role-map", metavar="FROM=TO,...", help="chat/sharegpt: FROM=TO,... onto system/user/assistant/tool."
-        ),
+        str | None, typer.Option("--role-map", help="chat/sharegpt: FROM=TO,... onto system/user/assistant/tool.")
     ] = None,
-    instruction_field: Annotated[
-        str | None, typer.Option("--instruction-field", metavar="FIELD", help="alpaca: instruction.")
-    ] = None,
-    input_field: Annotated[str | None, typer.Option("--input-field", metavar="FIELD", help="alpaca: input.")] = None,
-    output_field: Annotated[str | None, typer.Option("--output-field", metavar="FIELD", help="alpaca: output.")] = None,
-    history_field: Annotated[
-        str | None, typer.Option("--history-field", metavar="FIELD", help="alpaca: history.")
-    ] = None,
-    system_field: Annotated[
-        str | None, typer.Option("--system-field", metavar="FIELD", help="alpaca/sharegpt: system.")
-    ] = None,
-    chat_template: Annotated[
-        str | None, typer.Option("--chat-template", metavar="FILE", help="Jinja chat template file.")
-    ] = None,
+    instruction_field: Annotated[str | None, typer.Option("--instruction-field", help="alpaca: instruction.")] = None,
+    input_field: Annotated[str | None, typer.Option("--input-field", help="alpaca: input.")] = None,
+    output_field: Annotated[str | None, typer.Option("--output-field", help="alpaca: output.")] = None,
+    history_field: Annotated[str | None, typer.Option("--history-field", help="alpaca: history.")] = None,
+    system_field: Annotated[str | None, typer.Option("--system-field", help="alpaca/sharegpt: system.")] = None,
+    chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
     assistant_turns: Annotated[
-        AssistantTurns,
-        typer.Option("--assistant-turns", metavar="TURNS", help="chat: train on all or only the last assistant turn."),
+        AssistantTurns, typer.Option("--assistant-turns", help="chat: train on all or only the last assistant turn.")
     ] = AssistantTurns.ALL,
     separator: Annotated[
-        str | None, typer.Option("--separator", metavar="STR", help="Split .txt files into documents at STR.")
+        str | None, typer.Option("--separator", help="Split .txt files into documents at STR.")
     ] = None,
     bos: Annotated[bool | None, typer.Option("--bos/--no-bos", help="Default: as the tokenizer does.")] = None,
     eos: Annotated[bool | None, typer.Option("--eos/--no-eos", help="Default: EOS when defined (not chat).")] = None,
     workers: Workers = None,
     on_error: Annotated[
-        OnError, typer.Option("--on-error", metavar="MODE", help="fail at file:line, or skip to rejects.jsonl.")
+        OnError, typer.Option("--on-error", help="fail at file:line, or skip to rejects.jsonl.")
     ] = OnError.FAIL,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a different existing token store.")] = False,
     max_record_bytes: Annotated[
-        int,
-        typer.Option(
-            "--max-record-bytes", metavar="BYTES", min=1, help="Longest record in bytes; longer is a bad record."
-        ),
+        int, typer.Option("--max-record-bytes", min=1, help="Longest record in bytes; longer is a bad record.")
     ] = 16 << 20,  # TokenizeConfig's default (a test checks they agree)
     chunk_bytes: Annotated[
-        int | None,
-        typer.Option("--chunk-bytes", metavar="BYTES", min=1, hidden=True, help="Unit of work/resume (default: auto)."),
+        int | None, typer.Option("--chunk-bytes", min=1, hidden=True, help="Unit of work/resume (default: auto).")
     ] = None,
     backend: Annotated[
-        BackendName, typer.Option("--backend", metavar="BACKEND", help="auto: fast when installed and verified.")
+        BackendName, typer.Option("--backend", help="auto: fast when installed and verified.")
     ] = BackendName.AUTO,
-    num_shards: Annotated[
-        int, typer.Option("--num-shards", metavar="N", min=1, help="Split into N shards (join with merge).")
-    ] = 1,
-    shard_index: Annotated[
-        int, typer.Option("--shard-index", metavar="I", min=0, help="Which shard this run writes.")
-    ] = 0,
+    num_shards: Annotated[int, typer.Option("--num-shards", min=1, help="Split into N shards (join with merge).")] = 1,
+    shard_index: Annotated[int, typer.Option("--shard-index", min=0, help="Which shard this run writes.")] = 0,
     executor: Executor = ExecutorName.LOCAL,
     ray_address: RayAddress = None,
     quiet: Quiet = False,
@@ -173,31 +149,20 @@ def pack(
             help="Token store(s) made by `packtool tokenize`, each STORE[:WEIGHT] (epochs; a mixture of one tokenizer).",
         ),
     ],
-    size: Annotated[int, typer.Option("--size", metavar="N", help="Pack size N in tokens.")],
-    output: Annotated[
-        Path, typer.Option("--output", metavar="ROOT", help="Pack ROOT; files go to ROOT/packed/TOKENIZER/.")
-    ],
-    algorithm: Annotated[
-        Algorithm, typer.Option("--algorithm", metavar="ALGORITHM", help="Bin-packing algorithm.")
-    ] = Algorithm.BFD,
+    size: Annotated[int, typer.Option("--size", help="Pack size N in tokens.")],
+    output: Annotated[Path, typer.Option("--output", help="Pack ROOT; files go to ROOT/packed/TOKENIZER/.")],
+    algorithm: Annotated[Algorithm, typer.Option("--algorithm", help="Bin-packing algorithm.")] = Algorithm.BFD,
     seed: Seed = 0,
     shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle", help="Seeded random pack order.")] = True,
-    overlong: Annotated[
-        Overlong, typer.Option("--overlong", metavar="POLICY", help="Documents longer than N.")
-    ] = Overlong.SPLIT,
-    pad_multiple: Annotated[
-        int, typer.Option("--pad-multiple", metavar="M", help="Pad every segment to a multiple of M.")
-    ] = 1,
-    max_docs_per_pack: Annotated[
-        int | None, typer.Option("--max-docs-per-pack", metavar="K", help="At most K per pack.")
-    ] = None,
-    split: Annotated[Split, typer.Option("--split", metavar="SPLIT", help="Which split this is.")] = Split.TRAINING,
+    overlong: Annotated[Overlong, typer.Option("--overlong", help="Documents longer than N.")] = Overlong.SPLIT,
+    pad_multiple: Annotated[int, typer.Option("--pad-multiple", help="Pad every segment to a multiple of M.")] = 1,
+    max_docs_per_pack: Annotated[int | None, typer.Option("--max-docs-per-pack", help="At most K per pack.")] = None,
+    split: Annotated[Split, typer.Option("--split", help="Which split this is.")] = Split.TRAINING,
     workers: Workers = None,
     executor: Executor = ExecutorName.LOCAL,
     ray_address: RayAddress = None,
     validation: Annotated[
-        float | None,
-        typer.Option("--validation", metavar="FRACTION", help="Hold out this fraction of documents as validation_N."),
+        float | None, typer.Option("--validation", help="Hold out this fraction of documents as validation_N.")
     ] = None,
     quiet: Quiet = False,
 ) -> None:
@@ -215,41 +180,19 @@ def pack(
 def stats(
     path: StorePath,
     size: Annotated[
-        int | None,
-        typer.Option(
-            "--size",
-            metavar="N",
-            help="Pack size N (token store: default 4096, named in the output; pack store: the only size).",
-        ),
+        int | None, typer.Option("--size", help="Pack size N (token store: default 4096, named so).")
     ] = None,
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", metavar="B", help="Batch size B for the padded baselines.")
-    ] = 8,
-    seed: Annotated[
-        int,
-        typer.Option(
-            "--seed",
-            metavar="SEED",
-            help="Seed of the random batches, the dynamic batcher's shuffle and the shuffling packers: "
-            "the same store and seed give the same numbers.",
-        ),
-    ] = 0,
-    split: Annotated[Split, typer.Option("--split", metavar="SPLIT", help="Split of a pack store.")] = Split.TRAINING,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size B for the padded baselines.")] = 8,
+    seed: StatsSeed = 0,
+    split: Annotated[Split, typer.Option("--split", help="Split of a pack store.")] = Split.TRAINING,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    plot: Annotated[
-        Path | None, typer.Option("--plot", metavar="FILE.png", help="Write a PNG: lengths, waste per strategy.")
-    ] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG: lengths, waste vs the lower bound.")] = None,
     world_size: Annotated[
-        int | None,
-        typer.Option("--world-size", metavar="W", help="Pack store: step efficiency over W data-parallel ranks."),
+        int | None, typer.Option("--world-size", help="Pack store: step efficiency over W data-parallel ranks.")
     ] = None,
-    micro_batches: Annotated[int, typer.Option("--micro-batches", metavar="B", help="Packs per rank per step B.")] = 1,
-    model: Annotated[
-        Path | None, typer.Option("--model", metavar="CONFIG.json", help="config.json pricing packs (cost model).")
-    ] = None,
-    hidden_size: Annotated[
-        int | None, typer.Option("--hidden-size", metavar="H", help="Or a hidden size h for the cost.")
-    ] = None,
+    micro_batches: Annotated[int, typer.Option("--micro-batches", help="Packs per rank per step B.")] = 1,
+    model: Annotated[Path | None, typer.Option("--model", help="config.json pricing packs (cost model).")] = None,
+    hidden_size: Annotated[int | None, typer.Option("--hidden-size", help="Or a hidden size h for the cost.")] = None,
 ) -> None:
     """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
     from packtool.stages.stats import StatsConfig, check_plot_path, compute_stats, plot_stats
@@ -268,9 +211,7 @@ def verify(
     path: StorePath,
     source: Annotated[
         list[Path] | None,
-        typer.Option(
-            "--source", metavar="STORE", help="Token store the packs came from (repeat it for each store of a mixture)."
-        ),
+        typer.Option("--source", help="Token store the packs came from (repeat it for each store of a mixture)."),
     ] = None,
     quiet: Quiet = False,
 ) -> None:
@@ -284,12 +225,8 @@ def verify(
 
 @app.command(cls=PlainCommand)
 def merge(
-    shards: Annotated[
-        list[Path], typer.Argument(metavar="SHARD...", help="Shard token stores of one `tokenize --num-shards` run.")
-    ],
-    output: Annotated[
-        Path, typer.Option("--output", metavar="DIR", help="Merged token store (identical to a single run).")
-    ],
+    shards: Annotated[list[Path], typer.Argument(help="Shard token stores of one `tokenize --num-shards` run.")],
+    output: Annotated[Path, typer.Option("--output", help="Merged token store (identical to a single run).")],
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing token store.")] = False,
     quiet: Quiet = False,
 ) -> None:
@@ -302,18 +239,12 @@ def merge(
 
 @app.command(cls=PlainCommand)
 def export(
-    path: Annotated[
-        Path, typer.Argument(metavar="PATH", help="A pack store: ROOT, ROOT/packed/TOKENIZER or SPLIT_N.npy.")
-    ],
-    to: Annotated[ExportTarget, typer.Option("--to", metavar="TRAINER", help="The trainer whose format to write.")],
-    output: Annotated[Path, typer.Option("--output", metavar="DIR", help="Directory for the trainer's files.")],
-    split: Annotated[Split, typer.Option("--split", metavar="SPLIT", help="Split to export.")] = Split.TRAINING,
-    size: Annotated[
-        int | None, typer.Option("--size", metavar="N", help="Pack size N (default: the only one).")
-    ] = None,
-    eos_id: Annotated[
-        int | None, typer.Option("--eos-id", metavar="ID", help="EOS id (default: the token store's).")
-    ] = None,
+    path: Annotated[Path, typer.Argument(help="A pack store: ROOT, ROOT/packed/TOKENIZER or SPLIT_N.npy.")],
+    to: Annotated[ExportTarget, typer.Option("--to", help="The trainer whose format to write.")],
+    output: Annotated[Path, typer.Option("--output", help="Directory for the trainer's files.")],
+    split: Annotated[Split, typer.Option("--split", help="Split to export.")] = Split.TRAINING,
+    size: Annotated[int | None, typer.Option("--size", help="Pack size N (default: the only one).")] = None,
+    eos_id: Annotated[int | None, typer.Option("--eos-id", help="EOS id (default: the token store's).")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace this export's files.")] = False,
     quiet: Quiet = False,
 ) -> None:
@@ -328,22 +259,15 @@ def export(
 
 @app.command(cls=PlainCommand)
 def run(
-    config: Annotated[
-        Path,
-        typer.Argument(
-            metavar="CONFIG.yaml",
-            help="YAML with the sections tokenize, pack, stats, verify and export (each key a flag of that command), "
-            "or a `steps` list of such sections.",
-        ),
-    ],
+    config: Annotated[Path, typer.Argument(help="YAML: sections tokenize/pack/stats/verify/export or a `steps` list.")],
     quiet: Quiet = False,
 ) -> None:
     """Run tokenize -> pack -> stats (+ plot) -> verify -> export from one config file (examples in configs/).
 
     Each section is one command and each key one of its flags (`pad_multiple: 8` is `--pad-multiple 8`); inside
-    a step, pack reads what tokenize wrote, and stats, verify and export read the pack store just written
-    (an `export` section with `to: trl` and `output: out/trl` writes TRL's files). Relative paths resolve against the YAML file's directory; the
-    whole file is checked before any work starts.
+    a step, pack reads what tokenize wrote, and stats, verify and export read the pack store just written (an
+    `export` section with `to: trl` and `output: out/trl` writes TRL's files). Relative paths resolve against
+    the YAML file's directory; the whole file is checked before any work starts.
     """
     from packtool.cli.runconfig import load_run_config
     from packtool.stages.run import run_pipeline
@@ -357,21 +281,16 @@ def run(
 
 @app.command(cls=PlainCommand)
 def audit(
-    model: Annotated[
-        str,
-        typer.Argument(metavar="MODEL", help="A transformers model directory, a config.json, or a cached hub name."),
-    ],
+    model: Annotated[str, typer.Argument(help="A transformers model directory, a config.json, or a cached hub name.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Allow the model's own code (from disk only).")
     ] = False,
     attn_implementation: Annotated[
         list[str] | None,
-        typer.Option(
-            "--attn-implementation", metavar="NAME", help="Try only these (repeatable; default: every one present)."
-        ),
+        typer.Option("--attn-implementation", help="Try only these (repeatable; default: every one present)."),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", metavar="SEED", help="Seed of the random weights and documents.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights and documents.")] = 0,
 ) -> None:
     """Packed vs separate documents through MODEL's architecture (tiny, random weights, CPU): exact or leaking?
 

@@ -70,18 +70,43 @@ class PlainContext(_Context):  # type: ignore[misc]
     formatter_class = PlainFormatter
 
 
-def _prepare(params: list[Any]) -> None:
+#: how each value is written in --help and in usage errors: `COMMAND FLAG` first, then `FLAG` (an argument by
+#: its name); a value not listed shows its name in capitals (`--new-flag NEW_FLAG`), never a type placeholder
+METAVARS: dict[str, str] = {
+    "tokenize inputs": "INPUT...", "merge shards": "SHARD...", "path": "PATH", "run config": "CONFIG.yaml",
+    "audit model": "MODEL", "--tokenizer": "TOKENIZER", "--output": "DIR", "pack --output": "ROOT",
+    "--field": "FIELD", "--prompt-field": "FIELD", "--completion-field": "FIELD", "--messages-field": "FIELD",
+    "--instruction-field": "FIELD", "--input-field": "FIELD", "--output-field": "FIELD", "--history-field": "FIELD",
+    "--system-field": "FIELD", "--role-map": "FROM=TO,...", "--chat-template": "FILE", "--separator": "STR",
+    "--assistant-turns": "TURNS", "--on-error": "MODE", "--workers": "N", "--max-record-bytes": "BYTES",
+    "--chunk-bytes": "BYTES", "--num-shards": "N", "--shard-index": "I", "--ray-address": "ADDRESS",
+    "--size": "N", "--seed": "SEED", "--overlong": "POLICY", "--pad-multiple": "M", "--max-docs-per-pack": "K",
+    "--validation": "FRACTION", "--batch-size": "B", "--plot": "FILE.png", "--world-size": "W",
+    "--micro-batches": "B", "stats --model": "CONFIG.json", "--hidden-size": "H", "--source": "STORE",
+    "--to": "TRAINER", "--eos-id": "ID", "--attn-implementation": "NAME",
+}  # fmt: skip
+
+
+def _metavar(command: str, param: Any) -> str:
+    keys = [param.name or ""] if param.param_type_name == "argument" else list(param.opts)
+    for key in [f"{command} {k}" for k in keys] + keys:
+        if key in METAVARS:
+            return METAVARS[key]
+    return (param.name or "VALUE").upper()
+
+
+def _prepare(command: str, params: list[Any]) -> None:
     """Give every value a metavar (no `<str>` placeholder) and name a choice's values in its help."""
     for param in params:
         if getattr(param, "is_flag", False) or getattr(param, "hidden", False):
             continue
         if param.param_type_name == "argument":
-            name = param.metavar or (param.name or "").upper()
+            name = param.metavar or _metavar(command, param)
             param.metavar = name if param.nargs == 1 or name.endswith("...") else name + "..."
             continue
         values = choice_values(param)
         if param.metavar is None:
-            param.metavar = (param.name or "VALUE").upper()
+            param.metavar = _metavar(command, param)
         if values and "One of:" not in (param.help or ""):
             param.help = f"{param.help or ''} One of: {', '.join(values)}.".strip()
 
@@ -94,7 +119,7 @@ class PlainCommand(TyperCommand):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["rich_markup_mode"] = None
         super().__init__(*args, **kwargs)
-        _prepare(self.params)
+        _prepare(self.name or "", self.params)
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -127,7 +152,7 @@ class PlainGroup(TyperGroup):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["rich_markup_mode"] = None
         super().__init__(*args, **kwargs)
-        _prepare(self.params)
+        _prepare(self.name or "", self.params)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """click's main, with every parser failure as one `error:` line (exit 2 for usage): for the console
