@@ -162,3 +162,18 @@ def test_help_fits_a_real_80_column_terminal() -> None:
     assert proc.wait(timeout=60) == 0
     lines = b"".join(chunks).decode().replace("\r", "").splitlines()
     assert max(map(len, lines)) <= 80 and any("--completion-field FIELD" in line for line in lines)
+
+
+def test_every_metavar_entry_names_a_parameter() -> None:
+    """The metavar table in cli/help.py has no stale entry (a renamed flag would silently fall back)."""
+    import typer
+
+    from packtool.cli.commands import app
+    from packtool.cli.help import METAVARS
+
+    keys: set[str] = set()
+    for name, command in typer.main.get_command(app).commands.items():  # type: ignore[attr-defined]
+        for p in command.params:
+            own = [p.name] if p.param_type_name == "argument" else list(p.opts)
+            keys |= {*own, *(f"{name} {k}" for k in own)}
+    assert set(METAVARS) <= keys, set(METAVARS) - keys
