@@ -7,6 +7,7 @@ stage only measures.
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 
@@ -19,14 +20,28 @@ def stats_text(result: Any, as_json: bool) -> str:
 
 def _token_lines(s: dict[str, Any]) -> list[str]:
     strategy = f"strategy (N={s['size']}, B={s['batch_size']})"
+    notes, strategies = s.get("notes") or {}, s.get("strategies") or {}
+    short = {name: note.get("short", "") for name, note in strategies.items()}
     return [
         f"token store {s['path']}",
         f"  documents {s['n_documents']} ({s['n_empty_documents']} empty), tokens {s['n_tokens']}",
         "  length p50 {p50}  p90 {p90}  p99 {p99}  max {max}".format(**s["lengths"]),
+        *(_wrapped(f"  N={s['size']}: ", notes.get("size", "")) if s.get("size_source") == "default" else []),
         f"  over-long (> {s['size']}): {s['n_overlong']} documents, counted as fragments -> {s['n_items']} items",
-        f"  {strategy:<28}{'rows':>10}{'waste':>10}",
-        *(f"  {name:<28}{s['rows'][name]:>10}{waste:>10.2%}" for name, waste in s["waste"].items()),
+        f"  {strategy:<24}{'rows':>7}{'waste':>9}  {'keeps / gives up' if short else ''}".rstrip(),
+        *(
+            f"  {name:<24}{s['rows'][name]:>7}{waste:>9.2%}  {short.get(name, '')}".rstrip()
+            for name, waste in s["waste"].items()
+        ),
+        *_wrapped("  rows: ", notes.get("rows", "")),
+        *_wrapped("  waste: ", notes.get("waste", "")),
+        *_wrapped("  note: ", notes.get("sorting", "")),
     ]
+
+
+def _wrapped(head: str, text: str, width: int = 80) -> list[str]:
+    """`head` + `text` wrapped at 80 columns between words, the next lines indented under the text."""
+    return textwrap.wrap(text, width, initial_indent=head, subsequent_indent=" " * len(head), break_on_hyphens=False)
 
 
 def _pack_lines(s: dict[str, Any]) -> list[str]:

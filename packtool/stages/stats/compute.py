@@ -29,6 +29,7 @@ from packtool.formats.pack_store import find_pack_dir, metadata_sources, open_pa
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
 from packtool.stages.stats.balance import cost_model, step_balance
+from packtool.stages.stats.explain import ROWS_NOTE, SORT_NOTE, WASTE_NOTE, Note, size_note, strategy_notes
 
 DEFAULT_SIZE = 4096
 DYNAMIC = "dynamic (padded)"
@@ -102,6 +103,9 @@ class TokenStoreStats:
     kind: str = "tokens"
     overlong_note: str = "documents longer than N are counted as their fragments of <= N tokens (pack --overlong split)"
     _doc_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    size_source: str = "given"  # "default": no --size, N is DEFAULT_SIZE (a token store does not know its packs)
+    notes: dict[str, str] = field(default_factory=dict)  # what `rows`, `waste` and `size` mean (explain.py)
+    strategies: dict[str, Note] = field(default_factory=dict)  # waste row -> what it keeps and gives up
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -132,6 +136,7 @@ class PackStoreStats:
     step_efficiency: dict[str, Any] | None = None  # with --world-size: plain vs balanced steps (balance.py)
     _step_eff: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     sources: list[dict[str, Any]] = field(default_factory=list)  # each source: path, weight, documents, tokens, share
+    _pack_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)  # for the plot
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -203,6 +208,8 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         waste={k: _waste(total, v) for k, v in computed.items()},
         rows=rows,
         _doc_lengths=np.asarray(doc_lengths),
+        notes={"rows": ROWS_NOTE, "waste": WASTE_NOTE, "sorting": SORT_NOTE, "size": size_note(size, given=True)},
+        strategies=strategy_notes(list(rows)),
     )
 
 
@@ -242,6 +249,7 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
         n_empty_documents=int(meta.get("n_empty_documents", 0)),
         _seg_lens=np.asarray(ps.seg_lens),
         sources=_sources(meta),
+        _pack_offsets=np.asarray(ps.pack_offsets),
     )
 
 
@@ -254,7 +262,10 @@ def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats:
             raise UsageError(
                 f"--world-size measures the steps of a pack store, {path} is a token store, pack it first and pass the pack store"
             )
-        return token_store_stats(path, config.size or DEFAULT_SIZE, config.batch_size, config.seed)
+        tokens = token_store_stats(path, config.size or DEFAULT_SIZE, config.batch_size, config.seed)
+        if config.size is None:  # say so: a store packed at 2048 was silently measured at 4096
+            tokens.size_source, tokens.notes["size"] = "default", size_note(tokens.size, given=False)
+        return tokens
     stats = pack_store_stats(path, config.size, str(config.split))
     if config.world_size is not None:
         model, name = cost_model(config.model, config.hidden_size)
