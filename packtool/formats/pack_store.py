@@ -108,9 +108,7 @@ def metadata_name(size: int) -> str:
     return f"{size}_metadata.jsonl"
 
 
-def file_names(
-    split: str, size: int, with_loss: bool, build: str | None = None, with_pairs: bool = False
-) -> list[str]:
+def file_names(split: str, size: int, with_loss: bool, build: str | None = None, with_pairs: bool = False) -> list[str]:
     """Every file of one (split, size) in a fixed order: of build `build`, or version-1 names when None.
     `with_pairs`: a preference pack store's `seg_pair`/`seg_role` too (after the other companions)."""
     names = [data_name(split, size, build)] + [companion_name(split, size, c, build) for c in COMPANIONS]

@@ -152,7 +152,11 @@ def build_pair_items(
     n_overlong = int(np.count_nonzero(long_mask))
     if n_overlong and policy in (Overlong.ERROR, Overlong.SPLIT):
         i = int(np.flatnonzero(long_mask)[0])
-        why = "a pair cannot be split across packs (both log-probs come from one pack), " if policy is Overlong.SPLIT else ""
+        why = (
+            "a pair cannot be split across packs (both log-probs come from one pack), "
+            if policy is Overlong.SPLIT
+            else ""
+        )
         held = f"prompt {int(p[i])} held once + " if shared else ""
         raise ConfigError(
             f"pair {int(pairs[i])} needs {int(total[i])} tokens ({held}chosen {int(lc[i])} + rejected {int(lr[i])}), "

@@ -103,7 +103,9 @@ class PackConfig:
 
         parse_executor(self.executor, self.ray_address)
         if not isinstance(self.share_prompt, bool):
-            raise UsageError(f"share_prompt must be true or false, got {self.share_prompt!r}, pass --share-prompt or leave it out")
+            raise UsageError(
+                f"share_prompt must be true or false, got {self.share_prompt!r}, pass --share-prompt or leave it out"
+            )
         return self
 
 

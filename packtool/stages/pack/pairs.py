@@ -73,7 +73,14 @@ def global_scan(stores: StoreSet) -> np.ndarray:
 
 def pair_items(stores: StoreSet, pairs: np.ndarray, scan: np.ndarray, config: PackConfig) -> PairItems:
     return build_pair_items(
-        pairs, stores.starts, stores.lengths, scan, config.size, config.overlong, config.pad_multiple, config.share_prompt
+        pairs,
+        stores.starts,
+        stores.lengths,
+        scan,
+        config.size,
+        config.overlong,
+        config.pad_multiple,
+        config.share_prompt,
     )
 
 

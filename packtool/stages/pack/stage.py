@@ -35,6 +35,14 @@ from packtool.signals import signals_deferred
 from packtool.stages.pack.blocks import block_tasks
 from packtool.stages.pack.config import PackConfig
 from packtool.stages.pack.layout import Layout, pad_id_for, plan_layout
+from packtool.stages.pack.mixture import (
+    SplitSelection,
+    check_repetition,
+    held_out_of,
+    mixture_record,
+    select_splits,
+    source_records,
+)
 from packtool.stages.pack.pairs import (
     as_segments,
     check_pair_config,
@@ -45,14 +53,6 @@ from packtool.stages.pack.pairs import (
     plan_pair_layout,
     preference_record,
     selected_pairs,
-)
-from packtool.stages.pack.mixture import (
-    SplitSelection,
-    check_repetition,
-    held_out_of,
-    mixture_record,
-    select_splits,
-    source_records,
 )
 
 log = logging.getLogger(__name__)
