@@ -69,8 +69,8 @@ def pair_scan(tokens: np.ndarray, loss: np.ndarray | None, starts: np.ndarray, l
     starts = np.asarray(starts, np.int64)
     lengths = np.asarray(lengths, np.int64)
     out = np.zeros((3, starts.size // 2), np.int64)
-    has = loss is not None
-    _scan(tokens, loss if has else np.zeros(0, np.uint8), has, starts, lengths, out)
+    flags = np.zeros(0, np.uint8) if loss is None else loss
+    _scan(tokens, flags, loss is not None, starts, lengths, out)
     return out
 
 

@@ -231,7 +231,8 @@ def _write_split(
             docs, starts, lengths = selection.docs, stores.starts, stores.lengths
             segments = build_segments(starts[docs], lengths[docs], config.size, config.overlong, config.pad_multiple)
             segments = replace(segments, doc=docs[segments.doc])
-        layout = plan_layout(segments, config)
+        if role is None:
+            layout = plan_layout(segments, config)
     pad_id = pad_id_for(store)
     log.info("packing %d segments of %s into %d packs of %d", len(segments), split, layout.n_packs, config.size)
     writer = stack.enter_context(
