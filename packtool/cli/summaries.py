@@ -32,10 +32,26 @@ def pack_line(result: Any) -> str:
     m = result.metadata
     real = 100 * m["n_tokens"] / max(1, m["n_packs"] * m["pack_size"])
     return (
-        f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
-        f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% (real tokens {real:.2f}%), "
-        f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}"
-    ) + _mixture_lines(result)
+        (
+            f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
+            f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% (real tokens {real:.2f}%), "
+            f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}"
+        )
+        + _pair_line(m)
+        + _mixture_lines(result)
+    )
+
+
+def _pair_line(m: dict[str, Any]) -> str:
+    """A preference pack: pairs packed whole, the layout and what a shared prompt saved."""
+    p = m.get("preference")
+    if not isinstance(p, dict):
+        return ""
+    return (
+        f"\n  {p['n_packed_pairs']} of {p['pairs']} pairs packed whole ({p['layout']}), "
+        f"{p['prompt_tokens_saved']} prompt tokens held once, {p['overlong']['dropped']} over-long dropped, "
+        f"{p['overlong']['truncated']} truncated, {p['n_empty_pairs']} with an empty sequence"
+    )
 
 
 def _mixture_lines(result: Any) -> str:

@@ -244,7 +244,18 @@ def build_batch(
     if pairs is None and store.seg_pair is not None:
         pairs = pair_views(store)
     k, bad, longest, n_target_total = fill_batch(
-        tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus, parallel, None if pairs is None else pairs.pos0
+        tokens,
+        loss,
+        loss.size > 0,
+        po,
+        lens,
+        pads,
+        idx,
+        rows,
+        seg,
+        cus,
+        parallel,
+        None if pairs is None else pairs.pos0,
     )
     if bad >= 0:
         raise FormatError(

@@ -186,9 +186,7 @@ def _fill_rows(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, pos0, ha
 @njit(cache=True, nogil=True, parallel=True)
 def _fill_rows_parallel(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, pos0, has_pos0, idx, rows, n_target):  # type: ignore[no-untyped-def]
     for r in prange(idx.size):  # rows are independent once plan_batch has laid out the segments
-        n_target[r] = fill_row(
-            tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, pos0, has_pos0, idx[r], rows, r
-        )
+        n_target[r] = fill_row(tokens, loss, has_loss, pack_offsets, seg_lens, seg_pad, pos0, has_pos0, idx[r], rows, r)
 
 
 @njit(cache=True, nogil=True)
