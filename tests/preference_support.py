@@ -32,16 +32,23 @@ def write_pref_store(path: Path, pairs: list[Pair], *, vocab: int = 600, tokeniz
         {
             "packtool_version": "test",
             "input_format": "preference",
-            "tokenizer": {"name": "org/tiny-tok", "sha256": tokenizer_sha, "vocab_size": vocab, "bos_id": None,
-                          "eos_id": EOS, "pad_id": PAD},
+            "tokenizer": {
+                "name": "org/tiny-tok",
+                "sha256": tokenizer_sha,
+                "vocab_size": vocab,
+                "bos_id": None,
+                "eos_id": EOS,
+                "pad_id": PAD,
+            },
             "preference": {"pairs": len(pairs), "layout": "chosen,rejected"},
         }
     )
     return path
 
 
-def realistic_pairs(n: int, seed: int = 0, vocab: int = 600, prompt_cap: int = 1500, completion_cap: int = 900,
-                    scale: float = 1.0) -> list[Pair]:
+def realistic_pairs(
+    n: int, seed: int = 0, vocab: int = 600, prompt_cap: int = 1500, completion_cap: int = 900, scale: float = 1.0
+) -> list[Pair]:
     """Lognormal-ish prompts and completions with a Zipf tail (UltraFeedback-like shapes), random ids."""
     rng = np.random.default_rng(seed)
     p = np.minimum(np.maximum(1, (rng.lognormal(4.5, 1.0, n) * scale).astype(np.int64)), prompt_cap)

@@ -32,14 +32,10 @@ def pack_line(result: Any) -> str:
     m = result.metadata
     real = 100 * m["n_tokens"] / max(1, m["n_packs"] * m["pack_size"])
     return (
-        (
-            f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
-            f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% (real tokens {real:.2f}%), "
-            f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}"
-        )
-        + _pair_line(m)
-        + _mixture_lines(result)
-    )
+        f"packed {m['n_segments']} segments ({m['n_tokens']} tokens) into {m['n_packs']} packs of {m['pack_size']} "
+        f"(lower bound {m['lower_bound_packs']}), fill {m['packing_efficiency']}% (real tokens {real:.2f}%), "
+        f"{m['overlong']['count']} over-long ({m['overlong']['policy']}) -> {result.directory}"
+    ) + _mixture_lines(result)
 
 
 def _pair_line(m: dict[str, Any]) -> str:
@@ -70,7 +66,7 @@ def _mixture_lines(result: Any) -> str:
                 f"  {m['split']} <- {s['path']} (weight {s['weight']:g}): {s['documents']} documents, "
                 f"{s['tokens']} tokens, share {s['share']:.2%}"
             )
-    return "".join("\n" + line for line in lines)
+    return _pair_line(result.metadata) + "".join("\n" + line for line in lines)
 
 
 def merge_line(result: Any) -> str:
