@@ -3,8 +3,6 @@ sequences, positions and labels exactly those of each sequence alone (prompt + c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -54,8 +52,8 @@ def sequences(item: dict) -> list[tuple[int, bool, np.ndarray, np.ndarray, np.nd
         if pair[s] < 0 or s in prompts:
             continue
         parts = ([prefix[s]] if prefix[s] >= 0 else []) + [s]
-        cat = lambda a: np.concatenate([a[cu[j] : cu[j + 1]] for j in parts])  # noqa: E731
-        out.append((int(pair[s]), bool(chosen[s]), cat(ids), cat(labels), cat(pos)))
+        ids_s, labels_s, pos_s = (np.concatenate([a[cu[j] : cu[j + 1]] for j in parts]) for a in (ids, labels, pos))
+        out.append((int(pair[s]), bool(chosen[s]), ids_s, labels_s, pos_s))
     return out
 
 
