@@ -159,14 +159,16 @@ def fill_batch(
     """Fill `rows` [3, B, N] (ids, labels, positions) and the segment arrays for packs `idx`.
 
     `seg` [5, cap] receives segment lengths, real lengths (without `--pad-multiple` padding),
-    entries per pack, target tokens per pack and each entry's store segment (-1: tail padding); `cus` [2, cap + 1] the global int32 `cu_seqlens`
+    entries per pack, target tokens per pack and each entry's store segment (-1: tail padding; a
+    `[4, cap]` seg leaves that out); `cus` [2, cap + 1] the global int32 `cu_seqlens`
     and its real-length twin; `cap` = the batch's segments plus one tail per pack. Returns
     `(n_entries, -1, longest segment, target tokens)`, or `(0, r, 0, 0)` when pack `idx[r]` has
     segments that do not fit its row (corrupt store; no row is written). With `parallel` the rows
     go to numba's threads (`prange`; same bytes out): only in the main process (see `dataset.py`).
     """
+    which = seg[4] if seg.shape[0] > 4 else np.empty(seg.shape[1], np.int64)  # a [4, cap] `seg`: not kept
     k, bad, longest = plan_batch(
-        tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1], seg[4]
+        tokens.shape[1], pack_offsets, seg_lens, seg_pad, idx, seg[0], seg[1], seg[2], cus[0], cus[1], which
     )
     if bad >= 0:
         return 0, bad, 0, 0
