@@ -99,10 +99,10 @@ def test_batches_carry_global_pair_keys(stores, share, flatten):
     assert bool((fast["prefix_segment"] >= 0).any()) == share
 
 
-def test_static_shapes_pad_to_length_and_seq_idx(stores):
+def test_static_shapes_pad_to_length_and_seq_idx_refused_when_shared(stores):
     ds = PackedDataset(stores[True], size=SIZE)
     plain = PackedCollator()(ds.__getitems__([0, 1]))
-    padded = PackedCollator(pad_to_length=SIZE + 16, static_segments=80, seq_idx=True)(ds.__getitems__([0, 1]))
+    padded = PackedCollator(pad_to_length=SIZE + 16, static_segments=80)(ds.__getitems__([0, 1]))
     k = plain["pair_ids"].numel()
     assert padded["pair_ids"].numel() == 80 == padded["cu_seqlens"].numel() - 1
     keep = padded["pair_ids"][: k + 2]
@@ -120,7 +120,10 @@ def test_static_shapes_pad_to_length_and_seq_idx(stores):
         p = int(pre[s])
         assert padded["pair_ids"][p] == padded["pair_ids"][s]
         assert (cu[p] // (SIZE + 16)) == (cu[s] // (SIZE + 16))
-    assert padded["seq_idx"].shape == padded["input_ids"].shape
+    whole = PackedCollator(flatten=True, seq_idx=True)(PackedDataset(stores[False], size=SIZE).__getitems__([0, 1]))
+    assert whole["seq_idx"].shape == whole["input_ids"].shape  # [chosen][rejected]: two sequences, two indices
+    with pytest.raises(ConfigError, match="seq_idx cannot describe a shared-prompt preference batch"):
+        PackedCollator(seq_idx=True)(ds.__getitems__([0]))
 
 
 def test_hf_keys_carry_what_the_door_and_the_loss_read(stores):

@@ -26,7 +26,8 @@ A preference pack store adds, per `cu_seqlens` segment (global, padding segments
 completion continues, -1 elsewhere). `keys=` keeps `pair_ids`/`chosen` whenever it keeps `cu_seq_lens_q`
 or `cu_seqlens` (what `packtool.loss.pair_logps` reads beside the logits), and a shared-prompt batch ALWAYS
 carries `prefix_segment`: without it its P/C/R segments would read as independent sequences.
-`cp_size > 1` is refused for a shared-prompt store (a completion's keys live in another segment).
+`cp_size > 1` and `seq_idx=True` are refused for a shared-prompt store (a completion's keys, or its
+state-space state, live in another segment).
 
 Items are packs (`PackedDataset`, equal length) or documents (`DocumentDataset`, any length:
 `flatten=True` gives the padding-free minibatch; `PaddedCollator` the padded one).
@@ -141,6 +142,11 @@ class PackedCollator:
             raise ConfigError(
                 f"a shared-prompt preference batch cannot be split for context parallelism (cp_size={self.cp_size}), "
                 "PackedCollator, its completions attend a prompt held in another segment: pack without --share-prompt"
+            )
+        if shared and self.seq_idx:
+            raise ConfigError(
+                "seq_idx cannot describe a shared-prompt preference batch, PackedCollator(seq_idx=True), both "
+                "completions continue the prompt's state (a branch, not a sequence): pack without --share-prompt"
             )
         at: np.ndarray | None = None
         row_length = int(stacked["rows"].shape[2]) if stacked is not None else None
