@@ -146,7 +146,7 @@ def test_shared_prompt_saves_the_prompt_once_and_counts_it(pref_store, tmp_path)
 @pytest.mark.slow
 @pytest.mark.parametrize("share", [False, True])
 def test_within_two_percent_of_the_lower_bound_on_realistic_pairs(tmp_path, share):
-    """UltraFeedback-like lengths at N=4096 (measured: both layouts within 0.1% at 20k pairs)."""
+    """Lognormal prompts and completions with a Zipf tail at N=4096 (measured, bfd: +0.27% pairs, +0.19% shared)."""
     store = write_pref_store(tmp_path / "tok", realistic_pairs(20_000, seed=7))
     meta = pack(store, tmp_path / "out", 4096, share_prompt=share, overlong="drop")
     assert meta["n_packs"] <= 1.02 * meta["lower_bound_packs"], meta
