@@ -352,3 +352,15 @@ def test_plain_reader_refuses_a_preference_line_without_its_files(pref_store, tm
     next(d.glob("*.seg_role.npy")).unlink()
     with pytest.raises(FormatError, match="seg_role"):
         open_pack_split(d, "training", 2048)
+
+
+def test_a_preference_manifest_that_disagrees_with_its_documents_is_refused(tmp_path):
+    store = write_pref_store(tmp_path / "tok", realistic_pairs(3, seed=2))
+    assert "3 preference pairs" in cli("verify", str(store))[1]
+    manifest = store / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["preference"]["pairs"] = 4
+    manifest.write_text(json.dumps(data))
+    assert "preference.pairs is 4 but the store holds 6 documents" in cli_error("verify", str(store))
+    err = cli_error("pack", str(store), "--size", "4096", "--output", str(tmp_path / "o"))
+    assert "preference.pairs is 4" in err and not (tmp_path / "o").exists()
