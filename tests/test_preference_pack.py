@@ -364,3 +364,23 @@ def test_a_preference_manifest_that_disagrees_with_its_documents_is_refused(tmp_
     assert "preference.pairs is 4 but the store holds 6 documents" in cli_error("verify", str(store))
     err = cli_error("pack", str(store), "--size", "4096", "--output", str(tmp_path / "o"))
     assert "preference.pairs is 4" in err and not (tmp_path / "o").exists()
+
+
+def test_a_pair_with_an_empty_sequence_is_counted_not_packed(tmp_path):
+    rng = np.random.default_rng(4)
+    empty = np.zeros(0, np.int64)
+    pairs = [
+        (rng.integers(2, 500, 4), rng.integers(2, 500, 3), rng.integers(2, 500, 2)),
+        (empty, empty, rng.integers(2, 500, 3)),
+    ]
+    store = write_pref_store(tmp_path / "tok", pairs)
+    for share in (False, True):
+        meta = pack(store, tmp_path / f"o{share}", 64, share_prompt=share)
+        assert meta["preference"]["n_empty_pairs"] == 1 and meta["preference"]["n_packed_pairs"] == 1
+        check_pair_packs(store, tmp_path / f"o{share}", 64)
+        assert cli("verify", str(tmp_path / f"o{share}"), "--source", str(store))[0] == 0
+
+
+def test_same_bytes_for_every_worker_count(pref_store, tmp_path):
+    metas = [pack(pref_store, tmp_path / f"w{w}", 2048, share_prompt=True, overlong="drop", workers=w) for w in (1, 2)]
+    assert metas[0]["build"] == metas[1]["build"] and metas[0]["files"] == metas[1]["files"]
