@@ -164,6 +164,9 @@ def pack(
     validation: Annotated[
         float | None, typer.Option("--validation", help="Hold out this fraction of documents as validation_N.")
     ] = None,
+    share_prompt: Annotated[
+        bool, typer.Option("--share-prompt", help="Preference store: hold each pair's prompt once [P][C][R].")
+    ] = False,
     quiet: Quiet = False,
 ) -> None:
     """Bin-pack token store(s) into fixed-size packs (SPLIT_N.npy + CSR companions + metadata)."""
