@@ -14,6 +14,11 @@ from packtool.formats.hub_cache import hub_cache_dir, resolve_snapshot
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+#: where transformers 5 saves a tokenizer's chat template (`save_pretrained`), named ones in the folder beside it
+CHAT_TEMPLATE_JINJA = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+#: a processor's legacy template file: AutoProcessor reads it, AutoTokenizer does not
+CHAT_TEMPLATE_JSON = "chat_template.json"
 
 
 def resolve_hub_name(name: str) -> Path | None:
@@ -21,11 +26,20 @@ def resolve_hub_name(name: str) -> Path | None:
     return resolve_snapshot(name, TOKENIZER_JSON)
 
 
+def file_name(path: Path) -> str:
+    """The name a tokenizer file gives its stores (when its config has no hub name): a `tokenizer.json` is its
+    model folder's, as `--tokenizer DIR` names it; any other file (`models/qwen-tiny.json`) its own stem."""
+    resolved = path.resolve()
+    if resolved.name == TOKENIZER_JSON or not resolved.stem:
+        return resolved.parent.name
+    return resolved.stem
+
+
 def locate(spec: str) -> tuple[Path, str]:
     """Turn the --tokenizer argument into (tokenizer.json path, manifest name)."""
     path = Path(spec).expanduser()
     if path.is_file():
-        return path, path.resolve().parent.name
+        return path, file_name(path)
     if path.is_dir():
         if not (path / TOKENIZER_JSON).is_file():
             raise TokenizerError(
