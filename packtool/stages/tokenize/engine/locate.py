@@ -1,4 +1,5 @@
-"""`--tokenizer SPEC` -> the tokenizer.json file: a file, a model directory, or `org/name` in the local hub cache.
+"""`--tokenizer SPEC` -> the tokenizer.json file: a file, a model directory, or `org/name` in the local hub cache
+(not there: NotCachedError, which `load_tokenizer` answers by downloading it, `download.py`).
 
 Light on purpose (no numpy, no `tokenizers`): a run looks its tokenizer up before it imports anything
 heavy, to start loading the fast engine at once (`early.py`).
@@ -19,6 +20,15 @@ CHAT_TEMPLATE_JINJA = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
 #: a processor's legacy template file: AutoProcessor reads it, AutoTokenizer does not
 CHAT_TEMPLATE_JSON = "chat_template.json"
+
+
+class NotCachedError(TokenizerError):
+    """`--tokenizer ORG/NAME` is not in the local hub cache: `load_tokenizer` downloads it, a lookup does not."""
+
+
+def is_hub_name(spec: str) -> bool:
+    """`org/name`, not a path (`./x`, `/x`, `~/x`): what `--tokenizer` looks up in the hub cache (and fetches)."""
+    return spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
 
 
 def resolve_hub_name(name: str) -> Path | None:
@@ -47,14 +57,13 @@ def locate(spec: str) -> tuple[Path, str]:
                 "save it with tokenizer.save_pretrained(DIR) or pass the tokenizer.json path"
             )
         return path / TOKENIZER_JSON, path.resolve().name
-    looks_like_hub = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
-    if looks_like_hub:
+    if is_hub_name(spec):
         snapshot = resolve_hub_name(spec)
         if snapshot is not None:
             return snapshot / TOKENIZER_JSON, spec
-        raise TokenizerError(
+        raise NotCachedError(
             f"tokenizer {spec!r} is not a path and not in the local Hugging Face cache ({hub_cache_dir()}), "
-            f"download it first (huggingface-cli download {spec} tokenizer.json tokenizer_config.json) or set HF_HUB_CACHE"
+            f'download it first (hf download {spec} --include "*.json" --include "*.jinja") or set HF_HUB_CACHE'
         )
     raise TokenizerError(
         f"tokenizer {spec!r} does not exist, expected a tokenizer.json, a model directory or a cached hub name (org/name)"

@@ -1,8 +1,10 @@
 """Find and load a tokenizer: a `tokenizer.json`, a model directory, or a cached hub name.
 
-Hub names are resolved in the local Hugging Face cache only (`HF_HUB_CACHE`, else
-`HF_HOME/hub`, else `~/.cache/huggingface/hub`, layout `models--org--name/snapshots/<rev>/`,
-revision from `refs/main`), so tokenizing never needs the network nor `huggingface_hub`.
+Hub names are resolved in the local Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
+`~/.cache/huggingface/hub`, layout `models--org--name/snapshots/<rev>/`, revision from `refs/main`); a name
+not there is downloaded into it with huggingface_hub (`download.py`), so a cached tokenizer never needs the
+network. The chat template is read where transformers 5 saves it (`chat_template.jinja`) or, in older
+folders, from `tokenizer_config.json`.
 Special tokens come from `tokenizer_config.json` (then `special_tokens_map.json`); they may
 be plain strings or `{"content": ...}` dicts, as transformers writes them.
 """
@@ -28,6 +30,7 @@ from packtool.stages.tokenize.engine.locate import (
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
+    NotCachedError,
     locate,
     resolve_hub_name,
 )
@@ -214,10 +217,13 @@ def _chat_template(folder: Path, config: dict[str, Any], config_path: Path) -> _
     return _Template(None, TOKENIZER_CONFIG)
 
 
-def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
-    """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour."""
+def load_tokenizer(spec: str, show_progress: bool = False) -> tuple[Tokenizer, TokenizerInfo]:
+    """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour.
+
+    A hub name (`org/name`) not in the local cache is downloaded into it first (`download.py`; huggingface_hub's
+    progress bars with `show_progress`)."""
     try:
-        return _load_tokenizer(spec)
+        return _load_tokenizer(spec, show_progress)
     except OSError as exc:  # a directory on the way that cannot be searched, an unreadable file
         where = exc.filename if exc.filename is not None else spec
         raise TokenizerError(
@@ -225,8 +231,13 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
         ) from exc
 
 
-def _load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
-    json_path, name = locate(spec)
+def _load_tokenizer(spec: str, show_progress: bool) -> tuple[Tokenizer, TokenizerInfo]:
+    try:
+        json_path, name = locate(spec)
+    except NotCachedError:
+        from packtool.stages.tokenize.engine.download import download_tokenizer
+
+        json_path, name = download_tokenizer(spec, show_progress) / TOKENIZER_JSON, spec
     try:
         tok = Tokenizer.from_file(str(json_path))
     except Exception as exc:  # the Rust side raises a plain Exception
