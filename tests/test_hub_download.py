@@ -158,6 +158,11 @@ def test_absent_and_unreachable_are_one_line(tmp_path: Path, hub: Hub) -> None:
     lines = absent.stderr.strip().splitlines()
     assert absent.returncode == 1 and len(lines) == 1 and "Traceback" not in absent.stderr, absent.stderr
     assert "the hub has no repo acme/nope" in lines[0] and "HF_TOKEN" in lines[0] and not (tmp_path / "n").exists()
+    hub.repos["acme/spm-only"] = {"tokenizer.model": b"sentencepiece", "tokenizer_config.json": b"{}"}
+    spm = run(tmp_path, hub, "tokenize", src, "--tokenizer", "acme/spm-only", "--output", str(tmp_path / "m"))
+    lines = spm.stderr.strip().splitlines()
+    assert spm.returncode == 1 and len(lines) == 1 and "hub repo acme/spm-only has no tokenizer.json" in lines[0]
+    assert "save_pretrained(DIR)" in lines[0], spm.stderr
     dead = run(tmp_path, hub, "tokenize", src, "--tokenizer", "acme/tiny-chat", "--output", str(tmp_path / "d"),
                HF_ENDPOINT="http://127.0.0.1:9")  # fmt: skip  (the discard port: nothing listens)
     lines = dead.stderr.strip().splitlines()

@@ -94,6 +94,11 @@ def test_a_hub_cache_snapshot_saved_by_transformers_5(tmp_path: Path, bpe_tokeni
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert tokenize_chat(tmp_path, "acme/chat-tiny", "s") == reference(model)
+    # a snapshot fetched without its template (the old hint listed tokenizer.json and tokenizer_config.json only)
+    (repo / "snapshots" / commit / "chat_template.jinja").unlink()
+    line = cli_error("tokenize", str(write_jsonl(tmp_path / "c.jsonl", ROWS)), "--format", "chat",
+                     "--tokenizer", "acme/chat-tiny", "--output", str(tmp_path / "t"))  # fmt: skip
+    assert 'hf download acme/chat-tiny --include "*.json" --include "*.jinja"' in line, line
 
 
 def test_a_processor_template_is_refused_by_name(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:

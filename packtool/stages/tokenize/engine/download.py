@@ -26,16 +26,12 @@ from packtool.stages.tokenize.engine.locate import (
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
+    fetch_command,
 )
 
 #: fetched when the repo has them, before tokenizer.json
 OPTIONAL_FILES = (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, CHAT_TEMPLATE_JINJA)
 _TRUE = {"1", "on", "yes", "true"}
-
-
-def fetch_command(name: str) -> str:
-    """The `hf` command (huggingface_hub's current CLI) that fetches what packtool reads of a tokenizer repo."""
-    return f'hf download {name} --include "*.json" --include "*.jinja"'
 
 
 def offline() -> bool:
@@ -149,7 +145,10 @@ def _failure(name: str, exc: Exception, fix: str) -> str:
             "check the name (or the path), and for a private repo set HF_TOKEN"
         )
     if _missing(exc):
-        return f"hub repo {name} has no {TOKENIZER_JSON}, {where}, pass a tokenizer.json or a model directory"
+        return (
+            f"hub repo {name} has no {TOKENIZER_JSON}, {where}, convert it once with transformers "
+            f"(AutoTokenizer.from_pretrained({name!r}).save_pretrained(DIR)) and pass DIR"
+        )
     if isinstance(exc, RevisionNotFoundError):
         return f"hub repo {name} changed while its tokenizer was fetched ({_first_line(exc)}), {where}, retry"
     if isinstance(exc, OfflineModeIsEnabled):

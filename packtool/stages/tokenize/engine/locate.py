@@ -22,6 +22,11 @@ CHAT_TEMPLATE_DIR = "additional_chat_templates"
 CHAT_TEMPLATE_JSON = "chat_template.json"
 
 
+def fetch_command(name: str) -> str:
+    """The `hf` command (huggingface_hub's current CLI) that fetches what packtool reads of a tokenizer repo."""
+    return f'hf download {name} --include "*.json" --include "*.jinja"'
+
+
 class NotCachedError(TokenizerError):
     """`--tokenizer ORG/NAME` is not in the local hub cache: `load_tokenizer` downloads it, a lookup does not."""
 
@@ -63,7 +68,7 @@ def locate(spec: str) -> tuple[Path, str]:
             return snapshot / TOKENIZER_JSON, spec
         raise NotCachedError(
             f"tokenizer {spec!r} is not a path and not in the local Hugging Face cache ({hub_cache_dir()}), "
-            f'download it first (hf download {spec} --include "*.json" --include "*.jinja") or set HF_HUB_CACHE'
+            f"download it first ({fetch_command(spec)}) or set HF_HUB_CACHE"
         )
     raise TokenizerError(
         f"tokenizer {spec!r} does not exist, expected a tokenizer.json, a model directory or a cached hub name (org/name)"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from packtool.stages.tokenize.engine.locate import (
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
     NotCachedError,
+    fetch_command,
+    is_hub_name,
     locate,
     resolve_hub_name,
 )
@@ -261,6 +263,12 @@ def _load_tokenizer(spec: str, show_progress: bool) -> tuple[Tokenizer, Tokenize
                 f"{key}_token {text!r} from {TOKENIZER_CONFIG} is not in the vocabulary, {json_path.parent}, fix the config"
             )
     template = _chat_template(json_path.parent, config, config_path)
+    if template.text is None and not template.note and is_hub_name(spec) and not Path(spec).exists():
+        # a snapshot fetched file by file (the old hint named tokenizer.json and tokenizer_config.json only)
+        template = replace(
+            template,
+            note=f"if the repo has one, fetch it into the cache ({fetch_command(spec)}), else pass --chat-template FILE",
+        )
     max_id = _max_id(tok)
     with_special = tok.encode("a", add_special_tokens=True).ids
     plain = tok.encode("a", add_special_tokens=False).ids
