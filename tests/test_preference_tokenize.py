@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from input_support import hub_repo, same_store_bytes, tokenize_ok
-from trl_preference_reference import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference
 from support import cli, cli_error, write_jsonl
+from trl_preference_reference import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference
 
 from packtool.formats.token_store import open_token_store
 

@@ -23,9 +23,9 @@ pytestmark = pytest.mark.interop
 datasets = pytest.importorskip("datasets")
 trl = pytest.importorskip("trl")
 from input_support import tokenize_ok  # noqa: E402
-from trl_preference_reference import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference  # noqa: E402
 from support import write_jsonl  # noqa: E402
 from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer  # noqa: E402
+from trl_preference_reference import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference  # noqa: E402
 
 from packtool.formats.token_store import open_token_store  # noqa: E402
 
