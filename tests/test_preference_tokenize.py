@@ -262,3 +262,18 @@ def test_the_pair_targets_are_a_vectorised_common_prefix() -> None:
     want = [next((i for i in range(min(x.size, y.size)) if x[i] != y[i]), min(x.size, y.size)) for x, y in zip(a, b, strict=True)]
     assert got.tolist() == want
     assert targets_from(np.array([1, 0, 3]), np.array([2, 2, 2])).tolist() == [0, 1, 1, 1, 0, 0]
+
+
+def test_a_tokenized_preference_store_packs_pair_atomically_and_verifies(tmp_path: Path,
+                                                                         tokenizers: dict[str, Path]) -> None:
+    """The contract with `pack`: the store `tokenize --format preference` writes packs with --share-prompt and
+    without, and `verify --source` finds every pair whole and every document intact."""
+    src = write_jsonl(tmp_path / "c.jsonl", SHAPES["conversational"][1] * 5)
+    store = tokenize_ok([src], tokenizers["qwen2_5"], tmp_path / "tok", "--format", "preference")
+    for flags in ([], ["--share-prompt"]):
+        packs = tmp_path / f"packs{len(flags)}"
+        code, out, err = cli("pack", str(store), "--size", "1024", "--output", str(packs), *flags)
+        assert code == 0, err
+        assert "20 of 20 pairs packed whole" in out, out
+        code, out, err = cli("verify", str(packs), "--source", str(store))
+        assert code == 0 and "20 pairs" in out, (out, err)
