@@ -220,6 +220,9 @@ def test_flags_that_do_not_apply_to_pairs_are_usage_errors(tmp_path: Path, token
         line = cli_error("tokenize", str(src), "--tokenizer", str(tok), "--output", str(tmp_path / "o"), "--format",
                          "preference", *flags, code=2)
         assert flags[0] in line and ("does not apply to preference pairs" in line or "applies to records with" in line)
+    line = cli_error("tokenize", str(src), "--tokenizer", str(tok), "--output", str(tmp_path / "o"), "--format",
+                     "preference", "--instruction-field", "q", code=2)
+    assert "--instruction-field does not apply to preference records" in line, line
     conv = write_jsonl(tmp_path / "c.jsonl", [CONV])
     line = cli_error("tokenize", str(conv), "--tokenizer", str(tok), "--output", str(tmp_path / "o"), "--format",
                      "auto", "--assistant-turns", "last", code=2)

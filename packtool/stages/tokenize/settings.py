@@ -11,8 +11,8 @@ from pathlib import Path
 
 from packtool.choices import AssistantTurns
 from packtool.core.encoding.encode import SpecialPolicy
-from packtool.core.encoding.shapes.base import ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.registry import shape_spec
+from packtool.core.encoding.shapes.base import ShapeFields, ShapeOptions, ShapeSpec, flag_of
+from packtool.core.encoding.shapes.registry import shape_flags, shape_spec
 from packtool.core.encoding.shapes.roles import parse_role_map
 from packtool.errors import ConfigError, UsageError
 from packtool.formats.token_store import dtype_for_max_id, dtype_name
@@ -108,6 +108,11 @@ def pair_policy(info: TokenizerInfo, shape: Shape, config: TokenizeConfig) -> Sp
     appended to each completion; conversational ones as `apply_chat_template(tokenize=True)`, no special
     tokens beyond what the template writes. So --bos/--eos and --assistant-turns last do not apply."""
     found = f"{shape.spec.name} records ({shape.where})"
+    reads = {flag_of(f) for f in shape.spec.fields} | ({"role_map"} if shape.spec.role_map else set())
+    for flag in shape_flags():  # `--format preference` reads six shapes: a flag for another one is no silent no-op
+        if getattr(config, flag) is not None and flag not in reads:
+            name = "--" + flag.replace("_", "-")
+            raise UsageError(f"{name} does not apply to {found}, leave {name} out")
     for name, value in (("bos", config.bos), ("eos", config.eos)):
         if value is not None:
             flag = f"--{name}" if value else f"--no-{name}"
