@@ -87,21 +87,29 @@ def tokenize(
     field: Annotated[
         str | None, typer.Option("--field", help="Text field (dotted path) for --format text (default: text).")
     ] = None,
-    prompt_field: Annotated[str | None, typer.Option("--prompt-field", help="prompt-completion: prompt.")] = None,
+    prompt_field: Annotated[
+        str | None, typer.Option("--prompt-field", help="prompt-completion, preference: prompt.")
+    ] = None,
     completion_field: Annotated[
         str | None, typer.Option("--completion-field", help="prompt-completion: completion.")
     ] = None,
     messages_field: Annotated[
-        str | None, typer.Option("--messages-field", help="chat, openai: messages; sharegpt: conversations.")
+        str | None,
+        typer.Option("--messages-field", help="chat, openai: messages; sharegpt, preference: conversations."),
     ] = None,
     role_map: Annotated[
-        str | None, typer.Option("--role-map", help="chat/sharegpt: FROM=TO,... onto system/user/assistant/tool.")
+        str | None,
+        typer.Option("--role-map", help="chat/sharegpt/preference: FROM=TO,... onto system/user/assistant/tool."),
     ] = None,
-    instruction_field: Annotated[str | None, typer.Option("--instruction-field", help="alpaca: instruction.")] = None,
-    input_field: Annotated[str | None, typer.Option("--input-field", help="alpaca: input.")] = None,
+    instruction_field: Annotated[
+        str | None, typer.Option("--instruction-field", help="alpaca, preference: instruction.")
+    ] = None,
+    input_field: Annotated[str | None, typer.Option("--input-field", help="alpaca, preference: input.")] = None,
     output_field: Annotated[str | None, typer.Option("--output-field", help="alpaca: output.")] = None,
-    history_field: Annotated[str | None, typer.Option("--history-field", help="alpaca: history.")] = None,
-    system_field: Annotated[str | None, typer.Option("--system-field", help="alpaca/sharegpt: system.")] = None,
+    history_field: Annotated[str | None, typer.Option("--history-field", help="alpaca, preference: history.")] = None,
+    system_field: Annotated[
+        str | None, typer.Option("--system-field", help="alpaca/sharegpt/preference: system.")
+    ] = None,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
     assistant_turns: Annotated[
         AssistantTurns, typer.Option("--assistant-turns", help="chat: train on all or only the last assistant turn.")
