@@ -274,37 +274,8 @@ class BlendedDataset:
         ident = "\n".join(f"{k:016x} {w!r} {n}" for k, w, n in zip(keys, self.weights, n_packs, strict=True))
         #: names the blend in sampler states: seed, split, size, stores (build ids), weights and pack counts
         self.fingerprint = hashlib.sha256(f"{self.seed} {self.split} {self.size}\n{ident}".encode()).hexdigest()[:16]
-        self._build_tree()
+        self.interleave = Interleave(self.counts, self.seed)
         self._open: OrderedDict[int, PackedDataset] = OrderedDict()
-
-    # -- the interleave tree ------------------------------------------------------------
-    def _build_tree(self) -> None:
-        s = len(self.paths)
-        live = [(int(c), i, i) for i, c in enumerate(self.counts) if c > 0]
-        heapq.heapify(live)
-        first, second, node_count = [], [], []
-        nxt = s
-        while len(live) > 1:
-            ca, _, a = heapq.heappop(live)
-            cb, _, b = heapq.heappop(live)
-            first.append(a)
-            second.append(b)
-            node_count.append(ca + cb)
-            heapq.heappush(live, (ca + cb, nxt, nxt))
-            nxt += 1
-        self._root = live[0][2]
-        self._first = np.array(first, np.int64)
-        self._second = np.array(second, np.int64)
-        counts = np.concatenate([self.counts, np.array(node_count, np.int64)])
-        self._node_count = counts
-        self._swap_cache: tuple[int, np.ndarray] | None = None
-
-    def _swaps(self, epoch: int) -> np.ndarray:
-        if self._swap_cache is None or self._swap_cache[0] != epoch:
-            base = np.uint64(_mix_int(self.seed, 0x5EED, epoch))
-            coins = (_mix(np.arange(self._first.size, dtype=np.uint64) ^ base) & np.uint64(1)).astype(bool)
-            self._swap_cache = (epoch, coins)
-        return self._swap_cache[1]
 
     def __len__(self) -> int:
         return self.total
@@ -331,30 +302,8 @@ class BlendedDataset:
         uniq = np.unique(epochs).tolist()
         for e in uniq:
             sel: Any = slice(None) if len(uniq) == 1 else np.flatnonzero(epochs == e)
-            src[sel], occ[sel] = self._descend(pos[sel], int(e))
+            src[sel], occ[sel] = self.interleave.locate(pos[sel], int(e))
         return src, self._packs(src, occ, epochs)
-
-    def _descend(self, t: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        s = len(self.paths)
-        node = np.full(t.size, self._root, np.int64)
-        x = t.astype(np.int64, copy=True)
-        swap = self._swaps(epoch)
-        active = np.arange(t.size) if self._root >= s else np.zeros(0, np.int64)
-        while active.size:
-            u = node[active] - s
-            sw = swap[u]
-            first = np.where(sw, self._second[u], self._first[u])
-            second = np.where(sw, self._first[u], self._second[u])
-            a, m = self._node_count[first], self._node_count[node[active]]
-            xa = x[active]
-            lo = _round_share(xa, a, m)
-            hi = _round_share(xa + 1, a, m)
-            is_first = hi > lo
-            x[active] = np.where(is_first, lo, xa - lo)
-            nd = np.where(is_first, first, second)
-            node[active] = nd
-            active = active[nd >= s]
-        return node, x
 
     def _packs(self, src: np.ndarray, occ: np.ndarray, epochs: np.ndarray) -> np.ndarray:
         n = self.n_packs[src]
@@ -366,20 +315,7 @@ class BlendedDataset:
 
     def prefix_counts(self, t: int, epoch: int = 0) -> np.ndarray:
         """How many of the first `t` samples of `epoch` each store supplies (O(stores), closed form)."""
-        t = int(t)
-        if not 0 <= t <= self.total:
-            raise ConfigError(f"prefix {t} is outside 0..{self.total}, BlendedDataset.prefix_counts, pass 0 <= t <= len(ds)")
-        s = len(self.paths)
-        out = np.zeros(self._node_count.size, np.int64)
-        out[self._root] = t
-        swap = self._swaps(epoch)
-        for u in range(self._first.size - 1, -1, -1):  # parents were created after their children
-            node = s + u
-            f, g = (self._second[u], self._first[u]) if swap[u] else (self._first[u], self._second[u])
-            x = np.array([out[node]], np.int64)
-            lo = int(_round_share(x, self._node_count[[f]], self._node_count[[node]])[0])
-            out[f], out[g] = lo, out[node] - lo
-        return out[:s]
+        return self.interleave.prefix_counts(t, epoch)
 
     # -- items ------------------------------------------------------------------------------
     def _dataset(self, s: int) -> PackedDataset:
@@ -396,6 +332,11 @@ class BlendedDataset:
         else:
             self._open.move_to_end(s)
         return ds
+
+    def segment_table(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        """`(pack_offsets, seg_lens)` of store s (memory maps), what `CostModel` prices packs from."""
+        store = self._dataset(s)._open()
+        return store.pack_offsets, store.seg_lens
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -418,6 +359,92 @@ class BlendedDataset:
         stacked["source"] = src
         stacked["source_index"] = packs
         return BlendBatchItems(stacked)
+
+
+class Interleave:
+    """The blend's interleave over stores of `counts[s]` samples each (module docstring): a Huffman tree
+    whose inner nodes split their run of samples between their children by rounding.
+
+    `locate(t, epoch)` gives `(store, occurrence)` of positions t (O(depth) vectorised numpy steps);
+    `prefix_counts(t, epoch)` every store's count among the first t (O(stores)). Stores of count 0 never
+    appear. Memory: four int64 per store.
+    """
+
+    def __init__(self, counts: np.ndarray, seed: int = 0) -> None:
+        self.counts = np.asarray(counts, np.int64)
+        self.seed = int(seed)
+        self.total = int(self.counts.sum())
+        if self.total <= 0 or self.total >= MAX_SAMPLES or np.any(self.counts < 0):
+            raise ConfigError(f"an interleave needs counts >= 0 summing to 1..2**52-1, got a sum of {self.total}, Interleave, pass positive counts")
+        self._build_tree()
+
+    def _build_tree(self) -> None:
+        s = int(self.counts.size)
+        live = [(int(c), i, i) for i, c in enumerate(self.counts) if c > 0]
+        heapq.heapify(live)
+        first, second, node_count = [], [], []
+        nxt = s
+        while len(live) > 1:
+            ca, _, a = heapq.heappop(live)
+            cb, _, b = heapq.heappop(live)
+            first.append(a)
+            second.append(b)
+            node_count.append(ca + cb)
+            heapq.heappush(live, (ca + cb, nxt, nxt))
+            nxt += 1
+        self._root = live[0][2]
+        self._first = np.array(first, np.int64)
+        self._second = np.array(second, np.int64)
+        counts = np.concatenate([self.counts, np.array(node_count, np.int64)])
+        self._node_count = counts
+        self._swap_cache: tuple[int, np.ndarray] | None = None
+
+    def _swaps(self, epoch: int) -> np.ndarray:
+        if self._swap_cache is None or self._swap_cache[0] != epoch:
+            base = np.uint64(_mix_int(self.seed, 0x5EED, epoch))
+            coins = (_mix(np.arange(self._first.size, dtype=np.uint64) ^ base) & np.uint64(1)).astype(bool)
+            self._swap_cache = (epoch, coins)
+        return self._swap_cache[1]
+
+    def locate(self, t: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        s = int(self.counts.size)
+        node = np.full(t.size, self._root, np.int64)
+        x = t.astype(np.int64, copy=True)
+        swap = self._swaps(epoch)
+        active = np.arange(t.size) if self._root >= s else np.zeros(0, np.int64)
+        while active.size:
+            u = node[active] - s
+            sw = swap[u]
+            first = np.where(sw, self._second[u], self._first[u])
+            second = np.where(sw, self._first[u], self._second[u])
+            a, m = self._node_count[first], self._node_count[node[active]]
+            xa = x[active]
+            lo = _round_share(xa, a, m)
+            hi = _round_share(xa + 1, a, m)
+            is_first = hi > lo
+            x[active] = np.where(is_first, lo, xa - lo)
+            nd = np.where(is_first, first, second)
+            node[active] = nd
+            active = active[nd >= s]
+        return node, x
+
+    def prefix_counts(self, t: int, epoch: int = 0) -> np.ndarray:
+        """How many of the first `t` samples of `epoch` each store supplies (O(stores), closed form)."""
+        t = int(t)
+        if not 0 <= t <= self.total:
+            raise ConfigError(f"prefix {t} is outside 0..{self.total}, Interleave.prefix_counts, pass 0 <= t <= total")
+        s = int(self.counts.size)
+        out = np.zeros(self._node_count.size, np.int64)
+        out[self._root] = t
+        swap = self._swaps(epoch)
+        for u in range(self._first.size - 1, -1, -1):  # parents were created after their children
+            node = s + u
+            f, g = (self._second[u], self._first[u]) if swap[u] else (self._first[u], self._second[u])
+            x = np.array([out[node]], np.int64)
+            lo = int(_round_share(x, self._node_count[[f]], self._node_count[[node]])[0])
+            out[f], out[g] = lo, out[node] - lo
+        return out[:s]
+
 
 
 class BlendBatchItems(PackedBatchItems):
