@@ -32,10 +32,11 @@ import numpy as np
 import torch
 
 from packtool.core.balance import DEFAULT_WINDOW, balanced_order, check_balance
+from packtool.core.blend import mix_int, permute
 from packtool.core.cost import CostModel
 from packtool.errors import ConfigError
 from packtool.formats.pack_store import open_pack_split
-from packtool.loader.blend import BlendedDataset, _mix_int, permute
+from packtool.loader.blend import BlendedDataset
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.dynamic import DynamicBatchSampler
 
@@ -145,7 +146,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         if self.order_kind == "blend":
             return epoch * self.n + p
         if self.order_kind == "feistel-v1":
-            return permute(p, self.n, _mix_int(self.seed, epoch, 0xFE15))
+            return permute(p, self.n, mix_int(self.seed, epoch, 0xFE15))
         if not self.shuffle:
             return p
         if self._perm is None or self._perm[0] != epoch:
