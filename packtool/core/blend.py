@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from packtool.core.mixture import fractional_count, repeated_count
-from packtool.errors import ConfigError, FormatError
+from packtool.errors import ConfigError, FormatError, UsageError
 from packtool.formats.pack_store import find_pack_dir, metadata_for, parse_data_name, sizes_in
 
 #: schedules at or beyond this many samples per epoch are refused (exact rounding needs T < 2**52)
@@ -81,18 +81,20 @@ def permute(j: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.nda
     return out.astype(np.int64)
 
 
-def _round_share(x: np.ndarray, a: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """`floor(x·a/m + 1/2)` exactly, for int64 arrays with `0 <= x, a <= m < 2**52`.
+def _round_share(x: np.ndarray, a: np.ndarray, m: np.ndarray, u: np.ndarray | float = 0.5) -> np.ndarray:
+    """`floor(x·a/m + u)` for int64 arrays with `0 <= x, a <= m < 2**52` and offsets `0 <= u < 1`.
 
-    A float64 estimate of the quotient, then the exact remainder in wrapping int64 arithmetic (its true
-    value is a few `m` at most, so the wrap is harmless), then the correction."""
+    The quotient and remainder of `x·a / m` are exact (a float64 estimate, then the remainder in wrapping
+    int64 arithmetic: its true value is a few `m` at most, so the wrap is harmless); only the comparison of
+    the remainder's fraction `r/m` with `1 - u` is a float one (IEEE division: the same on every machine,
+    and monotone in r, so the result is monotone in x with steps of 0 or 1, 0 at x = 0 and a at x = m)."""
     q = np.floor(x.astype(np.float64) * a.astype(np.float64) / m.astype(np.float64)).astype(np.int64)
     with np.errstate(over="ignore"):
         r = x * a - q * m
     d = r // m
     q += d
     r -= d * m
-    return q + (2 * r >= m)
+    return q + (r.astype(np.float64) / m.astype(np.float64) >= 1.0 - np.asarray(u, np.float64))
 
 
 def parse_source(spec: Any) -> tuple[str, float]:
@@ -121,12 +123,12 @@ def parse_source(spec: Any) -> tuple[str, float]:
 def _check_weight(weight: Any, where: str, text: str | None = None) -> float:
     shown = text if text is not None else repr(weight)
     if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)):
-        raise ConfigError(
+        raise UsageError(
             f"blend weight {shown} of {where} is not a number, BlendedDataset, write STORE:2 (twice) or STORE:0.5 (a seeded half)"
         )
     w = float(weight)
     if not math.isfinite(w) or w <= 0:
-        raise ConfigError(
+        raise UsageError(
             f"blend weight {shown} of {where} must be a finite number > 0 (epochs of that store), BlendedDataset, "
             "write STORE:2 (twice), STORE:0.5 (a seeded half) or drop the store"
         )
@@ -305,6 +307,11 @@ class BlendPlan:
             )
         return permute(within, n, key)
 
+    def packs_of(self, s: int, occurrences: np.ndarray, epoch: int = 0) -> np.ndarray:
+        """The packs of store s at its `occurrences` (0 .. counts[s] - 1) in `epoch`."""
+        occ = np.asarray(occurrences, np.int64)
+        return self._packs(np.full(occ.size, s, np.int64), occ, np.full(occ.size, epoch, np.int64))
+
     def prefix_counts(self, t: int, epoch: int = 0) -> np.ndarray:
         """How many of the first `t` samples of `epoch` each store supplies (O(stores), closed form)."""
         return self.interleave.prefix_counts(t, epoch)
@@ -348,20 +355,34 @@ class Interleave:
         self._second = np.array(second, np.int64)
         counts = np.concatenate([self.counts, np.array(node_count, np.int64)])
         self._node_count = counts
-        self._swap_cache: tuple[int, np.ndarray] | None = None
+        # the prefix bound: |E_s| <= e·β with e the largest rounding error of a node, β = max over stores of
+        # N_s·Σ 1/N_a over the nodes a on its path below the root (<= 1.68/0.5 for any Huffman tree); the
+        # seeded offsets of each epoch stay within 1/2 ± δ so that e·β <= 1.96 < 2
+        acc = np.zeros(counts.size, np.float64)
+        for u in range(self._first.size - 1, -1, -1):  # parents were created after their children
+            for child in (self._first[u], self._second[u]):
+                acc[child] = acc[s + u] + 1.0 / counts[child]
+        beta = float(np.max(self.counts * acc[:s])) if s else 0.0
+        self.beta = beta
+        self.delta = min(0.45, max(0.0, 1.96 / beta - 0.5)) if beta > 0 else 0.45
+        self._epoch_cache: tuple[int, np.ndarray, np.ndarray] | None = None
 
-    def _swaps(self, epoch: int) -> np.ndarray:
-        if self._swap_cache is None or self._swap_cache[0] != epoch:
+    def _draw(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per inner node for `epoch`: which child comes first (a coin) and its rounding offset u."""
+        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
             base = np.uint64(mix_int(self.seed, 0x5EED, epoch))
-            coins = (_mix(np.arange(self._first.size, dtype=np.uint64) ^ base) & np.uint64(1)).astype(bool)
-            self._swap_cache = (epoch, coins)
-        return self._swap_cache[1]
+            bits = _mix(np.arange(self._first.size, dtype=np.uint64) ^ base)
+            coins = (bits & np.uint64(1)).astype(bool)
+            unit = (bits >> np.uint64(11)).astype(np.float64) / float(1 << 53)  # [0, 1)
+            offsets = 0.5 + self.delta * (2.0 * unit - 1.0)
+            self._epoch_cache = (epoch, coins, offsets)
+        return self._epoch_cache[1], self._epoch_cache[2]
 
     def locate(self, t: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         s = int(self.counts.size)
         node = np.full(t.size, self._root, np.int64)
         x = t.astype(np.int64, copy=True)
-        swap = self._swaps(epoch)
+        swap, offset = self._draw(epoch)
         active = np.arange(t.size) if self._root >= s else np.zeros(0, np.int64)
         while active.size:
             u = node[active] - s
@@ -370,8 +391,9 @@ class Interleave:
             second = np.where(sw, self._first[u], self._second[u])
             a, m = self._node_count[first], self._node_count[node[active]]
             xa = x[active]
-            lo = _round_share(xa, a, m)
-            hi = _round_share(xa + 1, a, m)
+            off = offset[u]
+            lo = _round_share(xa, a, m, off)
+            hi = _round_share(xa + 1, a, m, off)
             is_first = hi > lo
             x[active] = np.where(is_first, lo, xa - lo)
             nd = np.where(is_first, first, second)
@@ -387,11 +409,11 @@ class Interleave:
         s = int(self.counts.size)
         out = np.zeros(self._node_count.size, np.int64)
         out[self._root] = t
-        swap = self._swaps(epoch)
+        swap, offset = self._draw(epoch)
         for u in range(self._first.size - 1, -1, -1):  # parents were created after their children
             node = s + u
             f, g = (self._second[u], self._first[u]) if swap[u] else (self._first[u], self._second[u])
             x = np.array([out[node]], np.int64)
-            lo = int(_round_share(x, self._node_count[[f]], self._node_count[[node]])[0])
+            lo = int(_round_share(x, self._node_count[[f]], self._node_count[[node]], offset[u])[0])
             out[f], out[g] = lo, out[node] - lo
         return out[:s]
