@@ -12,18 +12,20 @@ import heapq
 import math
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packtool.core.mixture import fractional_count, repeated_count
+from packtool.core.mixture import fractional_count
 from packtool.errors import ConfigError, FormatError, UsageError
-from packtool.formats.pack_store import find_pack_dir, metadata_for, parse_data_name, sizes_in
+from packtool.formats.pack_store import find_pack_dir, metadata_for, metadata_name, parse_data_name, sizes_in
 
 #: schedules at or beyond this many samples per epoch are refused (exact rounding needs T < 2**52)
 MAX_SAMPLES = 2**52
+_OPEN_THREADS = 8  # metadata lines read at once when a blend opens
 DEFAULT_MAX_OPEN = 64
 """Stores whose memory maps stay open at once (each holds ~7 file descriptors)."""
 
@@ -49,6 +51,14 @@ def mix_int(*parts: int) -> int:
         with np.errstate(over="ignore"):
             h = _mix(h ^ np.uint64((int(p) * _GOLDEN + 1) & _MASK64))
     return int(h[0])
+
+
+def mix_rows(*columns: list[int]) -> np.ndarray:
+    """`mix_int(*row)` for every row of the columns at once (uint64 array)."""
+    h = np.zeros(len(columns[0]), np.uint64)
+    for col in columns:
+        h = _mix(h ^ np.array([(int(p) * _GOLDEN + 1) & _MASK64 for p in col], np.uint64))
+    return h
 
 
 def permute(j: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.ndarray:
@@ -178,72 +188,32 @@ class BlendPlan:
         parsed = [parse_source(s) for s in sources]
         self.paths: list[str] = [p for p, _ in parsed]
         self.weights: list[float] = [w for _, w in parsed]
-        dirs, metas, n_packs = [], [], []
-        tokenizer: str | None = None
-        for i, (path, _) in enumerate(parsed):
-            p = Path(path)
-            if not p.exists():
-                raise ConfigError(f"blend store {path} does not exist, BlendedDataset, check the path (source {i})")
-            file_size = None
-            if p.is_file():
-                named = parse_data_name(p.name)
-                if named is None:
-                    raise ConfigError(
-                        f"{p.name} is not a pack file named {{split}}_{{N}}.npy, {p}, pass the pack directory"
-                    )
-                if named[0] != self.split:
-                    raise ConfigError(
-                        f"{p.name} is split {named[0]} but the blend reads {self.split}, {p}, pass split={named[0]!r} or the {self.split} file"
-                    )
-                file_size = named[1]
-            try:
-                d = find_pack_dir(p)
-            except FormatError as exc:
+        first = self._read_store(0, parsed[0][0], size)
+        size = first[1]
+        with ThreadPoolExecutor(max_workers=_OPEN_THREADS) as pool:  # file-system latency overlaps (NFS, Lustre)
+            rest = list(pool.map(lambda i: self._read_store(i, parsed[i][0], size), range(1, len(parsed))))
+        tokenizer = first[3]
+        dirs, builds, n_packs = [], [], []  # the metadata dicts are not kept: only their few numbers
+        for i, (d, _, n, tok, build) in enumerate([first, *rest]):
+            if tok != tokenizer:
                 raise ConfigError(
-                    f"blend store {path} is not a pack store ({exc}), BlendedDataset, pass a pack ROOT or packed/{{tokenizer}} directory"
-                ) from None
-            if size is None:
-                if file_size is not None:
-                    size = file_size
-                else:
-                    found = sizes_in(d)
-                    if len(found) != 1:
-                        shown = ", ".join(map(str, found)) or "none"
-                        raise ConfigError(f"pack store {d} holds sizes {shown}, BlendedDataset, pass size=N")
-                    size = found[0]
-            if file_size is not None and file_size != size:
-                raise ConfigError(
-                    f"blend stores have pack sizes {size} and {file_size}, {p}, blend stores packed at one size (or pass size=)"
-                )
-            if not (d / f"{size}_metadata.jsonl").exists():
-                shown = ", ".join(map(str, sizes_in(d))) or "none"
-                raise ConfigError(
-                    f"blend stores must share one pack size: {d} holds sizes {shown}, not {size}, BlendedDataset, pack every store with --size {size}"
-                )
-            try:
-                meta = metadata_for(d, self.split, int(size))
-            except FormatError as exc:
-                raise ConfigError(f"{exc} (blend source {i})") from None
-            n = meta.get("n_packs")
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ConfigError(f"metadata n_packs is {n!r}, {d}, re-run `packtool pack` (blend source {i})")
-            tok = _tokenizer_id(meta)
-            if i == 0:
-                tokenizer = tok
-            elif tok != tokenizer:
-                raise ConfigError(
-                    f"blend stores must share one tokenizer: {self.paths[0]} has {tokenizer}, {path} has {tok}, BlendedDataset, blend stores of one tokenizer"
+                    f"blend stores must share one tokenizer: {self.paths[0]} has {tokenizer}, {self.paths[i]} has {tok}, BlendedDataset, blend stores of one tokenizer"
                 )
             dirs.append(d)
-            metas.append(meta)
+            builds.append(build)
             n_packs.append(n)
         self.size = int(size)  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.directories: list[Path] = dirs
         self.n_packs = np.array(n_packs, np.int64)
-        self.full_passes = np.array([math.floor(Fraction(repr(w))) for w in self.weights], np.int64)
-        self.partial = np.array([fractional_count(w, n) for w, n in zip(self.weights, n_packs, strict=True)], np.int64)
-        self.counts = np.array([repeated_count(w, n) for w, n in zip(self.weights, n_packs, strict=True)], np.int64)
+        whole = {w: math.floor(Fraction(repr(w))) for w in set(self.weights)}  # core.mixture's exact rules
+        self.full_passes = np.array([whole[w] for w in self.weights], np.int64)
+        self.partial = np.array(
+            [fractional_count(w, n) if w != whole[w] else 0 for w, n in zip(self.weights, n_packs, strict=True)],
+            np.int64,
+        )
+        self.counts = self.full_passes * self.n_packs + self.partial
+
         self.total = int(self.counts.sum())
         if self.total == 0:
             raise ConfigError(
@@ -254,14 +224,15 @@ class BlendPlan:
                 f"the blend holds {self.total} samples per epoch, over the exact limit 2**52, BlendedDataset, lower the weights"
             )
         seen: dict[str, int] = {}
-        keys = []
-        for d, meta in zip(dirs, metas, strict=True):
-            ident = str(meta.get("build") or d.resolve())
+        digests, reps = [], []
+        for d, build in zip(dirs, builds, strict=True):
+            ident = str(build or d.resolve())
             rep = seen.get(ident, 0)
             seen[ident] = rep + 1
-            digest = int(hashlib.sha256(ident.encode()).hexdigest()[:16], 16)
-            keys.append(mix_int(self.seed, digest, rep))
-        self.store_keys = np.array(keys, np.uint64)
+            digests.append(int(hashlib.sha256(ident.encode()).hexdigest()[:16], 16))
+            reps.append(rep)
+        self.store_keys = mix_rows([self.seed] * len(dirs), digests, reps)
+        keys = self.store_keys.tolist()
         ident = "\n".join(f"{k:016x} {w!r} {n}" for k, w, n in zip(keys, self.weights, n_packs, strict=True))
         #: names the blend in sampler states: seed, split, size, stores (build ids), weights and pack counts
         self.fingerprint = hashlib.sha256(f"{self.seed} {self.split} {self.size}\n{ident}".encode()).hexdigest()[:16]
@@ -269,6 +240,60 @@ class BlendPlan:
 
     def __len__(self) -> int:
         return self.total
+
+    def _read_store(self, i: int, path: str, size: int | None) -> tuple[Path, int, int, str | None, str | None]:
+        """`(directory, size, n_packs, tokenizer id, build)` of source i, from its metadata line only."""
+        p = Path(path)
+        if not os.path.exists(path):
+            raise ConfigError(f"blend store {path} does not exist, BlendedDataset, check the path (source {i})")
+        file_size = None
+        if p.is_file():
+            named = parse_data_name(p.name)
+            if named is None:
+                raise ConfigError(
+                    f"{p.name} is not a pack file named {{split}}_{{N}}.npy, {p}, pass the pack directory"
+                )
+            if named[0] != self.split:
+                raise ConfigError(
+                    f"{p.name} is split {named[0]} but the blend reads {self.split}, {p}, pass split={named[0]!r} or the {self.split} file"
+                )
+            file_size = named[1]
+        try:  # fast path: a packed/{tokenizer} directory holding the blend's size (no directory scan)
+            d = (
+                p
+                if size is not None and file_size is None and (p / metadata_name(int(size))).is_file()
+                else find_pack_dir(p)
+            )
+        except FormatError as exc:
+            raise ConfigError(
+                f"blend store {path} is not a pack store ({exc}), BlendedDataset, pass a pack ROOT or packed/{{tokenizer}} directory"
+            ) from None
+        if size is None:
+            if file_size is not None:
+                size = file_size
+            else:
+                found = sizes_in(d)
+                if len(found) != 1:
+                    shown = ", ".join(map(str, found)) or "none"
+                    raise ConfigError(f"pack store {d} holds sizes {shown}, BlendedDataset, pass size=N")
+                size = found[0]
+        if file_size is not None and file_size != size:
+            raise ConfigError(
+                f"blend stores have pack sizes {size} and {file_size}, {p}, blend stores packed at one size (or pass size=)"
+            )
+        if d is not p and not (d / metadata_name(int(size))).exists():
+            shown = ", ".join(map(str, sizes_in(d))) or "none"
+            raise ConfigError(
+                f"blend stores must share one pack size: {d} holds sizes {shown}, not {size}, BlendedDataset, pack every store with --size {size}"
+            )
+        try:
+            meta = metadata_for(d, self.split, int(size))
+        except FormatError as exc:
+            raise ConfigError(f"{exc} (blend source {i})") from None
+        n = meta.get("n_packs")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"metadata n_packs is {n!r}, {d}, re-run `packtool pack` (blend source {i})")
+        return d, int(size), n, _tokenizer_id(meta), meta.get("build")
 
     # -- the schedule -------------------------------------------------------------------
     def index(self, start: int, stop: int, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -338,7 +363,7 @@ class Interleave:
 
     def _build_tree(self) -> None:
         s = int(self.counts.size)
-        live = [(int(c), i, i) for i, c in enumerate(self.counts) if c > 0]
+        live = [(c, i, i) for i, c in enumerate(self.counts.tolist()) if c > 0]
         heapq.heapify(live)
         first, second, node_count = [], [], []
         nxt = s
