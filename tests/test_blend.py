@@ -212,10 +212,14 @@ def test_resumable_loader_with_balance_over_a_blend(stores):
 
     def loader(rank: int) -> ResumableLoader:
         sampler = PackedSampler(ds, num_replicas=2, rank=rank, balance=model, micro_batches=2, window=4)
-        return ResumableLoader(torch.utils.data.DataLoader(ds, batch_size=2, sampler=sampler, collate_fn=PackedCollator()))
+        return ResumableLoader(
+            torch.utils.data.DataLoader(ds, batch_size=2, sampler=sampler, collate_fn=PackedCollator())
+        )
 
     full = [b["input_ids"].clone() for b in loader(1)]
-    shares = [PackedSampler(ds, num_replicas=2, rank=r, balance=model, micro_batches=2, window=4).indices() for r in range(2)]
+    shares = [
+        PackedSampler(ds, num_replicas=2, rank=r, balance=model, micro_batches=2, window=4).indices() for r in range(2)
+    ]
     dealt = np.concatenate(shares)
     assert dealt.size == 2 * -(-len(ds) // 2) and np.unique(dealt).tolist() == list(range(len(ds)))  # never loses
     first = loader(1)
@@ -229,7 +233,9 @@ def test_resumable_loader_with_balance_over_a_blend(stores):
     mid = PackedSampler(ds, num_replicas=2, rank=0, balance=model, micro_batches=2, window=4)
     mid.advance(2)
     with pytest.raises(ConfigError, match="mid-window .* cannot move from 2 to 4 ranks"):
-        PackedSampler(ds, num_replicas=4, rank=0, balance=model, micro_batches=2, window=4).load_state_dict(mid.state_dict())
+        PackedSampler(ds, num_replicas=4, rank=0, balance=model, micro_batches=2, window=4).load_state_dict(
+            mid.state_dict()
+        )
 
 
 def test_a_state_from_another_blend_or_dataset_is_refused(stores):
@@ -265,7 +271,11 @@ def test_cli_stats_reports_a_blend_and_refuses_bad_input(stores, tmp_path):
     assert code == 0, err
     ds = BlendedDataset([(stores[0], 1), (stores[1], 2.5), (stores[2], 0.5)], seed=3)
     assert f"blend of 3 pack stores, {len(ds)} samples per epoch" in out
-    row = next(line for line in out.splitlines() if line.strip().startswith(str(stores[1])[-30:]) or str(stores[1])[-30:] in line)
+    row = next(
+        line
+        for line in out.splitlines()
+        if line.strip().startswith(str(stores[1])[-30:]) or str(stores[1])[-30:] in line
+    )
     assert f" {int(ds.counts[1])} " in row and row.rstrip().endswith(f"{ds.counts[1] / ds.n_packs[1]:.4g}")
     code, out, _ = cli("stats", f"{stores[0]}:1", f"{stores[1]}:2.5", "--json")
     data = json.loads(out)
@@ -299,3 +309,35 @@ def test_run_yaml_accepts_a_blend(stores, tmp_path):
     code, out, err = cli("run", str(config))
     assert code == 0, err
     assert [r["weight"] for r in json.loads(out)["stores"]] == [2, 1]
+
+
+def test_huge_plain_datasets_use_the_lazy_permutation(monkeypatch):
+    import packtool.loader.sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "LAZY_ABOVE", 100)
+    n, world = 1000, 3
+    samplers = [PackedSampler(n, num_replicas=world, rank=r, seed=2) for r in range(world)]
+    assert samplers[0].order_kind == "feistel-v1" and samplers[0]._perm is None
+    shares = [list(s) for s in samplers]
+    assert [s.indices().tolist() for s in samplers] == shares
+    flat = [shares[r][k] for k in range(len(shares[0])) for r in range(world)]
+    assert sorted(flat[:n]) == list(range(n)) and flat[:5] != list(range(5))
+    samplers[0].set_epoch(1)
+    assert list(samplers[0]) != shares[0]
+    monkeypatch.setattr(sampler_module, "LAZY_ABOVE", 1 << 26)
+    with pytest.raises(ConfigError, match="order='feistel-v1' but this sampler has 'numpy'"):
+        PackedSampler(n, num_replicas=world, rank=0, seed=2).load_state_dict(samplers[1].state_dict())
+
+
+def test_a_blend_crosses_dataloader_workers(stores):
+    ds = BlendedDataset([(stores[0], 1), (stores[2], 2)], seed=0, max_open=1)  # the LRU re-opens stores
+    sampler = PackedSampler(ds, num_replicas=1, rank=0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=PackedCollator())
+    got = torch.cat([b["input_ids"] for b in loader])
+    want = torch.cat(
+        [
+            PackedCollator()(ds.__getitems__(list(range(a, min(a + 4, len(ds))))))["input_ids"]
+            for a in range(0, len(ds), 4)
+        ]
+    )
+    assert torch.equal(got, want)
