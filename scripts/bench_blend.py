@@ -62,7 +62,14 @@ def base_store(root: Path, n_packs: int, size: int, seed: int) -> Path:
     writer.finish(
         {
             "packtool_version": "bench",
-            "tokenizer": {"name": "bench/tok", "sha256": "b" * 64, "vocab_size": 1000, "bos_id": None, "eos_id": 1, "pad_id": 0},
+            "tokenizer": {
+                "name": "bench/tok",
+                "sha256": "b" * 64,
+                "vocab_size": 1000,
+                "bos_id": None,
+                "eos_id": 1,
+                "pad_id": 0,
+            },
         }
     )
     out = root / f"packs{seed}"
@@ -163,7 +170,9 @@ def main() -> None:
     print(f"prefix_counts({at}): {prefix_s:.3f} s, largest deviation from a store's share {dev:.3f} samples")
     total_mb = (rss() - before) / 2**20
     print(f"resident growth after all of the above: +{total_mb:.0f} MiB")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
     print("Megatron-LM BlendedDataset, as published (not measured here):")
     for name, figure in MEGATRON:
         print(f"  {name:<34}{figure}")
