@@ -341,3 +341,36 @@ def test_a_blend_crosses_dataloader_workers(stores):
         ]
     )
     assert torch.equal(got, want)
+
+
+@pytest.mark.slow
+def test_ten_thousand_stores_open_fast_and_small(stores, tmp_path):
+    """10,000 real pack stores (hard links to one store's files, each with its own metadata file)."""
+    import os
+    import time
+
+    links = []
+    for i in range(10_000):
+        d = tmp_path / f"s{i:05d}"
+        d.mkdir()
+        for f in stores[1].iterdir():
+            os.link(f, d / f.name)
+        links.append((d, 0.5 + (i % 5) / 4))
+
+    def rss() -> int:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before, t = rss(), time.perf_counter()
+    ds = BlendedDataset(links, seed=0)
+    seconds, grown = time.perf_counter() - t, rss() - before
+    assert seconds < 10 and grown < 2**30, (seconds, grown)
+    n = int(ds.n_packs[0])
+    assert len(ds) == sum(math.floor(w) * n + math.floor((w - math.floor(w)) * n + 0.5) for _, w in links)
+    sampler = PackedSampler(ds, num_replicas=1000, rank=3)
+    sampler.load_state_dict({**sampler.state_dict(), "num_replicas": 500, "consumed": len(ds) // 1000})
+    t = time.perf_counter()
+    first = next(iter(sampler))
+    assert time.perf_counter() - t < 1 and first == len(ds) // 1000 * 500 + 3
+    item = ds[first]
+    assert torch.equal(item["input_ids"], PackedDataset(stores[1])[item["source_index"]]["input_ids"])
