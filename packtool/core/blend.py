@@ -391,6 +391,11 @@ class Interleave:
         self.beta = beta
         self.delta = min(0.45, max(0.0, 1.96 / beta - 0.5)) if beta > 0 else 0.45
         self._epoch_cache: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._table_cache: tuple[int, tuple[np.ndarray, ...]] | None = None
+        depth = np.zeros(counts.size, np.int64)
+        for u in range(self._first.size - 1, -1, -1):  # parents were created after their children
+            depth[self._first[u]] = depth[self._second[u]] = depth[s + u] + 1
+        self._depth = int(depth.max()) if depth.size else 0
 
     def _draw(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Per inner node for `epoch`: which child comes first (a coin) and its rounding offset u."""
@@ -403,27 +408,52 @@ class Interleave:
             self._epoch_cache = (epoch, coins, offsets)
         return self._epoch_cache[1], self._epoch_cache[2]
 
+    def _tables(self, epoch: int) -> tuple[np.ndarray, ...]:
+        """Per node (leaves too) for `epoch`: first child, second child, first child's count, own count,
+        offset. A leaf is its own first child with a = m, so a walk that reached it stays there."""
+        if self._table_cache is None or self._table_cache[0] != epoch:
+            s = int(self.counts.size)
+            swap, offset = self._draw(epoch)
+            nodes = np.arange(self._node_count.size, dtype=np.int64)
+            first, second = nodes.copy(), nodes.copy()
+            first[s:] = np.where(swap, self._second, self._first)
+            second[s:] = np.where(swap, self._first, self._second)
+            m = np.maximum(self._node_count, 1)
+            a = m.copy()
+            a[s:] = self._node_count[first[s:]]
+            off = np.full(nodes.size, 0.5)
+            off[s:] = offset
+            self._table_cache = (epoch, (first, second, a, m, 1.0 - off))
+        return self._table_cache[1]
+
     def locate(self, t: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        s = int(self.counts.size)
+        """`(store, occurrence)` of positions `t` of `epoch`: a walk from the root, all positions at once."""
+        first, second, a_of, m_of, edge_of = self._tables(epoch)
         node = np.full(t.size, self._root, np.int64)
-        x = t.astype(np.int64, copy=True)
-        swap, offset = self._draw(epoch)
-        active = np.arange(t.size) if self._root >= s else np.zeros(0, np.int64)
-        while active.size:
-            u = node[active] - s
-            sw = swap[u]
-            first = np.where(sw, self._second[u], self._first[u])
-            second = np.where(sw, self._first[u], self._second[u])
-            a, m = self._node_count[first], self._node_count[node[active]]
-            xa = x[active]
-            off = offset[u]
-            lo = _round_share(xa, a, m, off)
-            hi = _round_share(xa + 1, a, m, off)
+        x = np.asarray(t, np.int64).copy()
+        exact = int(self._node_count.max()) < 2**31  # x·a < 2**62: plain int64 arithmetic
+        for _ in range(self._depth):
+            a, m, edge = a_of[node], m_of[node], edge_of[node]
+            if exact:
+                prod = x * a
+                q = prod // m
+                r = prod - q * m
+            else:
+                q = np.floor(x.astype(np.float64) * a.astype(np.float64) / m.astype(np.float64)).astype(np.int64)
+                with np.errstate(over="ignore"):
+                    r = x * a - q * m
+                d = r // m
+                q += d
+                r -= d * m
+            mf = m.astype(np.float64)
+            lo = q + (r.astype(np.float64) / mf >= edge)  # floor(x·a/m + u): samples of the first child
+            r += a  # the same for x + 1, from x's quotient and remainder
+            carry = r >= m
+            r -= carry * m
+            hi = q + carry + (r.astype(np.float64) / mf >= edge)
             is_first = hi > lo
-            x[active] = np.where(is_first, lo, xa - lo)
-            nd = np.where(is_first, first, second)
-            node[active] = nd
-            active = active[nd >= s]
+            x = np.where(is_first, lo, x - lo)
+            node = np.where(is_first, first[node], second[node])
         return node, x
 
     def prefix_counts(self, t: int, epoch: int = 0) -> np.ndarray:
