@@ -77,6 +77,12 @@ def test_items_are_the_stores_own_items(stores):
                 assert torch.equal(item[name], value) and torch.equal(alone[name], value), name
             else:
                 assert item[name] == value, name
+    lru = BlendedDataset([f"{stores[0]}:1", f"{stores[1]}:0.5", f"{stores[2]}:2"], seed=1, max_open=1)
+    for _ in range(2):  # opened once through PackedDataset, then re-mapped from the recorded layout
+        for key in keys:
+            item, ref = lru[key], ds[key]
+            assert all(torch.equal(item[k], ref[k]) for k in ref if isinstance(ref[k], torch.Tensor))
+    assert len(lru._open) == 1 and len(lru._layouts) == len(set(src.tolist())) > 1
     merged = PackedCollator()(batch)
     separate = PackedCollator()([ds[k] for k in keys])
     for name in ("input_ids", "labels", "position_ids", "cu_seqlens"):

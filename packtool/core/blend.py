@@ -27,7 +27,22 @@ from packtool.formats.pack_store import find_pack_dir, metadata_for, metadata_na
 MAX_SAMPLES = 2**52
 _OPEN_THREADS = 8  # metadata lines read at once when a blend opens
 DEFAULT_MAX_OPEN = 64
-"""Stores whose memory maps stay open at once (each holds ~7 file descriptors)."""
+"""Stores whose memory maps stay open at once when the file-descriptor limit is unknown (each holds ~7)."""
+
+
+def default_max_open() -> int:
+    """Stores kept open by default: a sixteenth of this process's file-descriptor limit (7 per store, the
+    rest left to the program), between 16 and 4,096; `DEFAULT_MAX_OPEN` where the limit cannot be read."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return DEFAULT_MAX_OPEN
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 4096
+    return max(16, min(4096, soft // 16))
+
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -166,7 +181,8 @@ class BlendPlan:
     seed: the blend's seed (store orders, fractional subsets, interleave coins).
     split, size: the split and pack size of every store (size may be left out when the first store
         holds one size).
-    max_open: how many stores keep their memory maps open at once (least recently used closed first).
+    max_open: how many stores keep their memory maps open at once (least recently used closed first);
+        default `default_max_open()`: a sixteenth of the file-descriptor limit, 16 to 4,096.
     """
 
     def __init__(
@@ -176,7 +192,7 @@ class BlendPlan:
         split: str = "training",
         size: int | None = None,
         *,
-        max_open: int = DEFAULT_MAX_OPEN,
+        max_open: int | None = None,
     ) -> None:
         if isinstance(sources, (str, os.PathLike)) or not len(sources):
             raise ConfigError(
@@ -184,7 +200,8 @@ class BlendPlan:
             )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"blend seed must be an integer >= 0, got {seed!r}, BlendedDataset, pass e.g. seed=0")
-        self.seed, self.split, self.max_open = int(seed), str(split), max(1, int(max_open))
+        self.seed, self.split = int(seed), str(split)
+        self.max_open = default_max_open() if max_open is None else max(1, int(max_open))
         parsed = [parse_source(s) for s in sources]
         self.paths: list[str] = [p for p, _ in parsed]
         self.weights: list[float] = [w for _, w in parsed]

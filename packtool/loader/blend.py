@@ -34,15 +34,19 @@ descriptors.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packtool.core.blend import DEFAULT_MAX_OPEN, BlendPlan, Interleave, parse_source, permute
+from packtool.core.blend import BlendPlan, Interleave, parse_source, permute
 from packtool.errors import FormatError
-from packtool.loader.dataset import PackedBatchItems, PackedDataset
+from packtool.formats.pack_store import PackSplit, metadata_name
+from packtool.loader.buffers import BufferPool
+from packtool.loader.dataset import PackedBatchItems, PackedDataset, build_batch, plain_views
 
 __all__ = ["BlendedDataset", "BlendPlan", "Interleave", "parse_source", "permute"]
 
@@ -55,7 +59,8 @@ class BlendedDataset(BlendPlan):
     seed: the blend's seed (store orders, fractional subsets, interleave coins).
     split, size: the split and pack size of every store (size may be left out when the first store
         holds one size).
-    max_open: how many stores keep their memory maps open at once (least recently used closed first).
+    max_open: how many stores keep their memory maps open at once (least recently used closed first);
+        default `default_max_open()`: a sixteenth of the file-descriptor limit, 16 to 4,096.
     """
 
     def __init__(
@@ -65,35 +70,49 @@ class BlendedDataset(BlendPlan):
         split: str = "training",
         size: int | None = None,
         *,
-        max_open: int = DEFAULT_MAX_OPEN,
+        max_open: int | None = None,
     ) -> None:
         super().__init__(sources, seed, split, size, max_open=max_open)
-        self._open: OrderedDict[int, PackedDataset] = OrderedDict()
+        self._open: OrderedDict[int, _Store] = OrderedDict()
+        self._layouts: dict[int, tuple[Any, ...]] = {}  # per store opened once: where its arrays lie
+        self._pid = os.getpid()
 
     # -- items ------------------------------------------------------------------------------
-    def _dataset(self, s: int) -> PackedDataset:
-        ds = self._open.get(s)
-        if ds is None:
+    def _store(self, s: int) -> _Store:
+        """Store s, opened (LRU of `max_open`). The first open goes through `PackedDataset` (every check of
+        the format); a later re-open maps the same files at the recorded offsets: a build's files never
+        change, and the metadata line still names them (checked)."""
+        if self._pid != os.getpid():  # a forked worker: its own maps
+            self._open.clear()
+            self._pid = os.getpid()
+        handle = self._open.get(s)
+        if handle is not None:
+            self._open.move_to_end(s)
+            return handle
+        layout = self._layouts.get(s)
+        handle = _Store.reopen(layout) if layout is not None else None
+        if handle is None:
             ds = PackedDataset(self.directories[s], self.split, self.size)
             if ds.n_packs != int(self.n_packs[s]):
                 raise FormatError(
                     f"store {self.paths[s]} now holds {ds.n_packs} packs, the blend was opened with {int(self.n_packs[s])}, BlendedDataset, re-open the blend"
                 )
-            self._open[s] = ds
-            while len(self._open) > self.max_open:
-                self._open.popitem(last=False)
-        else:
-            self._open.move_to_end(s)
-        return ds
+            handle = _Store(ds._open(), ds.has_segment_padding)
+            self._layouts[s] = handle.layout()
+        self._open[s] = handle
+        while len(self._open) > self.max_open:
+            self._open.popitem(last=False)
+        return handle
 
     def segment_table(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """`(pack_offsets, seg_lens)` of store s (memory maps), what `CostModel` prices packs from."""
-        store = self._dataset(s)._open()
+        store = self._store(s).split
         return store.pack_offsets, store.seg_lens
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_open"] = OrderedDict()  # workers open their own maps
+        state["_pid"] = -1
         return state
 
     def __getitem__(self, key: int) -> dict[str, Any]:
@@ -105,13 +124,81 @@ class BlendedDataset(BlendPlan):
         parts = []
         for s in groups.tolist():
             sel = np.flatnonzero(src == s)
-            items = self._dataset(s).__getitems__(packs[sel].tolist())
-            parts.append((sel, items.stacked))
+            parts.append((sel, self._store(s).batch(packs[sel])))
         stacked = parts[0][1] if len(parts) == 1 else _merge(parts, src.size)
         stacked = dict(stacked)
         stacked["source"] = src
         stacked["source_index"] = packs
         return BlendBatchItems(stacked)
+
+
+class _Store:
+    """One open store of a blend: its maps, plain views and buffer pool (what `PackedDataset` holds)."""
+
+    ROLES = ("tokens", "pack_offsets", "seg_lens", "seg_pad", "seg_doc", "seg_src", "loss")
+
+    def __init__(self, split: PackSplit, has_segment_padding: bool) -> None:
+        self.split = split
+        self.has_segment_padding = has_segment_padding
+        self.views = plain_views(split)
+        self.pool = BufferPool()
+
+    def batch(self, packs: np.ndarray) -> dict[str, Any]:
+        stacked = build_batch(self.split, np.asarray(packs, np.int64), self.views, self.pool)
+        stacked["has_segment_padding"] = self.has_segment_padding
+        return stacked
+
+    def layout(self) -> tuple[Any, ...]:
+        """What re-opening needs: the split's identity, and each map's file, offset, dtype and shape."""
+        arrays: list[Any] = []
+        for role in self.ROLES:
+            arr = getattr(self.split, role)
+            if arr is None:
+                arrays.append(None)
+                continue
+            if not isinstance(arr, np.memmap) or arr.filename is None:
+                return (None,)  # not file-backed: open through PackedDataset every time
+            arrays.append((arr.filename, int(arr.offset), arr.dtype.str, tuple(arr.shape)))
+        s = self.split
+        meta_path = Path(s.directory) / metadata_name(s.size)
+        return (
+            s.directory,
+            s.split,
+            s.size,
+            s.metadata,
+            s.build,
+            self.has_segment_padding,
+            meta_path,
+            _stamp(meta_path),
+            arrays,
+        )
+
+    @classmethod
+    def reopen(cls, layout: tuple[Any, ...]) -> _Store | None:
+        """The store mapped again from its layout, or None when its metadata file changed (then the caller
+        opens it through `PackedDataset`, every check again)."""
+        if layout[0] is None:
+            return None
+        directory, split, size, metadata, build, padded, meta_path, stamp, arrays = layout
+        if _stamp(meta_path) != stamp:
+            return None
+        try:
+            maps: list[Any] = [
+                None if a is None else np.memmap(a[0], dtype=np.dtype(a[2]), mode="r", offset=a[1], shape=a[3])
+                for a in arrays
+            ]
+        except (OSError, ValueError):
+            return None
+        tokens, po, lens, pad, doc, src, loss = maps
+        return cls(PackSplit(directory, split, size, metadata, tokens, po, lens, pad, doc, src, loss, build), padded)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class BlendBatchItems(PackedBatchItems):
