@@ -82,7 +82,7 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
                     f"size={size} contradicts the file name {p.name}, {p}, drop size= or pass the matching file"
                 )
             size = file_size
-        if size is not None and p.is_dir() and (p / metadata_name(int(size))).is_file():
+        if isinstance(size, int) and not isinstance(size, bool) and p.is_dir() and (p / metadata_name(size)).is_file():
             self.directory, sizes = p, [int(size)]  # what the two scans below would conclude, without them
         else:
             self.directory = find_pack_dir(p)
