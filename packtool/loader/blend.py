@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from packtool.core.blend import BlendPlan, Interleave, parse_source, permute
-from packtool.errors import FormatError
+from packtool.errors import ConfigError, FormatError
 from packtool.formats.pack_store import PackSplit, metadata_name
 from packtool.loader.buffers import BufferPool
 from packtool.loader.dataset import PackedBatchItems, PackedDataset, build_batch, plain_views
@@ -116,9 +116,12 @@ class BlendedDataset(BlendPlan):
         return state
 
     def __getitem__(self, key: int) -> dict[str, Any]:
-        return self.__getitems__([int(key)])[0]
+        k = int(key)
+        return self.__getitems__([k + self.total if k < 0 else k])[0]  # -1: the last sample of epoch 0
 
     def __getitems__(self, keys: Sequence[int]) -> BlendBatchItems:
+        if not len(keys):
+            raise ConfigError("an empty batch has no items, BlendedDataset.__getitems__, pass at least one key")
         src, packs = self.locate(np.asarray(keys, np.int64))
         groups = np.unique(src)
         parts = []
