@@ -194,6 +194,8 @@ def test_elastic_resume_continues_at_the_same_global_sample(stores, old, new, st
     assert resumed[0][0] == g and all(resumed[r][0] == g + r for r in range(new))
     flat = [resumed[r][k] for k in range(len(resumed[0])) for r in range(new)]
     assert flat[: len(ds) - g] == list(range(g, len(ds)))  # nothing skipped, nothing repeated
+    s.set_epoch(1)  # the next epoch starts from its first sample at the new world size
+    assert list(s)[:2] == [len(ds) + new - 1, len(ds) + 2 * new - 1]
 
 
 def test_elastic_resume_of_a_plain_dataset_keeps_the_order():
