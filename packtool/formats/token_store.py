@@ -303,6 +303,33 @@ class TokenStore:
     def tokenizer_name(self) -> str:
         return str(self.manifest["tokenizer"]["name"])
 
+    @property
+    def preference_pairs(self) -> int | None:
+        """Pairs of a preference store (documents 2i chosen, 2i+1 rejected), None for any other store.
+
+        Decided ONLY from the manifest's top-level `preference` key; a key whose pair count disagrees with
+        `n_documents` (which must be twice it) is a FormatError, never a guess.
+        """
+        return preference_pairs(self.manifest, self.n_documents, self.path)
+
+
+def preference_pairs(manifest: dict[str, Any], n_documents: int | None = None, where: object = "") -> int | None:
+    """The `preference.pairs` count of a token store manifest (None: not a preference store)."""
+    pref = manifest.get("preference")
+    if pref is None:
+        return None
+    pairs = pref.get("pairs") if isinstance(pref, dict) else None
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 0:
+        raise FormatError(
+            f"manifest preference.pairs is {pairs!r}, expected a pair count >= 0, {where}, re-run `packtool tokenize`"
+        )
+    if n_documents is not None and n_documents != 2 * pairs:
+        raise FormatError(
+            f"manifest preference.pairs is {pairs} but the store holds {n_documents} documents (expected "
+            f"{2 * pairs}: chosen and rejected per pair), {where}, re-run `packtool tokenize`"
+        )
+    return pairs
+
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """Parse and check `manifest.json` of a token store (format name and version)."""

@@ -88,7 +88,7 @@ def tokenize_corpus(
     cap_malloc_arenas()  # before the first thread: see packtool.exec.local
     with scoped_environ(worker_env(workers) if executor is None and config.executor == "local" else {}):
         fast = _preload_fast(config)
-        tokenizer = load_tokenizer(config.tokenizer)
+        tokenizer = load_tokenizer(config.tokenizer, show_progress=progress is not None)
         paths = expand_inputs(config.inputs)
         drops: list[Callable[[], None]] = []
         try:

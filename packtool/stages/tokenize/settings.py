@@ -68,11 +68,14 @@ def chunk_settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, sh
     if config.chat_template is not None:
         template = read_chat_template(config.chat_template)
     if chat and template:
-        check_chat_template(template, config.chat_template or f"of tokenizer {info.name!r} (tokenizer_config.json)")
+        check_chat_template(
+            template, config.chat_template or f"of tokenizer {info.name!r} ({info.chat_template_source})"
+        )
     if chat and not template:
         raise ConfigError(
-            f"{shape.spec.name} records are rendered by a chat template but tokenizer {info.name!r} has none in "
-            "tokenizer_config.json, pass --chat-template FILE"
+            f"{shape.spec.name} records are rendered by a chat template but tokenizer {info.name!r} has none "
+            f"(neither chat_template.jinja nor tokenizer_config.json holds one), "
+            + (info.chat_template_note or "pass --chat-template FILE")
         )
     return ChunkSettings(
         tokenizer_path=info.path,
