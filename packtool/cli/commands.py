@@ -184,7 +184,7 @@ def stats(
     path: Annotated[
         list[Path],
         typer.Argument(
-            help="A token store or a pack store (ROOT, packed/{tokenizer} or .npy); or pack stores STORE:W ... "
+            help="A token store or a pack store (ROOT, ROOT/packed/TOKENIZER or .npy); or pack stores STORE:W ... "
             "blended at load time (each store's share of samples and tokens, its epochs).",
         ),
     ],
