@@ -268,6 +268,11 @@ def test_bad_sources_are_one_line_errors(stores, tmp_path):
         ([(stores[0], 1), (other_tok, 1)], "blend stores must share one tokenizer"),
         ([], "a blend needs a list of sources"),
     ]
+    pref = make_store(tmp_path / "pref", 10, seed=2)
+    meta = metadata_for(pref, "training", SIZE)
+    meta["preference"] = {"layout": "pairs", "pairs": 3}
+    write_metadata_line(pref, meta)
+    cases.append(([(stores[0], 1), (pref, 1)], "is a preference pack store .* blend plain pack stores only"))
     for spec, message in cases:
         with pytest.raises(ConfigError, match=message) as info:
             BlendedDataset(spec)

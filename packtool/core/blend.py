@@ -310,6 +310,11 @@ class BlendPlan:
         n = meta.get("n_packs")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ConfigError(f"metadata n_packs is {n!r}, {d}, re-run `packtool pack` (blend source {i})")
+        if meta.get("preference") is not None:  # pair ids and prompt links are store-local: no batch mixes them yet
+            raise ConfigError(
+                f"blend store {path} is a preference pack store (pairs), BlendedDataset, blend plain pack stores "
+                "only (preference stores: load each with PackedDataset)"
+            )
         return d, int(size), n, _tokenizer_id(meta), meta.get("build")
 
     # -- the schedule -------------------------------------------------------------------

@@ -138,7 +138,7 @@ class BlendedDataset(BlendPlan):
 class _Store:
     """One open store of a blend: its maps, plain views and buffer pool (what `PackedDataset` holds)."""
 
-    ROLES = ("tokens", "pack_offsets", "seg_lens", "seg_pad", "seg_doc", "seg_src", "loss")
+    ROLES = ("tokens", "pack_offsets", "seg_lens", "seg_pad", "seg_doc", "seg_src", "loss", "seg_pair", "seg_role")
 
     def __init__(self, split: PackSplit, has_segment_padding: bool) -> None:
         self.split = split
@@ -155,7 +155,7 @@ class _Store:
         """What re-opening needs: the split's identity, and each map's file, offset, dtype and shape."""
         arrays: list[Any] = []
         for role in self.ROLES:
-            arr = getattr(self.split, role)
+            arr = getattr(self.split, role, None)
             if arr is None:
                 arrays.append(None)
                 continue
@@ -192,8 +192,9 @@ class _Store:
             ]
         except (OSError, ValueError):
             return None
-        tokens, po, lens, pad, doc, src, loss = maps
-        return cls(PackSplit(directory, split, size, metadata, tokens, po, lens, pad, doc, src, loss, build), padded)
+        tokens, po, lens, pad, doc, src, loss, pair, role = maps
+        store = PackSplit(directory, split, size, metadata, tokens, po, lens, pad, doc, src, loss, build, pair, role)
+        return cls(store, padded)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -222,7 +223,8 @@ class BlendBatchItems(PackedBatchItems):
 def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], b: int) -> dict[str, Any]:
     """One `build_batch`-shaped dict from per-store batches; `parts[g] = (positions in the batch, stacked)`."""
     n = int(parts[0][1]["rows"].shape[2])
-    entry_pos, lens, real = [], [], []
+    entry_pos, lens, real, which = [], [], [], []
+    n_rows = int(parts[0][1]["segments"].shape[0])  # 5: lengths, real, entries and targets per pack, store segment
     counts = np.zeros(b, np.int64)
     targets = np.zeros(b, np.int64)
     for sel, st in parts:
@@ -233,6 +235,8 @@ def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], b: int) -> dict[str, 
         entry_pos.append(np.repeat(sel, c))
         lens.append(seg[0, :k])
         real.append(seg[1, :k])
+        if n_rows > 4:
+            which.append(seg[4, :k])
     order = np.argsort(np.concatenate(entry_pos), kind="stable")
     seg_lens = np.concatenate(lens)[order]
     seg_real = np.concatenate(real)[order]
@@ -246,8 +250,10 @@ def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], b: int) -> dict[str, 
     cus[:, 0] = 0
     np.cumsum(seg_lens, out=cus[0, 1 : k + 1])
     np.cumsum(seg_real, out=cus[1, 1 : k + 1])
-    seg = np.zeros((4, cap), np.int64)
+    seg = np.zeros((n_rows, cap), np.int64)
     seg[0, :k], seg[1, :k], seg[2, :b], seg[3, :b] = seg_lens, seg_real, counts, targets
+    if n_rows > 4:  # each entry's segment in its own store (-1: padding)
+        seg[4, :k] = np.concatenate(which)[order]
     return {
         "buffer": buffer,
         "rows": rows,
