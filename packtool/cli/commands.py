@@ -189,7 +189,13 @@ def pack(
 
 @app.command(cls=PlainCommand)
 def stats(
-    path: StorePath,
+    path: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A token store or a pack store (ROOT, ROOT/packed/TOKENIZER or .npy); or pack stores STORE:W ... "
+            "blended at load time (each store's share of samples and tokens, its epochs).",
+        ),
+    ],
     size: Annotated[
         int | None, typer.Option("--size", help="Pack size N (token store: default 4096, named so).")
     ] = None,
@@ -206,14 +212,21 @@ def stats(
     hidden_size: Annotated[int | None, typer.Option("--hidden-size", help="Or a hidden size h for the cost.")] = None,
 ) -> None:
     """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
+    from packtool.errors import UsageError
     from packtool.stages.stats import StatsConfig, check_plot_path, compute_stats, plot_stats
+    from packtool.stages.stats.blend import BlendStats, blend_sources
 
-    config = StatsConfig(path, size, batch_size, seed, split, world_size, micro_batches, model, hidden_size).validate()
+    blend = blend_sources(path)
+    if blend is not None and plot is not None:
+        raise UsageError("--plot draws one store, not a blend, drop --plot or pass one store")
+    config = StatsConfig(
+        path[0], size, batch_size, seed, split, world_size, micro_batches, model, hidden_size, blend
+    ).validate()
     if plot is not None:
         check_plot_path(plot)  # before any work or output
     result = compute_stats(config)
     typer.echo(stats_text(result, as_json))
-    if plot is not None:
+    if plot is not None and not isinstance(result, BlendStats):
         plot_stats(result, plot)
 
 
