@@ -125,7 +125,7 @@ def test_malformed_preference_batches_are_refused() -> None:
 def test_export_trl_prints_the_dpo_recipe_for_a_preference_store() -> None:
     from packtool.stages.export.trl import dpo_recipe, is_preference
 
-    assert is_preference({"preference": {"pairs": 3, "layout": "chosen,rejected"}})
+    assert is_preference({"preference": {"pairs": 3, "layout": "shared-prompt"}})
     assert not is_preference({})
     text = "\n".join(dpo_recipe("/packs", 1024))
     for needle in (

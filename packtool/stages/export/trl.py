@@ -11,13 +11,14 @@ derives `cu_seq_lens_q/k` from the positions: the flattened `[1, B*N]` batch equ
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packtool.choices import ExportTarget
 from packtool.formats.exports import trl_name
-from packtool.formats.pack_store import PackSplit
+from packtool.formats.pack_store import PackSplit, preference_of
 from packtool.stages.export.blocks import PackBlock, stream_parquet
 from packtool.stages.export.config import Exporter, ExportJob, TokenizerIds
 
@@ -50,13 +51,29 @@ def columns(block: PackBlock) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     }
 
 
+def sft_recipe(data: Path, size: int) -> list[str]:
+    """The lines `export --to trl` prints for TRL's `SFTTrainer` on `data` (rows of `size` tokens): the one place
+    the SFT recipe is written (docs/HF.md and docs/EXPORT.md show the same)."""
+    return [
+        f'TRL SFT: train_dataset = datasets.load_dataset("parquet", data_files="{data}", split="train")',
+        "  SFTConfig(packing=False, padding_free=True, max_length=None, "
+        'dataset_kwargs={"skip_prepare_dataset": True}, per_device_train_batch_size=B)',
+        "  on CPU add use_cpu=True, bf16=False (TRL turns bf16 on by default)",
+        f"  one row = one pack of {size} tokens: B rows give B*{size} tokens per device step",
+        '  attention: import packtool.hf, then from_pretrained(..., attn_implementation="packtool") attends each '
+        "sequence alone through varlen kernels on the cu_seq_lens TRL passes (flash-attn when installed, else "
+        "torch's own on CUDA; no T*T mask); sdpa/eager keep sequences apart only with a T*T mask built from "
+        "position_ids (SFTTrainer's use_cache=False)",
+    ]
+
+
 def is_preference(metadata: dict[str, Any]) -> bool:
-    """A preference (DPO) pack store: its metadata carries the `preference` key (contract, AMENDMENT pref-train)."""
-    return bool(metadata.get("preference"))
+    """A preference (DPO) pack store: its metadata line carries the `preference` record."""
+    return preference_of(metadata) is not None
 
 
 def dpo_recipe(directory: Any, size: int) -> list[str]:
-    """The TRL 1.16 DPOTrainer recipe for a preference pack store (docs/HF.md, "DPO on packs")."""
+    """The TRL 1.16 DPOTrainer recipe for a preference pack store (docs/HF.md, "Preference pairs (DPO) on packs")."""
     return [
         "TRL DPO (preference pack store): import packtool.hf; from packtool.hf.dpo import PackedDPOTrainer, "
         "PreferencePackCollator, packs_dataset",
@@ -76,19 +93,9 @@ def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
     store = job.store
     name = trl_name(store.split, store.size)
     stream_parquet(job.staged.path(name), "trl", store, columns, job.progress)
-    data = job.directory / name
     if is_preference(store.metadata):
         return dpo_recipe(store.directory, store.size), {"tokens_per_row": store.size, "preference": True}
-    lines = [
-        f'TRL: train_dataset = datasets.load_dataset("parquet", data_files="{data}", split="train")',
-        "  SFTConfig(packing=False, padding_free=True, max_length=None, "
-        'dataset_kwargs={"skip_prepare_dataset": True}, per_device_train_batch_size=B)',
-        f"  one row = one pack of {store.size} tokens: B rows give B*{store.size} tokens per device step",
-        '  attention: import packtool.hf, then from_pretrained(..., attn_implementation="packtool") attends each '
-        "sequence alone through varlen kernels on the cu_seq_lens TRL passes (flash-attn when installed, else "
-        "torch's own on CUDA; no T*T mask); sdpa/eager keep sequences apart only with a T*T mask built from "
-        "position_ids (SFTTrainer's use_cache=False)",
-    ]
+    lines = sft_recipe(job.directory / name, store.size)
     return lines, {"tokens_per_row": store.size}
 
 
