@@ -167,3 +167,48 @@ def test_the_shared_layout_is_computed_once_per_forward(monkeypatch) -> None:
     b["cu_seq_lens_k"] = b["cu_seq_lens_q"].clone()  # equal, another tensor (checked once, not per layer)
     build("llama", "packtool")(**b)  # two layers
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_real_preference_pack_stores_score_each_pair_as_alone(tmp_path, name: str) -> None:
+    """tokenize-shaped store -> `pack` (both layouts) -> PackedCollator(keys=HF_KEYS) -> model(**batch) -> pair_logps."""
+    import numpy as np
+
+    from packtool.formats.token_store import open_token_store
+    from packtool.loader.collator import HF_KEYS, PackedCollator
+    from packtool.loader.dataset import PackedDataset
+    from packtool.stages.pack import PackConfig, pack_store
+    from tests.preference_support import hostile_pairs, realistic_pairs, write_pref_store
+
+    tok = write_pref_store(tmp_path / "tok", realistic_pairs(12, seed=3, vocab=VOCAB, scale=0.08) + hostile_pairs(VOCAB),
+                           vocab=VOCAB)  # fmt: skip
+    store = open_token_store(tok)
+    ref = build(name, "eager")
+    model = build(name, "packtool")
+    model.load_state_dict(ref.state_dict())
+
+    def alone(doc: int) -> float:
+        ids = torch.as_tensor(np.asarray(store.document(doc), np.int64))
+        s = int(store.starts[doc])
+        target = torch.as_tensor(np.asarray(store.loss[s : s + ids.numel()]) != 0)
+        if ids.numel() < 2:
+            return 0.0
+        with torch.no_grad():
+            logits = ref(input_ids=ids[None]).logits[0, :-1]
+        logp = torch.log_softmax(logits, -1).gather(1, ids[1:, None])[:, 0]
+        return float(logp[target[1:]].sum())
+
+    for share in (False, True):
+        out = tmp_path / f"packs{share}"
+        pack_store(PackConfig(tok, 48, out, share_prompt=share, overlong="drop"))
+        ds = PackedDataset(out, size=48)
+        seen = set()
+        for start in range(0, len(ds), 3):
+            b = PackedCollator(flatten=True, keys=HF_KEYS)(ds.__getitems__(list(range(start, min(start + 3, len(ds))))))
+            got = pair_logps(model(**b).logits, b)
+            for pair, c, r in zip(got.pair_ids.tolist(), got.chosen.tolist(), got.rejected.tolist(), strict=True):
+                want_c, want_r = alone(2 * pair), alone(2 * pair + 1)
+                assert abs(c - want_c) <= RTOL * max(1.0, abs(want_c)), (share, pair)
+                assert abs(r - want_r) <= RTOL * max(1.0, abs(want_r)), (share, pair)
+                seen.add(pair)
+        assert len(seen) >= 15  # every pair that fits a pack of 48

@@ -199,3 +199,37 @@ def test_packs_dataset_keeps_the_pack_keys_and_refuses_plain_packs() -> None:
     )
     with pytest.raises(ConfigError, match="not a preference pack store"):
         packs_dataset([{k: v for k, v in items[0].items() if k != "pair_ids"}])
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["pairs", "shared_prompt"])
+def test_a_real_pack_store_through_packs_dataset_equals_trl_padded(setup, share: bool) -> None:
+    """TRL's own ids -> a preference token store -> `pack_store` -> `packs_dataset` -> PackedDPOTrainer."""
+    import numpy as np
+
+    from packtool.hf.dpo import packs_dataset
+    from packtool.stages.pack import PackConfig, pack_store
+    from tests.preference_support import write_pref_store
+
+    tmp, tok, policy, ref, want, prepared, padded = setup
+    store = write_pref_store(tmp / f"tok{share}", [tuple(np.asarray(x, np.int64) for x in p) for p in prepared],
+                             vocab=VOCAB)  # fmt: skip
+    out = tmp / f"packs{share}"
+    pack_store(PackConfig(store, 40, out, share_prompt=share, overlong="drop"))
+    packs = packs_dataset(out, size=40)
+    pol, ref_p = copy.deepcopy(policy), copy.deepcopy(ref)
+    pol.set_attn_implementation("packtool")
+    ref_p.set_attn_implementation("packtool")
+    got = PackedDPOTrainer(model=pol, ref_model=ref_p, train_dataset=packs, data_collator=PreferencePackCollator(),
+                           args=config(tmp / f"r{share}", len(packs), remove_unused_columns=False),
+                           processing_class=tok)  # fmt: skip
+    inputs = next(iter(got.get_train_dataloader()))
+    assert sorted(inputs["pair_ids"][inputs["pair_ids"] >= 0].unique().tolist()) == [0, 1, 2, 3, 4]
+    for loss_type in ("sigmoid", "ipo", "sft", "aot"):
+        for trainer in (want, got):
+            trainer.loss_types, trainer.loss_weights = [loss_type], [1.0]
+            trainer.use_weighting, trainer.ld_alpha = False, None
+        w_loss, w_grads = step(want, padded)
+        g_loss, g_grads = step(got, inputs)
+        assert abs(g_loss - w_loss) <= RTOL * max(abs(w_loss), 1e-12), (loss_type, g_loss, w_loss)
+        for g, w in zip(g_grads, w_grads, strict=True):
+            assert float((g - w).abs().max()) <= RTOL * max(float(w.abs().max()), 1e-12), loss_type
