@@ -212,3 +212,18 @@ def test_real_preference_pack_stores_score_each_pair_as_alone(tmp_path, name: st
                 assert abs(r - want_r) <= RTOL * max(1.0, abs(want_r)), (share, pair)
                 seen.add(pair)
         assert len(seen) >= 15  # every pair that fits a pack of 48
+
+
+def test_packtool_export_trl_prints_the_dpo_recipe_for_a_preference_pack_store(tmp_path) -> None:
+    from packtool.stages.pack import PackConfig, pack_store
+    from tests.preference_support import realistic_pairs, write_pref_store
+    from tests.support import cli
+
+    tok = write_pref_store(tmp_path / "tok", realistic_pairs(20, seed=1, scale=0.1))
+    pack_store(PackConfig(tok, 128, tmp_path / "packs", share_prompt=True, overlong="drop"))
+    packs = next((tmp_path / "packs").rglob("128_metadata.jsonl")).parent
+    code, out, err = cli("export", str(packs), "--to", "trl", "--size", "128", "--output", str(tmp_path / "x"))
+    assert code == 0, err
+    text = out + err
+    assert f'packs_dataset("{packs}", size=128)' in text and "PackedDPOTrainer" in text
+    assert "NOT for SFTTrainer" in text and "TRL SFT" not in text
