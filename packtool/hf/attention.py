@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from packtool.attention import varlen_attention
 from packtool.choices import AttentionBackend
 from packtool.errors import ConfigError
-from packtool.hf import layout
+from packtool.hf import layout, shared_prompt
 from packtool.hf.features import refuse_call
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ def attention_forward(
     sinks = kwargs.get("sinks")
     if s_aux is None and isinstance(sinks, torch.Tensor) and sinks.numel() == heads:
         s_aux = kwargs.pop("sinks").reshape(heads)  # one sink logit per head, under another name
+    prefix = shared_prompt.pop(kwargs)  # a preference batch's keys; the shared-prompt layout (hf/shared_prompt.py)
     refuse_call(kwargs, heads)
     if kwargs.get("output_attentions"):
         _warn_no_weights()
@@ -81,9 +82,9 @@ def attention_forward(
             f"values of head size {dim_v} are wider than queries and keys ({q.shape[-1]}), packtool.hf, "
             "use attn_implementation='sdpa' or 'eager' for this model"
         )
-    reading = layout.read(q, k, v, attention_mask, kwargs, sliding_window)  # the batch's one reading
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    rows, blocks, window = reading.rows, reading.blocks, reading.window
+    reading = layout.read(q, k, v, attention_mask, kwargs, sliding_window, prefix=prefix, causal=causal)
+    rows, blocks, window = reading.rows, reading.blocks, reading.window  # the batch's one reading
     if rows is None:  # no real token in the batch: padding gets 0, as flash-attention gives it
         return q.new_zeros(*q.shape[:-1], dim_v), None
     features: dict[str, Any] = {
@@ -103,6 +104,7 @@ def attention_forward(
         cu_seqlens_k=None if rows.cu_k is rows.cu_q else rows.cu_k,
         max_seqlen_k=rows.max_k,
         window=None if window is None else (window, window),
+        shared_prompt=prefix is not None,
         **features,
     )
     if blocks is not None and causal:  # each block's queries see the rest of their block too

@@ -42,61 +42,13 @@ import torch
 import torch.nn.functional as F
 
 from packtool.errors import ConfigError
+from packtool.hf import shared_prompt
 from packtool.hf.mask import SEGMENTS, WINDOW
+from packtool.hf.rows import Blocks, Layout, Reading
 
 _MEMO = "_packtool_reading"  # attribute of the tensor a forward's reading is kept on
 _READ = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "position_ids", "max_length_q", "max_length_k", "lengths")
 """The call's keys a reading depends on (with the mask): the same objects give the same reading."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Flattened `(tokens, heads, head_dim)` q/k/v, their segments, and where the queries go back."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    cu_q: torch.Tensor
-    cu_k: torch.Tensor
-    max_q: int
-    max_k: int
-    shape: tuple[int, int]  # (B, T_q) of the model's batch
-    index_q: torch.Tensor | None = None  # flat positions of the kept queries (None: all, in order)
-
-    def repad(self, out: torch.Tensor) -> torch.Tensor:
-        """`(tokens, heads, dim)` -> `[B, T_q, heads, dim]`; dropped (padding) queries get 0, as flash-attn gives."""
-        b, t = self.shape
-        if self.index_q is not None:
-            full = out.new_zeros(b * t, *out.shape[1:])
-            out = full.index_copy(0, self.index_q, out)
-        return out.view(b, t, *out.shape[1:])
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """Bidirectional blocks of a causal layer (Gemma 3's image tokens): their queries see their whole block.
-
-    A second varlen call, non-causal: the queries of each block (`index_q` into the layout's flattened
-    tokens) against the keys from their segment's start to the block's end (`index_k`); its output
-    replaces the first call's for those queries.
-    """
-
-    index_q: torch.Tensor
-    index_k: torch.Tensor
-    cu_q: torch.Tensor
-    cu_k: torch.Tensor
-    max_q: int
-    max_k: int
-
-
-@dataclass(frozen=True)
-class Reading:
-    """What one attention call attends: its varlen rows (None: the batch holds no real token), its
-    bidirectional blocks, and flash-attn's left window (`W - 1`, or None where the window never bites)."""
-
-    rows: Layout | None
-    blocks: Blocks | None
-    window: int | None
 
 
 @dataclass(frozen=True)
@@ -119,12 +71,21 @@ def read(
     mask: torch.Tensor | None,
     kwargs: dict[str, Any],
     sliding_window: int | None = None,
+    *,
+    prefix: Any = None,
+    causal: bool = True,
 ) -> Reading:
     """THE reading of one attention call (`[B, T, heads, D]` q/k/v): see the module docstring.
 
     Layouts are added here and only here: a batch key that declares another layout gets its branch at the top
     of this function (the one dispatch point), and every other key must then agree with it or be refused.
+    `prefix`: a preference batch's `prefix_segment` (popped from the call by `shared_prompt.pop`).
     """
+    if prefix is not None:  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
+        rows = shared_prompt.from_prefix(q, k, v, mask, prefix, kwargs, causal)
+        window = getattr(mask, WINDOW, sliding_window) if mask is not None else sliding_window
+        left = int(window) - 1 if window is not None and 0 < int(window) < rows.max_k else None
+        return Reading(rows, None, left)
     if mask is not None and mask.ndim != 2:
         raise ConfigError(
             f"attention_mask of shape {tuple(mask.shape)} reached attn_implementation='packtool', which takes the 2-D "
