@@ -19,6 +19,13 @@ drops the remainder instead), and the batches of a step have similar cost: compu
 with `balance=CostModel(...)` the model's cost, so the quadratic attention work of long documents is
 balanced across ranks too, not only their token count. Resume is exact: the
 state counts the batches the training loop consumed (through `ResumableLoader`, or `advance`).
+
+Preference pairs: over a preference token store (`DocumentDataset.preference`, or `pairs=True` with
+an array of lengths: documents 2i and 2i+1 are pair i) the plan is made of PAIRS, so the chosen and
+the rejected sequence of a pair are always in the same batch, chosen first (what a padding-free or
+padded DPO step needs: both log-probs of a pair in one forward). The budget keeps its meaning:
+the sum of both sequences' (rounded) lengths, or with `padded=True` rows (two per pair) x the padded
+row length; windows count documents as before (`window // 2` pairs).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ _CHECKED = (
     "seed",
     "drop_last",
     "num_replicas",
+    "pairs",
 )
 
 
@@ -98,6 +106,10 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
     balance: a `CostModel`: deal each step's batches to ranks by the model's cost (linear plus
         causal attention, `packtool.core.cost`) instead of by computed positions. The budget stays
         `max_tokens`.
+    pairs: plan whole preference pairs (documents 2i, 2i+1) so that no pair is split across batches;
+        default: True exactly when `dataset` is a preference `DocumentDataset`. `pairs=False` on one
+        batches its sequences independently (a pair may then be split: its pair log-probs cannot be
+        computed in one step).
     """
 
     def __init__(
@@ -115,6 +127,7 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         num_replicas: int | None = None,
         rank: int | None = None,
         balance: CostModel | tuple[float, float] | None = None,
+        pairs: bool | None = None,
     ) -> None:
         check_budget(int(max_tokens), int(round_to), int(window), float(split_gain))
         world, me = _world()
@@ -124,6 +137,12 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ConfigError("the dataset has no documents, DynamicBatchSampler, tokenize a non-empty corpus")
         if self.lengths.min() < 0:
             raise ConfigError("document lengths must be >= 0, DynamicBatchSampler, pass token counts")
+        self.pairs = getattr(dataset, "preference", None) is not None if pairs is None else bool(pairs)
+        if self.pairs and self.n % 2:
+            raise ConfigError(
+                f"pairs=True needs an even number of documents (2i chosen, 2i+1 rejected), got {self.n}, "
+                "DynamicBatchSampler, pass the lengths of a preference token store or pairs=False"
+            )
         self.num_replicas = world if num_replicas is None else int(num_replicas)
         self.rank = me if rank is None else int(rank)
         if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
@@ -145,13 +164,16 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1], self._cache[2]
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(self.n) if self.shuffle else None
+        units, max_tokens, round_to, window = self.lengths, self.max_tokens, self.round_to, self.window
+        if self.pairs:
+            units, max_tokens, round_to, window = self._pair_units()
+        order = rng.permutation(units.size) if self.shuffle else None
         plan = plan_batches(
-            self.lengths,
-            self.max_tokens,
+            units,
+            max_tokens,
             padded=self.padded,
-            round_to=self.round_to,
-            window=self.window,
+            round_to=round_to,
+            window=window,
             order=order,
             split_gain=self.split_gain,
         )
@@ -164,13 +186,42 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
                 )
             plan = BatchPlan(plan.offsets[: keep + 1], plan.docs, plan.cost[:keep], plan.tokens[:keep])
         else:
-            plan = split_to_multiple(plan, self.lengths, world, self.padded, self.round_to)
+            plan = split_to_multiple(plan, units, world, self.padded, round_to)
+        if self.pairs:
+            plan = self._pair_documents(plan)
         cost = (
             plan.cost if self.balance is None else priced(plan, self.lengths, self.balance, self.padded, self.round_to)
         )
         steps = assign_ranks(cost, world, rng if self.shuffle else None)
         self._cache = (epoch, steps, plan)
         return steps, plan
+
+    def _pair_units(self) -> tuple[np.ndarray, int, int, int]:
+        """`(lengths, max_tokens, round_to, window)` to plan pairs with the budget of their documents: a pair
+        costs its two rounded lengths (unpadded), or two rows of its longer sequence (padded: half the budget
+        per row pair, so `rows * L <= max_tokens` holds exactly)."""
+        r = self.round_to
+        rounded = (self.lengths + r - 1) // r * r
+        chosen, rejected = rounded[0::2], rounded[1::2]
+        if self.padded:
+            return np.maximum(chosen, rejected), max(1, self.max_tokens // 2), 1, max(1, self.window // 2)
+        return chosen + rejected, self.max_tokens, 1, max(1, self.window // 2)
+
+    def _pair_documents(self, plan: BatchPlan) -> BatchPlan:
+        """A plan of pairs as the plan of their documents (2i then 2i+1), with costs and tokens per document."""
+        docs = np.stack([2 * plan.docs, 2 * plan.docs + 1], axis=1).reshape(-1)
+        offsets = 2 * plan.offsets
+        if plan.n_batches == 0:
+            return BatchPlan(offsets, docs, plan.cost, plan.tokens)
+        lens = self.lengths[docs[: offsets[-1]]]  # drop_last: the dropped pairs sit after the last batch
+        rounded = (lens + self.round_to - 1) // self.round_to * self.round_to
+        starts = offsets[:-1]
+        tokens = np.add.reduceat(lens, starts).astype(np.int64)
+        if self.padded:
+            cost = np.maximum.reduceat(rounded, starts) * np.diff(offsets)
+        else:
+            cost = np.add.reduceat(rounded, starts)
+        return BatchPlan(offsets, docs, cost.astype(np.int64), tokens)
 
     def batches(self, epoch: int | None = None, rank: int | None = None) -> list[list[int]]:
         """Every batch of `rank` (default: this one) in `epoch` (default: the current one), in order."""
@@ -234,9 +285,10 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             )
         mine = self.state_dict()
         for key in (*_CHECKED, "balance"):  # a state from before cost balancing has no `balance` (None)
-            if state.get(key) != mine[key]:
+            theirs = state.get(key, False) if key == "pairs" else state.get(key)  # states before pairs: False
+            if theirs != mine[key]:
                 raise ConfigError(
-                    f"sampler state has {key}={state.get(key)!r} but this sampler has {mine[key]!r}, DynamicBatchSampler.load_state_dict, resume with the same dataset, budget, seed, world size and balancing"
+                    f"sampler state has {key}={theirs!r} but this sampler has {mine[key]!r}, DynamicBatchSampler.load_state_dict, resume with the same dataset, budget, seed, world size and balancing"
                 )
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])
