@@ -216,3 +216,50 @@ def test_merge_refuses_preference_and_plain_shards_together(tmp_path):
     line = cli_error("merge", *map(str, shards), "--output", str(tmp_path / "out"))
     assert "is a preference store" in line and "is not" in line
     assert not (tmp_path / "out").exists()
+
+
+# -- stats and balance over a shared-prompt pack store ---------------------------------------------------
+
+
+def _by_hand(root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(documents per pack, causal attention sum of squares per pack) from the segment roles, by hand."""
+    from packtool.formats.pack_store import ROLE_PROMPT, open_pack_split, pack_dir
+
+    ps = open_pack_split(pack_dir(root, "org/tiny-tok"), "training", SIZE)
+    docs, squares = [], []
+    for p in range(ps.n_packs):
+        a, b = int(ps.pack_offsets[p]), int(ps.pack_offsets[p + 1])
+        lens, roles = [int(x) for x in ps.seg_lens[a:b]], [int(x) for x in ps.seg_role[a:b]]
+        docs.append(sum(r != ROLE_PROMPT for r in roles))
+        total, prompt = 0, 0
+        for ln, role in zip(lens, roles, strict=True):
+            if role == ROLE_PROMPT:
+                prompt = ln
+                total += ln * ln
+            elif role in (4, 5):  # a completion: its own sequence prompt + completion, less the prompt held once
+                total += (prompt + ln) ** 2 - prompt**2
+            else:
+                total += ln * ln
+        squares.append(total)
+    return np.asarray(docs), np.asarray(squares)
+
+
+def test_pack_stats_count_documents_not_prompt_segments(stores):
+    docs, _ = _by_hand(stores[True])
+    code, out, err = cli("stats", str(stores[True]), "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["docs_per_pack_max"] == docs.max() and s["docs_per_pack_mean"] == pytest.approx(docs.mean())
+    assert s["n_segments"] > docs.sum()  # the segments still count the prompts
+
+
+def test_balance_prices_a_shared_completion_with_its_prompt(stores):
+    from packtool.core.cost import CostModel
+    from packtool.loader import PackedDataset, PackedSampler
+
+    ds = PackedDataset(stores[True], size=SIZE)
+    sampler = PackedSampler(ds, balance=CostModel(0.0, 1.0), num_replicas=1, rank=0)
+    _, squares = _by_hand(stores[True])
+    assert np.array_equal(sampler.costs, squares.astype(np.float64))
+    plain = PackedSampler(PackedDataset(stores[False], size=SIZE), balance=CostModel(1.0, 0.0), num_replicas=1, rank=0)
+    assert plain.costs is not None and plain.costs.sum() > 0  # a pairs-layout store: whole sequences, as before

@@ -34,7 +34,7 @@ import torch
 from packtool.core.balance import DEFAULT_WINDOW, balanced_order, check_balance, epoch_order
 from packtool.core.cost import CostModel
 from packtool.errors import ConfigError
-from packtool.formats.pack_store import open_pack_split
+from packtool.formats.pack_store import attended_prefix, open_pack_split
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.dynamic import DynamicBatchSampler
 
@@ -98,6 +98,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         check_balance(self.num_replicas, micro_batches, window)
         self.balance = None if balance is None else CostModel.coerce(balance, "PackedSampler")
         self.micro_batches, self.window = int(micro_batches), int(window)
+        # a shared-prompt completion also attends its prompt: priced as prompt + completion (attended_prefix)
         self.costs = None if self.balance is None else self.balance.packs(*_segments(data, self.n))
         self._cache: tuple[int, np.ndarray] | None = None
 
@@ -188,14 +189,14 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         self.consumed = int(state["consumed"])
 
 
-def _segments(data: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(pack_offsets, seg_lens)` of the packs behind `data`, read from the pack store's CSR companions
-    (never the pack rows): a `PackedDataset`, or anything with those two arrays (a `PackSplit`)."""
+def _segments(data: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`(pack_offsets, seg_lens, attended prefix)` of the packs behind `data`, read from the pack store's CSR
+    companions (never the pack rows): a `PackedDataset`, or anything with those arrays (a `PackSplit`)."""
     if isinstance(data, PackedDataset):
         store = open_pack_split(data.directory, data.split, data.size)
-        po, lens = store.pack_offsets, store.seg_lens
+        po, lens, role = store.pack_offsets, store.seg_lens, store.seg_role
     elif hasattr(data, "pack_offsets") and hasattr(data, "seg_lens"):
-        po, lens = data.pack_offsets, data.seg_lens
+        po, lens, role = data.pack_offsets, data.seg_lens, getattr(data, "seg_role", None)
     else:
         raise ConfigError(
             f"balance needs each pack's segment lengths, got a {type(data).__name__}, PackedSampler, pass the PackedDataset itself"
@@ -205,7 +206,7 @@ def _segments(data: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(
             f"the segment table describes {po.size - 1} packs but the sampler has {n}, PackedSampler, pass the PackedDataset itself"
         )
-    return po, np.asarray(lens)
+    return po, np.asarray(lens), attended_prefix(lens, role)
 
 
 class ResumableLoader:

@@ -26,7 +26,15 @@ from packtool.core.packing.pairs import pair_scan, shared_prompt_lengths
 from packtool.core.packing.segments import build_segments
 from packtool.errors import ConfigError, UsageError
 from packtool.formats.model_config import MAX_SIZE
-from packtool.formats.pack_store import find_pack_dir, metadata_sources, open_pack_split, parse_data_name, sizes_in
+from packtool.formats.pack_store import (
+    ROLE_PROMPT,
+    attended_prefix,
+    find_pack_dir,
+    metadata_sources,
+    open_pack_split,
+    parse_data_name,
+    sizes_in,
+)
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
 from packtool.stages.stats.balance import cost_model, step_balance
@@ -140,6 +148,7 @@ class PackStoreStats:
     sources: list[dict[str, Any]] = field(default_factory=list)  # each source: path, weight, documents, tokens, share
     _pack_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)  # for the plot
     preference: dict[str, Any] | None = None  # a preference split: its metadata's pairs, layout, over-long pairs
+    _docs_per_pack: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)  # for the plot
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -263,6 +272,12 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
     ps = open_pack_split(directory, split, size)
     meta = ps.metadata
     per_pack = np.diff(np.asarray(ps.pack_offsets))
+    docs_per_pack = per_pack  # a shared-prompt pair is 3 segments but 2 documents: its prompt is not one
+    if ps.shared_prompt and ps.seg_role is not None:
+        prompt = np.asarray(ps.seg_role) == ROLE_PROMPT
+        docs_per_pack = per_pack - np.bincount(
+            np.repeat(np.arange(per_pack.size), per_pack)[prompt], minlength=per_pack.size
+        )
     n_tokens = int(meta["n_tokens"])
     positions = ps.n_packs * size
     eff = n_tokens / positions if positions else 0.0
@@ -279,13 +294,14 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
         pad_share=1.0 - eff if positions else 0.0,
         packing_efficiency=float(meta["packing_efficiency"]),
         lower_bound_packs=int(meta["lower_bound_packs"]),
-        docs_per_pack_mean=float(per_pack.mean()) if per_pack.size else 0.0,
-        docs_per_pack_max=int(per_pack.max(initial=0)),
+        docs_per_pack_mean=float(docs_per_pack.mean()) if docs_per_pack.size else 0.0,
+        docs_per_pack_max=int(docs_per_pack.max(initial=0)),
         overlong=dict(meta["overlong"]),
         n_empty_documents=int(meta.get("n_empty_documents", 0)),
         _seg_lens=np.asarray(ps.seg_lens),
         sources=_sources(meta),
         _pack_offsets=np.asarray(ps.pack_offsets),
+        _docs_per_pack=np.asarray(docs_per_pack, np.int64),
         preference=meta.get("preference") if isinstance(meta.get("preference"), dict) else None,
     )
 
@@ -310,6 +326,7 @@ def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats:
         stats.step_efficiency, stats._step_eff = step_balance(
             np.asarray(ps.pack_offsets),
             np.asarray(ps.seg_lens),
+            prefix=attended_prefix(np.asarray(ps.seg_lens), ps.seg_role),  # shared-prompt completions see the prompt
             world=config.world_size,
             micro_batches=config.micro_batches,
             model=model,
