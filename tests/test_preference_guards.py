@@ -263,3 +263,17 @@ def test_balance_prices_a_shared_completion_with_its_prompt(stores):
     assert np.array_equal(sampler.costs, squares.astype(np.float64))
     plain = PackedSampler(PackedDataset(stores[False], size=SIZE), balance=CostModel(1.0, 0.0), num_replicas=1, rank=0)
     assert plain.costs is not None and plain.costs.sum() > 0  # a pairs-layout store: whole sequences, as before
+
+
+def test_token_stats_dynamic_row_batches_pairs_as_the_sampler_does(tmp_path):
+    rng = np.random.default_rng(0)
+    n, size = 40, 64  # every chosen sequence N tokens, every rejected one 1: a pair always pads a row to N
+    pairs = [(np.zeros(0, np.int64), rng.integers(2, 600, size), rng.integers(2, 600, 1)) for _ in range(n)]
+    tok = write_pref_store(tmp_path / "tok", pairs)
+    code, out, err = cli("stats", str(tok), "--size", str(size), "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    want = 1 - (size + 1) / (2 * size)  # two rows of N per pair, N + 1 real tokens
+    assert s["waste"]["dynamic (padded)"] == pytest.approx(want)
+    sampler = DynamicBatchSampler(DocumentDataset(tok), 8 * size, padded=True)
+    assert int(sampler.costs().sum()) == 2 * size * n

@@ -42,6 +42,8 @@ from packtool.core.batching import (
     BatchPlan,
     assign_ranks,
     check_budget,
+    pair_documents,
+    pair_units,
     plan_batches,
     priced,
     split_to_multiple,
@@ -166,7 +168,9 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         rng = np.random.default_rng([self.seed, epoch])
         units, max_tokens, round_to, window = self.lengths, self.max_tokens, self.round_to, self.window
         if self.pairs:
-            units, max_tokens, round_to, window = self._pair_units()
+            units, max_tokens, round_to, window = pair_units(
+                self.lengths, self.max_tokens, self.padded, self.round_to, self.window
+            )
         order = rng.permutation(units.size) if self.shuffle else None
         plan = plan_batches(
             units,
@@ -188,40 +192,13 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         else:
             plan = split_to_multiple(plan, units, world, self.padded, round_to)
         if self.pairs:
-            plan = self._pair_documents(plan)
+            plan = pair_documents(plan, self.lengths, self.padded, self.round_to)
         cost = (
             plan.cost if self.balance is None else priced(plan, self.lengths, self.balance, self.padded, self.round_to)
         )
         steps = assign_ranks(cost, world, rng if self.shuffle else None)
         self._cache = (epoch, steps, plan)
         return steps, plan
-
-    def _pair_units(self) -> tuple[np.ndarray, int, int, int]:
-        """`(lengths, max_tokens, round_to, window)` to plan pairs with the budget of their documents: a pair
-        costs its two rounded lengths (unpadded), or two rows of its longer sequence (padded: half the budget
-        per row pair, so `rows * L <= max_tokens` holds exactly)."""
-        r = self.round_to
-        rounded = (self.lengths + r - 1) // r * r
-        chosen, rejected = rounded[0::2], rounded[1::2]
-        if self.padded:
-            return np.maximum(chosen, rejected), max(1, self.max_tokens // 2), 1, max(1, self.window // 2)
-        return chosen + rejected, self.max_tokens, 1, max(1, self.window // 2)
-
-    def _pair_documents(self, plan: BatchPlan) -> BatchPlan:
-        """A plan of pairs as the plan of their documents (2i then 2i+1), with costs and tokens per document."""
-        docs = np.stack([2 * plan.docs, 2 * plan.docs + 1], axis=1).reshape(-1)
-        offsets = 2 * plan.offsets
-        if plan.n_batches == 0:
-            return BatchPlan(offsets, docs, plan.cost, plan.tokens)
-        lens = self.lengths[docs[: offsets[-1]]]  # drop_last: the dropped pairs sit after the last batch
-        rounded = (lens + self.round_to - 1) // self.round_to * self.round_to
-        starts = offsets[:-1]
-        tokens = np.add.reduceat(lens, starts).astype(np.int64)
-        if self.padded:
-            cost = np.maximum.reduceat(rounded, starts) * np.diff(offsets)
-        else:
-            cost = np.add.reduceat(rounded, starts)
-        return BatchPlan(offsets, docs, cost.astype(np.int64), tokens)
 
     def batches(self, epoch: int | None = None, rank: int | None = None) -> list[list[int]]:
         """Every batch of `rank` (default: this one) in `epoch` (default: the current one), in order."""

@@ -5,7 +5,8 @@ first cut the way `pack --overlong split` would (fragments of <= N; empty docume
 tokens and are left out), then compared under: naive padding of every document to N, random
 batches of B padded to their longest, length-sorted batches of B, padded dynamic batching under a
 budget of B*N tokens per batch (`packtool.core.batching`, what `DynamicBatchSampler(padded=True)`
-yields: a seeded shuffle sorted inside windows of 1024 documents), every packing algorithm in the
+yields: a seeded shuffle sorted inside windows of 1024 documents; a preference store's pairs whole in
+one batch, as the sampler keeps them, each sequence capped at N), every packing algorithm in the
 registry, and the lower bound `1 - total / (ceil(total / N) * N)`. For a pack store it reads what
 was packed: efficiency, segments per pack, pad share, over-long counts; with `--world-size W` and a
 cost model, the step efficiency of data-parallel ranks in the plain and the balanced order (`balance.py`).
@@ -194,7 +195,15 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         ("sorted batches of B", np.argsort(items, kind="stable")),
     ):
         rows[name], computed[name] = _padded_batches(items[order], batch_size, size)
-    if items.size:
+    pairs = store.preference_pairs is not None
+    dynamic_total = total
+    if pairs and doc_lengths.size:
+        # DynamicBatchSampler keeps a pair's two sequences in one batch: so does its row (sequences capped at N)
+        capped = np.minimum(np.asarray(doc_lengths, np.int64), size)
+        rows[DYNAMIC], dynamic_total = int(capped.size), int(capped.sum())
+        budget = min(batch_size, capped.size) * size
+        computed[DYNAMIC] = dynamic_waste(capped, budget, seed=seed, pairs=True)[1]
+    elif items.size:
         rows[DYNAMIC] = int(items.size)
         # a budget of n*N holds every item in one batch already: larger ones batch the same (and overflow int64)
         computed[DYNAMIC] = dynamic_waste(items, min(batch_size, items.size) * size, seed=seed)[1]
@@ -217,7 +226,7 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         n_overlong=int(np.count_nonzero(doc_lengths > size)),
         n_items=int(items.size),
         lengths={"p50": int(pct[0]), "p90": int(pct[1]), "p99": int(pct[2]), "max": int(doc_lengths.max(initial=0))},
-        waste={k: _waste(total, v) for k, v in computed.items()},
+        waste={k: _waste(dynamic_total if k == DYNAMIC else total, v) for k, v in computed.items()},
         rows=rows,
         preference=preference_stats(store, size, seed) if store.preference_pairs is not None else None,
         _doc_lengths=np.asarray(doc_lengths),
