@@ -94,6 +94,8 @@ def test_collators_carry_pair_ids_and_chosen(stores, via):
     assert flat["prefix_segment"].tolist() == [-1] * 4
     hf = PackedCollator(flatten=True, keys=HF_KEYS)(items)
     assert hf["pair_ids"].tolist() == [1, 1, 5, 5] and "prefix_segment" not in hf  # not shared: the door needs none
+    tail = PackedCollator(flatten=True, pad_to_length=4096)(items)  # the padding segment is no pair
+    assert tail["pair_ids"].tolist() == [1, 1, 5, 5, -1] and tail["chosen"].tolist()[-1] is False
     padded = PaddedCollator(pad_id=ds.pad_id)(items)
     assert padded["pair_ids"].tolist() == [1, 1, 5, 5] and padded["chosen"].tolist() == [False, True, True, False]
     assert padded["input_ids"].shape[0] == 4
@@ -189,12 +191,24 @@ def _shard(path: Path, lengths: list[int], index: int, count: int, preference: b
     manifest = {
         "packtool_version": "test",
         "input_format": "preference",
-        "tokenizer": {"name": "org/t", "sha256": "0" * 64, "vocab_size": 600, "bos_id": None, "eos_id": EOS,
-                      "pad_id": PAD},  # fmt: skip
+        "tokenizer": {
+            "name": "org/t",
+            "sha256": "0" * 64,
+            "vocab_size": 600,
+            "bos_id": None,
+            "eos_id": EOS,
+            "pad_id": PAD,
+        },
         "sources": [{"path": "in.jsonl", "records": len(lengths) // 2, "documents": len(lengths), "rejected": 0}],
         "build": f"b{index}",
-        "shard": {"index": index, "count": count, "chunk_start": index, "chunk_end": index + 1, "n_chunks": count,
-                  "build": "run"},  # fmt: skip
+        "shard": {
+            "index": index,
+            "count": count,
+            "chunk_start": index,
+            "chunk_end": index + 1,
+            "n_chunks": count,
+            "build": "run",
+        },
     }
     if preference:
         manifest["preference"] = {"pairs": len(lengths) // 2, "layout": "chosen,rejected"}
@@ -251,6 +265,8 @@ def test_pack_stats_count_documents_not_prompt_segments(stores):
     s = json.loads(out)
     assert s["docs_per_pack_max"] == docs.max() and s["docs_per_pack_mean"] == pytest.approx(docs.mean())
     assert s["n_segments"] > docs.sum()  # the segments still count the prompts
+    code, out, err = cli("stats", str(stores[True]), "--world-size", "2", "--hidden-size", "64", "--json")
+    assert code == 0 and json.loads(out)["step_efficiency"]["world_size"] == 2, err
 
 
 def test_balance_prices_a_shared_completion_with_its_prompt(stores):
