@@ -269,9 +269,10 @@ def test_pack_stats_count_documents_not_prompt_segments(stores):
     assert code == 0 and json.loads(out)["step_efficiency"]["world_size"] == 2, err
 
 
-def test_balance_prices_a_shared_completion_with_its_prompt(stores):
+def test_balance_prices_a_shared_completion_with_its_prompt(stores, monkeypatch):
     from packtool.core.cost import CostModel
     from packtool.loader import PackedDataset, PackedSampler
+    from packtool.loader import sampler as sampler_module
 
     ds = PackedDataset(stores[True], size=SIZE)
     sampler = PackedSampler(ds, balance=CostModel(0.0, 1.0), num_replicas=1, rank=0)
@@ -279,6 +280,9 @@ def test_balance_prices_a_shared_completion_with_its_prompt(stores):
     assert np.array_equal(sampler.costs, squares.astype(np.float64))
     plain = PackedSampler(PackedDataset(stores[False], size=SIZE), balance=CostModel(1.0, 0.0), num_replicas=1, rank=0)
     assert plain.costs is not None and plain.costs.sum() > 0  # a pairs-layout store: whole sequences, as before
+    monkeypatch.setattr(sampler_module, "LAZY_ABOVE", 0)  # the lazy order prices packs window by window
+    lazy = PackedSampler(ds, balance=CostModel(0.0, 1.0), num_replicas=1, rank=0)
+    assert lazy.lazy and np.array_equal(lazy._pack_costs(np.arange(len(ds))), squares.astype(np.float64))
 
 
 def test_token_stats_dynamic_row_batches_pairs_as_the_sampler_does(tmp_path):

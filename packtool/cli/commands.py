@@ -87,21 +87,29 @@ def tokenize(
     field: Annotated[
         str | None, typer.Option("--field", help="Text field (dotted path) for --format text (default: text).")
     ] = None,
-    prompt_field: Annotated[str | None, typer.Option("--prompt-field", help="prompt-completion: prompt.")] = None,
+    prompt_field: Annotated[
+        str | None, typer.Option("--prompt-field", help="prompt-completion, preference: prompt.")
+    ] = None,
     completion_field: Annotated[
         str | None, typer.Option("--completion-field", help="prompt-completion: completion.")
     ] = None,
     messages_field: Annotated[
-        str | None, typer.Option("--messages-field", help="chat, openai: messages; sharegpt: conversations.")
+        str | None,
+        typer.Option("--messages-field", help="chat, openai: messages; sharegpt, preference: conversations."),
     ] = None,
     role_map: Annotated[
-        str | None, typer.Option("--role-map", help="chat/sharegpt: FROM=TO,... onto system/user/assistant/tool.")
+        str | None,
+        typer.Option("--role-map", help="chat/sharegpt/preference: FROM=TO,... onto system/user/assistant/tool."),
     ] = None,
-    instruction_field: Annotated[str | None, typer.Option("--instruction-field", help="alpaca: instruction.")] = None,
-    input_field: Annotated[str | None, typer.Option("--input-field", help="alpaca: input.")] = None,
+    instruction_field: Annotated[
+        str | None, typer.Option("--instruction-field", help="alpaca, preference: instruction.")
+    ] = None,
+    input_field: Annotated[str | None, typer.Option("--input-field", help="alpaca, preference: input.")] = None,
     output_field: Annotated[str | None, typer.Option("--output-field", help="alpaca: output.")] = None,
-    history_field: Annotated[str | None, typer.Option("--history-field", help="alpaca: history.")] = None,
-    system_field: Annotated[str | None, typer.Option("--system-field", help="alpaca/sharegpt: system.")] = None,
+    history_field: Annotated[str | None, typer.Option("--history-field", help="alpaca, preference: history.")] = None,
+    system_field: Annotated[
+        str | None, typer.Option("--system-field", help="alpaca/sharegpt/preference: system.")
+    ] = None,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
     assistant_turns: Annotated[
         AssistantTurns, typer.Option("--assistant-turns", help="chat: train on all or only the last assistant turn.")
@@ -181,7 +189,13 @@ def pack(
 
 @app.command(cls=PlainCommand)
 def stats(
-    path: StorePath,
+    path: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A token store or a pack store (ROOT, ROOT/packed/TOKENIZER or .npy); or pack stores STORE:W ... "
+            "blended at load time (each store's share of samples and tokens, its epochs).",
+        ),
+    ],
     size: Annotated[
         int | None, typer.Option("--size", help="Pack size N (token store: default 4096, named so).")
     ] = None,
@@ -198,14 +212,21 @@ def stats(
     hidden_size: Annotated[int | None, typer.Option("--hidden-size", help="Or a hidden size h for the cost.")] = None,
 ) -> None:
     """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
+    from packtool.errors import UsageError
     from packtool.stages.stats import StatsConfig, check_plot_path, compute_stats, plot_stats
+    from packtool.stages.stats.blend import BlendStats, blend_sources
 
-    config = StatsConfig(path, size, batch_size, seed, split, world_size, micro_batches, model, hidden_size).validate()
+    blend = blend_sources(path)
+    if blend is not None and plot is not None:
+        raise UsageError("--plot draws one store, not a blend, drop --plot or pass one store")
+    config = StatsConfig(
+        path[0], size, batch_size, seed, split, world_size, micro_batches, model, hidden_size, blend
+    ).validate()
     if plot is not None:
         check_plot_path(plot)  # before any work or output
     result = compute_stats(config)
     typer.echo(stats_text(result, as_json))
-    if plot is not None:
+    if plot is not None and not isinstance(result, BlendStats):
         plot_stats(result, plot)
 
 

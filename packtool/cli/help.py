@@ -73,7 +73,7 @@ class PlainContext(_Context):  # type: ignore[misc]
 #: how each value is written in --help and in usage errors: `COMMAND FLAG` first, then `FLAG` (an argument by
 #: its name); a value not listed shows its name in capitals (`--new-flag NEW_FLAG`), never a type placeholder
 METAVARS: dict[str, str] = {
-    "tokenize inputs": "INPUT...", "merge shards": "SHARD...", "path": "PATH", "run config": "CONFIG.yaml",
+    "tokenize inputs": "INPUT...", "merge shards": "SHARD...", "path": "PATH", "stats path": "PATH|STORE:W...", "run config": "CONFIG.yaml",
     "audit model": "MODEL", "--tokenizer": "TOKENIZER", "--output": "DIR", "pack --output": "ROOT",
     "--field": "FIELD", "--prompt-field": "FIELD", "--completion-field": "FIELD", "--messages-field": "FIELD",
     "--instruction-field": "FIELD", "--input-field": "FIELD", "--output-field": "FIELD", "--history-field": "FIELD",

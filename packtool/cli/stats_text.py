@@ -15,6 +15,8 @@ def stats_text(result: Any, as_json: bool) -> str:
     data = result.to_dict()
     if as_json:
         return json.dumps(data, sort_keys=True)
+    if data["kind"] == "blend":
+        return "\n".join(blend_lines(data))
     return "\n".join(_token_lines(data) if data["kind"] == "tokens" else _pack_lines(data))
 
 
@@ -101,4 +103,23 @@ def _step_lines(s: dict[str, Any]) -> list[str]:
         f"    balanced  mean {b['mean']:.2%}  p5 {b['p5']:.2%}  min {b['min']:.2%}  "
         f"(window {s['window']} steps: a pack moves <= {s['max_moved_steps']} steps)",
         f"    step time saved by balancing: {s['time_saved']:.2%}",
+    ]
+
+
+def blend_lines(s: dict[str, Any]) -> list[str]:
+    """A load-time blend (`packtool stats STORE:W ...`): each store's share of samples and tokens, its epochs."""
+    head = (
+        f"  {'store':<40}{'weight':>8}{'packs':>10}{'samples':>12}{'share':>9}{'tokens':>14}{'share':>9}{'epochs':>9}"
+    )
+    return [
+        f"blend of {s['n_stores']} pack stores, {s['n_samples']} samples per epoch, {s['n_tokens']} tokens "
+        f"(split {s['split']}, size {s['size']}, seed {s['seed']})",
+        head,
+        *(
+            f"  {str(r['path'])[-40:]:<40}{r['weight']:>8g}{r['n_packs']:>10}{r['samples']:>12}{r['sample_share']:>9.2%}"
+            f"{r['tokens']:>14}{r['token_share']:>9.2%}{r['epochs']:>9.4g}"
+            for r in s["stores"]
+        ),
+        "  samples: k full passes over a store of weight k + f, plus floor(f * packs + 1/2) distinct seeded packs;",
+        "  every prefix of the blend holds each store within 2 samples of its share (packtool.loader.BlendedDataset)",
     ]

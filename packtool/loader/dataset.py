@@ -38,6 +38,7 @@ from packtool.formats.pack_store import (
     PackSplit,
     find_pack_dir,
     metadata_for,
+    metadata_name,
     open_pack_split,
     parse_data_name,
     sizes_in,
@@ -90,8 +91,11 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
                     f"size={size} contradicts the file name {p.name}, {p}, drop size= or pass the matching file"
                 )
             size = file_size
-        self.directory = find_pack_dir(p)
-        sizes = sizes_in(self.directory)
+        if isinstance(size, int) and not isinstance(size, bool) and p.is_dir() and (p / metadata_name(size)).is_file():
+            self.directory, sizes = p, [int(size)]  # what the two scans below would conclude, without them
+        else:
+            self.directory = find_pack_dir(p)
+            sizes = sizes_in(self.directory)
         if size is None:
             if len(sizes) != 1:
                 found = ", ".join(map(str, sizes)) or "none"

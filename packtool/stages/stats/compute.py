@@ -39,6 +39,7 @@ from packtool.formats.pack_store import (
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
 from packtool.stages.stats.balance import cost_model, step_balance
+from packtool.stages.stats.blend import BlendStats, blend_stats, check_blend
 from packtool.stages.stats.explain import ROWS_NOTE, SORT_NOTE, WASTE_NOTE, Note, size_note, strategy_notes
 
 DEFAULT_SIZE = 4096
@@ -73,6 +74,8 @@ class StatsConfig:
     """A transformers config.json whose shape prices packs (`CostModel.from_config`), with `world_size`."""
     hidden_size: int | None = None
     """Or a hidden size h: 24·h² per token and 2·h·s² per segment (`CostModel.from_shape`)."""
+    blend: tuple[str, ...] | None = None
+    """Pack stores `STORE:W` blended at load time: report each store's share (`stages.stats.blend`); `path` unused."""
 
     def validate(self) -> StatsConfig:
         """Check every value before any work; returns self."""
@@ -92,6 +95,8 @@ class StatsConfig:
             raise UsageError("--model/--hidden-size price the steps of --world-size W, pass --world-size too")
         if self.world_size is not None:
             cost_model(self.model, self.hidden_size)  # a missing or unreadable config fails before any work
+        if self.blend is not None:
+            check_blend(self)
         return self
 
 
@@ -315,9 +320,11 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
     )
 
 
-def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats:
+def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats | BlendStats:
     """Statistics of a token store (detected by its manifest.json) or of a pack store."""
     config.validate()
+    if config.blend is not None:
+        return blend_stats(config.blend, config.seed, str(config.split), config.size)
     path = Path(config.path)
     if path.is_dir() and (path / MANIFEST).is_file():
         if config.world_size is not None:
