@@ -297,3 +297,31 @@ def test_token_stats_dynamic_row_batches_pairs_as_the_sampler_does(tmp_path):
     assert s["waste"]["dynamic (padded)"] == pytest.approx(want)
     sampler = DynamicBatchSampler(DocumentDataset(tok), 8 * size, padded=True)
     assert int(sampler.costs().sum()) == 2 * size * n
+
+
+# -- packtool run ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pack", "to", "refused"),
+    [
+        ("", "megatron-bridge", True),
+        ("  share_prompt: true\n", "trl", True),
+        ("", "trl", False),
+    ],
+)
+def test_run_refuses_a_preference_export_before_the_first_step(tmp_path, bpe_tokenizer_dir, pack, to, refused):
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}) + "\n")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"tokenize:\n  inputs: pairs.jsonl\n  tokenizer: {bpe_tokenizer_dir}\n  format: preference\n"
+        f"  output: out/tokens\npack:\n  size: 64\n  output: out\n{pack}export:\n  to: {to}\n  output: out/x\n"
+    )
+    if refused:
+        line = cli_error("run", str(cfg), "--quiet")
+        assert "the pack output of step 'run' is a preference pack store" in line and f"--to {to}" in line
+        assert not (tmp_path / "out").exists()  # nothing ran
+    else:
+        from packtool.cli.runconfig import load_run_config
+
+        assert load_run_config(cfg)[0].export["to"] == "trl"

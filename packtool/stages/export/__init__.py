@@ -82,12 +82,15 @@ def check_preference(store: PackSplit, spec: Exporter) -> None:
     """Refuse a preference pack store (its metadata's `preference` key, read through `formats.pack_store`) in a
     layout `spec`'s trainer cannot read exactly, naming what trains on it instead."""
     pref = store.preference
-    if pref is None:
-        return
-    layout = str(pref.get("layout"))
+    if pref is not None:
+        refuse_layout(str(pref.get("layout")), spec, f"{store.split}_{store.size} in {store.directory}")
+
+
+def refuse_layout(layout: str, spec: Exporter, where: str) -> None:
+    """The ConfigError of `check_preference` for a preference pack `layout` ("pairs" / "shared-prompt") that
+    `spec` cannot export; nothing when it can (also what `packtool run` checks before its first step)."""
     if layout in spec.preference_layouts:
         return
-    where = f"{store.split}_{store.size} in {store.directory}"
     target = spec.target.value
     if spec.preference_layouts:  # the target reads pairs, but not this layout
         raise ConfigError(
