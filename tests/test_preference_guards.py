@@ -295,6 +295,7 @@ def test_token_stats_dynamic_row_batches_pairs_as_the_sampler_does(tmp_path):
     s = json.loads(out)
     want = 1 - (size + 1) / (2 * size)  # two rows of N per pair, N + 1 real tokens
     assert s["waste"]["dynamic (padded)"] == pytest.approx(want)
+    assert "keeps each pair whole" in s["notes"]["pairs"]  # the other rows count sequences as documents: said so
     sampler = DynamicBatchSampler(DocumentDataset(tok), 8 * size, padded=True)
     assert int(sampler.costs().sum()) == 2 * size * n
 

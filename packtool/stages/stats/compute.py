@@ -40,7 +40,7 @@ from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
 from packtool.stages.stats.balance import cost_model, step_balance
 from packtool.stages.stats.blend import BlendStats, blend_stats, check_blend
-from packtool.stages.stats.explain import ROWS_NOTE, SORT_NOTE, WASTE_NOTE, Note, size_note, strategy_notes
+from packtool.stages.stats.explain import PAIRS_NOTE, ROWS_NOTE, SORT_NOTE, WASTE_NOTE, Note, size_note, strategy_notes
 
 DEFAULT_SIZE = 4096
 DYNAMIC = "dynamic (padded)"
@@ -235,7 +235,13 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         rows=rows,
         preference=preference_stats(store, size, seed) if store.preference_pairs is not None else None,
         _doc_lengths=np.asarray(doc_lengths),
-        notes={"rows": ROWS_NOTE, "waste": WASTE_NOTE, "sorting": SORT_NOTE, "size": size_note(size, given=True)},
+        notes={
+            "rows": ROWS_NOTE,
+            "waste": WASTE_NOTE,
+            "sorting": SORT_NOTE,
+            "size": size_note(size, given=True),
+            **({"pairs": PAIRS_NOTE} if pairs else {}),
+        },
         strategies=strategy_notes(list(rows)),
     )
 
