@@ -9,13 +9,15 @@ batch of the same items, and `DynamicBatchSampler` chooses the documents under a
 
 `ds[i]`: `input_ids`, `labels` (unshifted, -100 at the first token and at non-targets of
 `tokens.loss`), `position_ids` (0..L-1), `cu_seqlens = [0, L]` int32, `max_seqlen = L`,
-`n_target_tokens`. Over a preference token store (`tokenize --format preference`: document 2i is pair i's
-chosen sequence, 2i+1 its rejected one) each item also carries the pair keys of its one segment, as
-`PackedDataset` items do: `pair_ids` (int64 `[1]`, = document // 2), `chosen` (bool `[1]`) and
-`prefix_segment` (`[-1]`: a whole sequence); `PackedCollator` and `PaddedCollator` carry them on, and
-`DynamicBatchSampler` keeps the two sequences of a pair in one batch. A whole batch is gathered by one compiled pass (`__getitems__`, which
+`n_target_tokens`. A whole batch is gathered by one compiled pass (`__getitems__`, which
 `DataLoader` calls with the batch's indices) into one flat buffer; the store's memory maps open
 lazily per process and are never pickled, as in `PackedDataset`.
+
+Over a preference token store (`tokenize --format preference`: document 2i is pair i's chosen
+sequence, 2i+1 its rejected one) each item also carries the pair keys of its one segment, as
+`PackedDataset` items do: `pair_ids` (int64 `[1]`, = document // 2), `chosen` (bool `[1]`) and
+`prefix_segment` (`[-1]`: a whole sequence); `PackedCollator` and `PaddedCollator` carry them on,
+and `DynamicBatchSampler` keeps the two sequences of a pair in one batch.
 """
 
 from __future__ import annotations
