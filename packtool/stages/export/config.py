@@ -113,3 +113,7 @@ class Exporter:
     file_names: FileNames
     check: Check
     write: Write
+    preference_layouts: tuple[str, ...] = ()
+    """Preference pack layouts (`formats.pack_store.PAIR_LAYOUTS`) whose files its trainer reads exactly; a
+    preference pack store of any other layout is refused by `export_store` before `check` runs (a trainer
+    without a pair format would read the pairs as unrelated SFT sequences, and a shared prompt not at all)."""

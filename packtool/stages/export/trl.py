@@ -106,4 +106,5 @@ EXPORTER = Exporter(
     file_names=file_names,
     check=check,
     write=write,
+    preference_layouts=("pairs",),  # whole sequences per row; a shared prompt has no seq_lengths form
 )
