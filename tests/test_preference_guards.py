@@ -52,13 +52,13 @@ def test_export_without_a_pair_format_refuses_a_preference_store(stores, tmp_pat
     assert not out.exists()  # nothing written, not even the directory
 
 
-def test_export_trl_refuses_a_shared_prompt_store_and_keeps_whole_pairs(stores, tmp_path):
-    line = cli_error("export", str(stores[True]), "--to", "trl", "--output", str(tmp_path / "shared"))
-    assert "shared prompt (layout shared-prompt), --to trl" in line and "re-pack without --share-prompt" in line
-    assert not (tmp_path / "shared").exists()
-    code, out, err = cli("export", str(stores[False]), "--to", "trl", "--output", str(tmp_path / "pairs"))
-    assert code == 0, err  # whole sequences per row: seq_lengths say exactly where each one starts
-    assert list((tmp_path / "pairs").glob("*.parquet"))
+def test_export_trl_of_a_pair_store_prints_the_dpo_recipe_and_writes_no_sft_parquet(stores, tmp_path):
+    for share in (True, False):  # TRL's DPO reads the pack store itself; an SFT parquet would train on rejected
+        out_dir = tmp_path / f"x{int(share)}"
+        code, out, err = cli("export", str(stores[share]), "--to", "trl", "--output", str(out_dir))
+        assert code == 0, err
+        assert "PackedDPOTrainer" in out and "nothing written" in out
+        assert not list(out_dir.glob("*.parquet"))
 
 
 def test_export_of_a_plain_store_is_unchanged(tmp_path):
@@ -307,7 +307,7 @@ def test_token_stats_dynamic_row_batches_pairs_as_the_sampler_does(tmp_path):
     ("pack", "to", "refused"),
     [
         ("", "megatron-bridge", True),
-        ("  share_prompt: true\n", "trl", True),
+        ("  share_prompt: true\n", "trl", False),
         ("", "trl", False),
     ],
 )

@@ -58,6 +58,10 @@ def export_store(config: ExportConfig, progress: Progress | None = None) -> Expo
             f"--output is a token store, {output}, choose another directory (an export never writes into a store)"
         )
     store = open_pack_split(directory, split, size)
+    if store.preference is not None and spec.preference_recipe is not None:
+        # the trainer reads the pack store itself: writing its SFT files would hand it the pairs as plain sequences
+        lines = spec.preference_recipe(directory, size)
+        return ExportResult(target, output, (), store.n_packs, size, tuple(lines), {"preference": True})
     check_preference(store, spec)  # a pair store read as plain SFT packs is a silent wrong answer
     ids = _tokenizer_ids(store, config.eos_id)
     spec.check(store, ids)  # refuse what the trainer cannot represent before writing anything
@@ -89,7 +93,7 @@ def check_preference(store: PackSplit, spec: Exporter) -> None:
 def refuse_layout(layout: str, spec: Exporter, where: str) -> None:
     """The ConfigError of `check_preference` for a preference pack `layout` ("pairs" / "shared-prompt") that
     `spec` cannot export; nothing when it can (also what `packtool run` checks before its first step)."""
-    if layout in spec.preference_layouts:
+    if layout in spec.preference_layouts or spec.preference_recipe is not None:
         return
     target = spec.target.value
     if spec.preference_layouts:  # the target reads pairs, but not this layout
