@@ -36,7 +36,8 @@ import yaml
 
 from packtool.core.mixture import check_weight
 from packtool.errors import ConfigError, UsageError
-from packtool.stages.export import ExportConfig
+from packtool.stages.export import ExportConfig, refuse_layout
+from packtool.stages.export.registry import exporter
 from packtool.stages.pack import PackConfig
 from packtool.stages.run import Step
 from packtool.stages.stats import StatsConfig
@@ -221,8 +222,26 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
         if plot is not None and Path(plot).suffix.lower() != ".png":
             raise UsageError(f"stats.plot writes a PNG, got {plot}, {_at(file, raw, 'stats')}, end the name in .png")
     if "export" in sections:  # path may come from the pack step: check the choices with a stand-in
-        check("export", lambda: ExportConfig(**{"path": ".", **sections["export"]}).validate())
+        export = check("export", lambda: ExportConfig(**{"path": ".", **sections["export"]}).validate())
+        _check_pair_export(tokenize, pack, export, "path" in raw["export"], name, lambda f: check("export", f))
     return Step(name, tokenize, pack, sections.get("stats"), sections.get("verify"), sections.get("export"))
+
+
+def _check_pair_export(
+    tokenize: TokenizeConfig | None,
+    pack: PackConfig | None,
+    export: ExportConfig,
+    own_path: bool,
+    name: str,
+    check: Callable[[Callable[[], Any]], Any],
+) -> None:
+    """An export of the preference packs this step writes, to a target that cannot hold them, is refused now,
+    not after tokenize and pack ran (`export_store` refuses it again from the pack metadata)."""
+    if tokenize is None or pack is None or own_path or str(tokenize.format) != "preference":
+        return
+    if Path(tokenize.output) in [p for p, _ in pack.stores()]:
+        layout = "shared-prompt" if pack.share_prompt else "pairs"
+        check(lambda: refuse_layout(layout, exporter(export.target), f"the pack output of step {name!r}"))
 
 
 def _has_link(section: str, raw: dict[str, Any]) -> bool:

@@ -38,6 +38,7 @@ def _token_lines(s: dict[str, Any]) -> list[str]:
         *_wrapped("  rows: ", notes.get("rows", "")),
         *_wrapped("  waste: ", notes.get("waste", "")),
         *_wrapped("  note: ", notes.get("sorting", "")),
+        *_wrapped("  pairs: ", notes.get("pairs", "")),
         *_pair_token_lines(s.get("preference")),
     ]
 

@@ -81,6 +81,11 @@ def verify_line(report: Any) -> str:
 
 def export_lines(result: Any) -> list[str]:
     files = ", ".join(str(f) for f in result.files)
+    if not result.files:  # the trainer reads the pack store itself (a preference store for TRL's DPO)
+        return [
+            f"{result.n_packs} packs of {result.size} tokens need no export for {result.target}: nothing written",
+            *result.lines,
+        ]
     return [f"exported {result.n_packs} packs of {result.size} tokens for {result.target} -> {files}", *result.lines]
 
 

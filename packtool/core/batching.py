@@ -212,6 +212,32 @@ def plan_batches(
     return BatchPlan(offsets, order, cost, tokens)
 
 
+def pair_units(
+    lengths: np.ndarray, max_tokens: int, padded: bool, round_to: int, window: int
+) -> tuple[np.ndarray, int, int, int]:
+    """`(unit lengths, max_tokens, round_to, window)` that plan whole preference pairs (documents 2i, 2i+1) with
+    the budget of their documents: a pair costs its two rounded lengths (unpadded), or two rows of its longer
+    sequence (padded: half the budget per row pair, so `rows * L <= max_tokens` holds exactly, as integers);
+    windows count documents (`window // 2` pairs). Plan with `plan_batches`, then `pair_documents`."""
+    lengths = np.asarray(lengths, np.int64)
+    rounded = (lengths + round_to - 1) // round_to * round_to
+    chosen, rejected = rounded[0::2], rounded[1::2]
+    if padded:
+        return np.maximum(chosen, rejected), max(1, max_tokens // 2), 1, max(1, window // 2)
+    return chosen + rejected, max_tokens, 1, max(1, window // 2)
+
+
+def pair_documents(plan: BatchPlan, lengths: np.ndarray, padded: bool, round_to: int) -> BatchPlan:
+    """A plan of pairs (`pair_units`) as the plan of their documents (2i then 2i+1), costs and tokens per
+    document (a `drop_last` plan may end before its last pairs: they stay out)."""
+    docs = np.stack([2 * plan.docs, 2 * plan.docs + 1], axis=1).reshape(-1)
+    offsets = 2 * plan.offsets
+    if plan.n_batches == 0:
+        return BatchPlan(offsets, docs, plan.cost, plan.tokens)
+    cost, tokens = _costs(np.asarray(lengths, np.int64)[docs[: offsets[-1]]], offsets, padded, round_to)
+    return BatchPlan(offsets, docs, cost, tokens)
+
+
 def split_to_multiple(plan: BatchPlan, lengths: np.ndarray, world: int, padded: bool, round_to: int) -> BatchPlan:
     """Split the batches holding the most documents in two until the batch count divides `world`.
 
@@ -300,11 +326,14 @@ def dynamic_waste(
     window: int = DEFAULT_WINDOW,
     split_gain: float = SPLIT_GAIN,
     seed: int = 0,
+    pairs: bool = False,
 ) -> tuple[int, int]:
-    """(batches, computed positions) of padded dynamic batching over a seeded shuffle of `lengths`."""
+    """(batches, computed positions) of padded dynamic batching over a seeded shuffle of `lengths`; with
+    `pairs`, of whole preference pairs (documents 2i, 2i+1 in one batch: `pair_units`)."""
     lengths = np.asarray(lengths, np.int64)
-    order = np.random.default_rng(seed).permutation(lengths.size)
-    plan = plan_batches(
-        lengths, max_tokens, padded=True, round_to=round_to, window=window, order=order, split_gain=split_gain
-    )
-    return plan.n_batches, int(plan.cost.sum())
+    units, budget, rounding, win = (lengths, max_tokens, round_to, window)
+    if pairs:
+        units, budget, rounding, win = pair_units(lengths, max_tokens, True, round_to, window)
+    order = np.random.default_rng(seed).permutation(units.size)
+    plan = plan_batches(units, budget, padded=True, round_to=rounding, window=win, order=order, split_gain=split_gain)
+    return plan.n_batches, int(plan.cost.sum()) * (2 if pairs else 1)

@@ -198,9 +198,13 @@ class CostModel:
         s = np.asarray(seg_lens, dtype=np.int64).reshape(-1)
         return float(self.combine(np.array([s.sum()]), np.array([(s * s).sum()]))[0])
 
-    def packs(self, pack_offsets: np.ndarray, seg_lens: np.ndarray) -> np.ndarray:
-        """float64 cost of every pack of a CSR segment table (`seg_lens[pack_offsets[p]:pack_offsets[p+1]]`)."""
-        return self.combine(*segment_sums(pack_offsets, seg_lens))
+    def packs(self, pack_offsets: np.ndarray, seg_lens: np.ndarray, prefix: np.ndarray | None = None) -> np.ndarray:
+        """float64 cost of every pack of a CSR segment table (`seg_lens[pack_offsets[p]:pack_offsets[p+1]]`).
+
+        `prefix` (per segment, optional): tokens of another segment the segment's queries also attend (a
+        shared-prompt completion's prompt, `formats.pack_store.attended_prefix`); its attention term is then
+        `(prefix + s)² - prefix²`, what the completion adds to its prompt's causal attention."""
+        return self.combine(*segment_sums(pack_offsets, seg_lens, prefix=prefix))
 
     def combine(self, tokens: np.ndarray, squares: np.ndarray) -> np.ndarray:
         """Costs from exact integer sums: `per_token * Σs + per_token_sq * Σs²` (one float op each,
@@ -211,8 +215,11 @@ class CostModel:
         return {"per_token": self.per_token, "per_token_sq": self.per_token_sq}
 
 
-def segment_sums(pack_offsets: np.ndarray, seg_lens: np.ndarray, block: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
-    """`(Σs, Σs²)` per pack as exact int64, vectorised over a CSR segment table (empty packs give 0).
+def segment_sums(
+    pack_offsets: np.ndarray, seg_lens: np.ndarray, block: int = 1 << 20, prefix: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`(Σs, Σs²)` per pack as exact int64, vectorised over a CSR segment table (empty packs give 0); with
+    `prefix` (tokens each segment also attends outside itself) a segment's square is `s² + 2·prefix·s`.
 
     Reads `seg_lens` (a memory map is fine) in blocks of `block` packs, so the int64 temporaries
     stay bounded whatever the store's size."""
@@ -230,7 +237,10 @@ def segment_sums(pack_offsets: np.ndarray, seg_lens: np.ndarray, block: int = 1 
         rel = po[a : b + 1] - po[a]
         cum = np.concatenate(([0], np.cumsum(s)))
         tokens[a:b] = cum[rel[1:]] - cum[rel[:-1]]
-        cum = np.concatenate(([0], np.cumsum(s * s)))
+        sq = s * s
+        if prefix is not None:
+            sq += 2 * s * np.asarray(prefix[po[a] : po[b]], dtype=np.int64)
+        cum = np.concatenate(([0], np.cumsum(sq)))
         squares[a:b] = cum[rel[1:]] - cum[rel[:-1]]
     return tokens, squares
 

@@ -66,6 +66,23 @@ ROLE_NAMES = {
 PAIR_LAYOUTS = ("pairs", "shared-prompt")
 
 
+def attended_prefix(seg_lens: np.ndarray, seg_role: np.ndarray | None) -> np.ndarray | None:
+    """int64 per segment: the tokens of ANOTHER segment its queries also attend (a shared-prompt completion:
+    its prompt's length; 0 elsewhere), or None when no segment attends outside itself (plain, pairs layout).
+
+    What the attention cost of a segment depends on besides its own length (`CostModel.packs(prefix=...)`):
+    a completion after a prompt of p tokens costs what p + c tokens cost minus the prompt's own p."""
+    if seg_role is None:
+        return None
+    role = np.asarray(seg_role)
+    back = np.where(role == ROLE_CHOSEN_COMPLETION, 1, np.where(role == ROLE_REJECTED_COMPLETION, 2, 0))
+    if not back.any():
+        return None
+    lens = np.asarray(seg_lens, np.int64)
+    at = np.arange(lens.size, dtype=np.int64) - back
+    return np.where(back > 0, lens[np.maximum(at, 0)], 0).astype(np.int64)
+
+
 def safe_name(name: str) -> str:
     """A file-system safe directory name for a tokenizer (`org/model` -> `org--model`)."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name.replace("/", "--")).strip(".-")

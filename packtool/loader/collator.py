@@ -289,6 +289,11 @@ def _pair_arrays(
         if "pair_ids" not in stacked:
             return None
         return stacked["pair_ids"], stacked["chosen"], stacked["prefix_segment"], bool(stacked["shared_prompt"])
+    if isinstance(docs, dict):  # DocumentDataset of a preference token store: one whole sequence per segment
+        if "pair_ids" not in docs:
+            return None
+        pair_ids = np.asarray(docs["pair_ids"], np.int64)
+        return pair_ids, np.asarray(docs["chosen"], bool), np.full(pair_ids.size, -1, np.int64), False
     if docs is not None or not any("pair_ids" in it for it in items):
         return None
     if not all("pair_ids" in it for it in items):

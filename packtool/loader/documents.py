@@ -12,6 +12,12 @@ batch of the same items, and `DynamicBatchSampler` chooses the documents under a
 `n_target_tokens`. A whole batch is gathered by one compiled pass (`__getitems__`, which
 `DataLoader` calls with the batch's indices) into one flat buffer; the store's memory maps open
 lazily per process and are never pickled, as in `PackedDataset`.
+
+Over a preference token store (`tokenize --format preference`: document 2i is pair i's chosen
+sequence, 2i+1 its rejected one) each item also carries the pair keys of its one segment, as
+`PackedDataset` items do: `pair_ids` (int64 `[1]`, = document // 2), `chosen` (bool `[1]`) and
+`prefix_segment` (`[-1]`: a whole sequence); `PackedCollator` and `PaddedCollator` carry them on,
+and `DynamicBatchSampler` keeps the two sequences of a pair in one batch.
 """
 
 from __future__ import annotations
@@ -88,7 +94,12 @@ class DocumentBatchItems(Sequence[dict[str, Any]]):
         j = int(i) + len(self) if int(i) < 0 else int(i)
         if not 0 <= j < len(self):
             raise IndexError(f"item {i} of a batch of {len(self)}")
-        return _item(rows[:, int(cu[j]) : int(cu[j + 1])], int(lens[j]), int(self.flat["targets"][j]))
+        item = _item(rows[:, int(cu[j]) : int(cu[j + 1])], int(lens[j]), int(self.flat["targets"][j]))
+        if "pair_ids" in self.flat:
+            item["pair_ids"] = torch.tensor([int(self.flat["pair_ids"][j])], dtype=torch.int64)
+            item["chosen"] = torch.tensor([bool(self.flat["chosen"][j])])
+            item["prefix_segment"] = torch.tensor([-1], dtype=torch.int64)
+        return item
 
 
 def _item(rows: np.ndarray, length: int, targets: int) -> dict[str, Any]:
@@ -108,7 +119,8 @@ class DocumentDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     `lengths` (int64, one per document) is what `DynamicBatchSampler` plans with; `pad_id` is the
     tokenizer's pad id from the manifest (0 when it has none), for `PaddedCollator(pad_id=ds.pad_id)`.
-    Empty documents are items of length 0 (a zero-length segment once collated).
+    Empty documents are items of length 0 (a zero-length segment once collated). `preference` is the pair
+    count of a preference token store (its manifest's `preference` key), None for any other store.
     """
 
     def __init__(self, token_store: str | os.PathLike[str]) -> None:
@@ -122,6 +134,8 @@ class DocumentDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         pad = store.manifest.get("tokenizer", {}).get("pad_id")
         self.pad_id = int(pad) if isinstance(pad, int) else 0
         self.n_documents = store.n_documents
+        #: pairs of a preference token store (documents 2i chosen, 2i+1 rejected); None: a plain store
+        self.preference: int | None = store.preference_pairs
 
     def _open(self) -> TokenStore:
         if self._store is None or self._pid != os.getpid():
@@ -164,13 +178,15 @@ class DocumentDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
             raise IndexError(f"document index {int(idx[bad])} out of range 0..{self.n_documents - 1}")
         offsets = np.zeros(b + 1, np.int64)
         np.cumsum(lens, out=offsets[1:])
-        return DocumentBatchItems(
-            {
-                "rows": rows,
-                "lengths": lens,
-                "offsets": offsets,
-                "targets": targets,
-                "n_target_total": int(targets.sum()),
-                "max_seqlen": int(lens.max()),
-            }
-        )
+        flat: dict[str, Any] = {
+            "rows": rows,
+            "lengths": lens,
+            "offsets": offsets,
+            "targets": targets,
+            "n_target_total": int(targets.sum()),
+            "max_seqlen": int(lens.max()),
+        }
+        if self.preference is not None:  # each document's pair and side (contract: 2i chosen, 2i+1 rejected)
+            flat["pair_ids"] = idx // 2
+            flat["chosen"] = idx % 2 == 0
+        return DocumentBatchItems(flat)

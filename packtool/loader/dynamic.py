@@ -19,6 +19,13 @@ drops the remainder instead), and the batches of a step have similar cost: compu
 with `balance=CostModel(...)` the model's cost, so the quadratic attention work of long documents is
 balanced across ranks too, not only their token count. Resume is exact: the
 state counts the batches the training loop consumed (through `ResumableLoader`, or `advance`).
+
+Preference pairs: over a preference token store (`DocumentDataset.preference`, or `pairs=True` with
+an array of lengths: documents 2i and 2i+1 are pair i) the plan is made of PAIRS, so the chosen and
+the rejected sequence of a pair are always in the same batch, chosen first (what a padding-free or
+padded DPO step needs: both log-probs of a pair in one forward). The budget keeps its meaning:
+the sum of both sequences' (rounded) lengths, or with `padded=True` rows (two per pair) x the padded
+row length; windows count documents as before (`window // 2` pairs).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from packtool.core.batching import (
     BatchPlan,
     assign_ranks,
     check_budget,
+    pair_documents,
+    pair_units,
     plan_batches,
     priced,
     split_to_multiple,
@@ -54,6 +63,7 @@ _CHECKED = (
     "seed",
     "drop_last",
     "num_replicas",
+    "pairs",
 )
 
 
@@ -98,6 +108,10 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
     balance: a `CostModel`: deal each step's batches to ranks by the model's cost (linear plus
         causal attention, `packtool.core.cost`) instead of by computed positions. The budget stays
         `max_tokens`.
+    pairs: plan whole preference pairs (documents 2i, 2i+1) so that no pair is split across batches;
+        default: True exactly when `dataset` is a preference `DocumentDataset`. `pairs=False` on one
+        batches its sequences independently (a pair may then be split: its pair log-probs cannot be
+        computed in one step).
     """
 
     def __init__(
@@ -115,6 +129,7 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         num_replicas: int | None = None,
         rank: int | None = None,
         balance: CostModel | tuple[float, float] | None = None,
+        pairs: bool | None = None,
     ) -> None:
         check_budget(int(max_tokens), int(round_to), int(window), float(split_gain))
         world, me = _world()
@@ -124,6 +139,12 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ConfigError("the dataset has no documents, DynamicBatchSampler, tokenize a non-empty corpus")
         if self.lengths.min() < 0:
             raise ConfigError("document lengths must be >= 0, DynamicBatchSampler, pass token counts")
+        self.pairs = getattr(dataset, "preference", None) is not None if pairs is None else bool(pairs)
+        if self.pairs and self.n % 2:
+            raise ConfigError(
+                f"pairs=True needs an even number of documents (2i chosen, 2i+1 rejected), got {self.n}, "
+                "DynamicBatchSampler, pass the lengths of a preference token store or pairs=False"
+            )
         self.num_replicas = world if num_replicas is None else int(num_replicas)
         self.rank = me if rank is None else int(rank)
         if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
@@ -145,13 +166,18 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1], self._cache[2]
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(self.n) if self.shuffle else None
+        units, max_tokens, round_to, window = self.lengths, self.max_tokens, self.round_to, self.window
+        if self.pairs:
+            units, max_tokens, round_to, window = pair_units(
+                self.lengths, self.max_tokens, self.padded, self.round_to, self.window
+            )
+        order = rng.permutation(units.size) if self.shuffle else None
         plan = plan_batches(
-            self.lengths,
-            self.max_tokens,
+            units,
+            max_tokens,
             padded=self.padded,
-            round_to=self.round_to,
-            window=self.window,
+            round_to=round_to,
+            window=window,
             order=order,
             split_gain=self.split_gain,
         )
@@ -164,7 +190,9 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
                 )
             plan = BatchPlan(plan.offsets[: keep + 1], plan.docs, plan.cost[:keep], plan.tokens[:keep])
         else:
-            plan = split_to_multiple(plan, self.lengths, world, self.padded, self.round_to)
+            plan = split_to_multiple(plan, units, world, self.padded, round_to)
+        if self.pairs:
+            plan = pair_documents(plan, self.lengths, self.padded, self.round_to)
         cost = (
             plan.cost if self.balance is None else priced(plan, self.lengths, self.balance, self.padded, self.round_to)
         )
@@ -234,9 +262,10 @@ class DynamicBatchSampler(torch.utils.data.Sampler[list[int]]):
             )
         mine = self.state_dict()
         for key in (*_CHECKED, "balance"):  # a state from before cost balancing has no `balance` (None)
-            if state.get(key) != mine[key]:
+            theirs = state.get(key, False) if key == "pairs" else state.get(key)  # states before pairs: False
+            if theirs != mine[key]:
                 raise ConfigError(
-                    f"sampler state has {key}={state.get(key)!r} but this sampler has {mine[key]!r}, DynamicBatchSampler.load_state_dict, resume with the same dataset, budget, seed, world size and balancing"
+                    f"sampler state has {key}={theirs!r} but this sampler has {mine[key]!r}, DynamicBatchSampler.load_state_dict, resume with the same dataset, budget, seed, world size and balancing"
                 )
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])

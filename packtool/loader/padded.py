@@ -6,7 +6,10 @@ row length `DynamicBatchSampler(padded=True, round_to=...)` budgets for). Keys:
 - `input_ids` (`pad_id` on padding), `labels` (-100 on padding, and as the items have them:
   -100 at each document's first token and at non-targets), `attention_mask` (1 real, 0 padding),
   `position_ids` (`0..L-1` on every row: real tokens count from 0, as they do without padding);
-- `n_target_tokens` (int), `lengths` (int64 `[B]`).
+- `n_target_tokens` (int), `lengths` (int64 `[B]`);
+- over a preference token store (`DocumentDataset.preference`), per row: `pair_ids` (int64 `[B]`, the
+  pair's index in the token store) and `chosen` (bool `[B]`), as TRL's padded DPO batch holds each pair
+  as two rows (`DynamicBatchSampler` keeps both in one batch).
 Right padding under a causal mask: no real token ever attends to padding, so each document's
 logits equal those it gets alone (tests/test_modes_equivalence.py). The scatter into `[B, L]` is
 one compiled pass over the output (`fill_padded`).
@@ -65,11 +68,15 @@ class PaddedCollator:
         if not items:
             raise ConfigError("cannot collate an empty batch, PaddedCollator, use a batch of >= 1 documents")
         flat = getattr(items, "flat", None)
+        pairs: tuple[np.ndarray, np.ndarray] | None = None
         if flat is not None:  # DocumentDataset.__getitems__: documents back to back in one buffer
             ids, labels = flat["rows"][0], flat["rows"][1]
             lens = np.asarray(flat["lengths"], dtype=np.int64)
             n_target = int(flat["n_target_total"])
+            if "pair_ids" in flat:
+                pairs = np.asarray(flat["pair_ids"], np.int64), np.asarray(flat["chosen"], bool)
         else:
+            pairs = _pair_rows(items)
             ids = torch.cat([it["input_ids"].reshape(-1) for it in items]).to(torch.int64).numpy()
             labels = torch.cat([it["labels"].reshape(-1) for it in items]).to(torch.int64).numpy()
             lens = np.array([it["input_ids"].numel() for it in items], dtype=np.int64)
@@ -81,7 +88,7 @@ class PaddedCollator:
         out = self._pool.get(4 * b * width)[: 4 * b * width].reshape(4, b, width)  # one storage, four tensors
         fill_padded(ids, labels, lens, self.pad_id, out)
         t = torch.from_numpy(out)
-        return {
+        batch = {
             "input_ids": t[0],
             "labels": t[1],
             "attention_mask": t[2],
@@ -89,3 +96,26 @@ class PaddedCollator:
             "n_target_tokens": n_target,
             "lengths": torch.from_numpy(lens.copy()),
         }
+        if pairs is not None:
+            batch["pair_ids"] = torch.from_numpy(pairs[0].copy())
+            batch["chosen"] = torch.from_numpy(pairs[1].copy())
+        return batch
+
+
+def _pair_rows(items: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """`(pair_ids, chosen)` per row of item dicts that are whole sequences of a preference store, or None."""
+    have = ["pair_ids" in it for it in items]
+    if not any(have):
+        return None
+    if not all(have):
+        raise ConfigError(
+            "some items carry pair_ids and some do not, PaddedCollator, collate documents of one preference token store"
+        )
+    pair_ids = [np.asarray(it["pair_ids"], np.int64).reshape(-1) for it in items]
+    if any(p.size != 1 for p in pair_ids):  # a pack item holds several sequences: one row cannot carry them
+        raise ConfigError(
+            "an item holds several sequences of a preference store (a pack), PaddedCollator pads one sequence "
+            "per row, use DocumentDataset items or PackedCollator for packs"
+        )
+    chosen = np.array([bool(np.asarray(it["chosen"]).reshape(-1)[0]) for it in items])
+    return np.concatenate(pair_ids), chosen

@@ -35,7 +35,7 @@ from packtool.core.balance import DEFAULT_WINDOW, balanced_order, check_balance
 from packtool.core.blend import mix_int, permute
 from packtool.core.cost import CostModel
 from packtool.errors import ConfigError
-from packtool.formats.pack_store import open_pack_split
+from packtool.formats.pack_store import attended_prefix, open_pack_split
 from packtool.loader.blend import BlendedDataset
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.dynamic import DynamicBatchSampler
@@ -124,11 +124,12 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         self.balance = None if balance is None else CostModel.coerce(balance, "PackedSampler")
         self.micro_batches, self.window = int(micro_batches), int(window)
         self.costs: np.ndarray | None = None
-        self._table: tuple[np.ndarray, np.ndarray] | None = None
+        self._table: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None
         if self.balance is not None and self.blend is None:
             if self.lazy:
                 self._table = _segments(data, self.n)  # memory maps: priced window by window
             else:
+                # a shared-prompt completion also attends its prompt: priced as prompt + completion
                 self.costs = self.balance.packs(*_segments(data, self.n))
         self._cache: tuple[tuple[int, int], np.ndarray] | None = None
         self._perm: tuple[int, np.ndarray] | None = None
@@ -162,7 +163,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             out = np.empty(values.size, np.float64)
             for s in np.unique(src).tolist():
                 sel = np.flatnonzero(src == s)
-                out[sel] = _costs_of(self.balance, *self.blend.segment_table(s), packs[sel])
+                out[sel] = _costs_of(self.balance, *self.blend.segment_table(s), None, packs[sel])  # no pairs
             return out
         assert self._table is not None
         return _costs_of(self.balance, *self._table, values)
@@ -326,8 +327,11 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             self.base, self.consumed = base + consumed * world, 0
 
 
-def _costs_of(model: CostModel, pack_offsets: np.ndarray, seg_lens: np.ndarray, packs: np.ndarray) -> np.ndarray:
-    """Costs of the packs `packs` only, from the CSR segment table (the same sums as `CostModel.packs`)."""
+def _costs_of(
+    model: CostModel, pack_offsets: np.ndarray, seg_lens: np.ndarray, prefix: np.ndarray | None, packs: np.ndarray
+) -> np.ndarray:
+    """Costs of the packs `packs` only, from the CSR segment table (the same sums as `CostModel.packs`, `prefix`
+    included: a shared-prompt completion's attention over its prompt)."""
     packs = np.asarray(packs, np.int64)
     po = np.asarray(pack_offsets)
     starts, ends = po[packs].astype(np.int64), po[packs + 1].astype(np.int64)
@@ -336,18 +340,22 @@ def _costs_of(model: CostModel, pack_offsets: np.ndarray, seg_lens: np.ndarray, 
     idx = np.arange(int(bounds[-1]), dtype=np.int64) + np.repeat(starts - bounds[:-1], counts)
     lens = np.asarray(seg_lens)[idx].astype(np.int64)
     c1 = np.concatenate(([0], np.cumsum(lens)))
-    c2 = np.concatenate(([0], np.cumsum(lens * lens)))
+    sq = lens * lens
+    if prefix is not None:
+        sq += 2 * lens * np.asarray(prefix)[idx].astype(np.int64)
+    c2 = np.concatenate(([0], np.cumsum(sq)))
     return model.combine(c1[bounds[1:]] - c1[bounds[:-1]], c2[bounds[1:]] - c2[bounds[:-1]])
 
 
-def _segments(data: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(pack_offsets, seg_lens)` of the packs behind `data`, read from the pack store's CSR companions
-    (never the pack rows): a `PackedDataset`, or anything with those two arrays (a `PackSplit`)."""
+def _segments(data: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`(pack_offsets, seg_lens, attended prefix)` of the packs behind `data`, read from the pack store's CSR
+    companions (never the pack rows): a `PackedDataset`, or anything with those arrays (a `PackSplit`); the
+    prefix (`attended_prefix`) is None except for a shared-prompt store."""
     if isinstance(data, PackedDataset):
         store = open_pack_split(data.directory, data.split, data.size)
-        po, lens = store.pack_offsets, store.seg_lens
+        po, lens, role = store.pack_offsets, store.seg_lens, store.seg_role
     elif hasattr(data, "pack_offsets") and hasattr(data, "seg_lens"):
-        po, lens = data.pack_offsets, data.seg_lens
+        po, lens, role = data.pack_offsets, data.seg_lens, getattr(data, "seg_role", None)
     else:
         raise ConfigError(
             f"balance needs each pack's segment lengths, got a {type(data).__name__}, PackedSampler, pass the PackedDataset itself"
@@ -357,7 +365,7 @@ def _segments(data: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(
             f"the segment table describes {po.size - 1} packs but the sampler has {n}, PackedSampler, pass the PackedDataset itself"
         )
-    return po, np.asarray(lens)
+    return po, np.asarray(lens), attended_prefix(lens, role)
 
 
 class ResumableLoader:

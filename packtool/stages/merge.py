@@ -47,7 +47,7 @@ _PER_SHARD = {
     "rejected_by_reason",
     "build",
     "shard",
-    PREFERENCE,  # a preference store's pairs: summed
+    PREFERENCE,  # a preference store's pairs: summed (its presence must agree: `_check_preference`)
 }
 
 
@@ -162,6 +162,7 @@ def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
                     f"shard {store.path} belongs to another run ({key} {m['shard'][key]} vs {first['shard'][key]}), "
                     "re-run that shard with the same inputs and settings"
                 )
+    _check_preference(stores)
     indices = [int(s.manifest["shard"]["index"]) for s in stores]
     if len(set(indices)) != len(indices):
         dup = sorted({i for i in indices if indices.count(i) > 1})
@@ -193,6 +194,19 @@ def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
             f"shards cover chunks 0..{end} of {first['shard']['n_chunks']}, {stores[-1].path / MANIFEST}, re-run the last shard"
         )
     return stores
+
+
+def _check_preference(stores: list[TokenStore]) -> None:
+    """Preference shards merge only with preference shards, each whole (an even document count, its pair count
+    consistent: `TokenStore.preference_pairs`), so the merged store's document 2i is still pair i's chosen one."""
+    kinds = {store.path: store.preference_pairs for store in stores}  # a damaged pair count is a FormatError
+    pref = [p for p, n in kinds.items() if n is not None]
+    plain = [p for p, n in kinds.items() if n is None]
+    if pref and plain:
+        raise ConfigError(
+            f"shard {pref[0]} is a preference store (pairs of chosen and rejected sequences) but {plain[0]} is not, "
+            "merge only shards of one run (`tokenize --format preference` for every shard)"
+        )
 
 
 def _summed_counts(stores: list[TokenStore], keys: dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,11 @@ def export_store(config: ExportConfig, progress: Progress | None = None) -> Expo
             f"--output is a token store, {output}, choose another directory (an export never writes into a store)"
         )
     store = open_pack_split(directory, split, size)
+    if store.preference is not None and spec.preference_recipe is not None:
+        # the trainer reads the pack store itself: writing its SFT files would hand it the pairs as plain sequences
+        lines = spec.preference_recipe(directory, size)
+        return ExportResult(target, output, (), store.n_packs, size, tuple(lines), {"preference": True})
+    check_preference(store, spec)  # a pair store read as plain SFT packs is a silent wrong answer
     ids = _tokenizer_ids(store, config.eos_id)
     spec.check(store, ids)  # refuse what the trainer cannot represent before writing anything
     names, shared = spec.file_names(split, size)
@@ -74,6 +79,35 @@ def export_store(config: ExportConfig, progress: Progress | None = None) -> Expo
         size,
         tuple(lines),
         numbers,
+    )
+
+
+def check_preference(store: PackSplit, spec: Exporter) -> None:
+    """Refuse a preference pack store (its metadata's `preference` key, read through `formats.pack_store`) in a
+    layout `spec`'s trainer cannot read exactly, naming what trains on it instead."""
+    pref = store.preference
+    if pref is not None:
+        refuse_layout(str(pref.get("layout")), spec, f"{store.split}_{store.size} in {store.directory}")
+
+
+def refuse_layout(layout: str, spec: Exporter, where: str) -> None:
+    """The ConfigError of `check_preference` for a preference pack `layout` ("pairs" / "shared-prompt") that
+    `spec` cannot export; nothing when it can (also what `packtool run` checks before its first step)."""
+    if layout in spec.preference_layouts or spec.preference_recipe is not None:
+        return
+    target = spec.target.value
+    if spec.preference_layouts:  # the target reads pairs, but not this layout
+        raise ConfigError(
+            f"{where} is a preference pack store with a shared prompt (layout {layout}), --to {target}, its files "
+            "cannot say that both completions continue one prompt (their positions and attention would restart "
+            "at the completion): train on the packs with packtool's loader (PackedDataset + PackedCollator, "
+            "packtool.loss.pair_logps; TRL: docs/HF.md) or re-pack without --share-prompt"
+        )
+    lost = " and lose the prompt they share" if layout == "shared-prompt" else ""
+    raise ConfigError(
+        f"{where} is a preference pack store (layout {layout}), --to {target}, which has no packed preference "
+        f"(DPO) format: it would read chosen and rejected as unrelated SFT sequences{lost}; train on the packs with "
+        "packtool's loader (PackedDataset + PackedCollator, packtool.loss.pair_logps) or TRL (docs/HF.md)"
     )
 
 

@@ -113,3 +113,10 @@ class Exporter:
     file_names: FileNames
     check: Check
     write: Write
+    preference_layouts: tuple[str, ...] = ()
+    """Preference pack layouts (`formats.pack_store.PAIR_LAYOUTS`) whose files its trainer reads exactly; a
+    preference pack store of any other layout is refused by `export_store` before `check` runs (a trainer
+    without a pair format would read the pairs as unrelated SFT sequences, and a shared prompt not at all)."""
+    preference_recipe: Callable[[Path, int], list[str]] | None = None
+    """A trainer that reads preference pack stores themselves (no files to write): the lines that say how, for
+    the pack directory and size. `export_store` then writes nothing and returns these lines, for every layout."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from packtool.choices import ExportTarget
 from packtool.formats.exports import trl_name
-from packtool.formats.pack_store import PackSplit, preference_of
+from packtool.formats.pack_store import PackSplit
 from packtool.stages.export.blocks import PackBlock, stream_parquet
 from packtool.stages.export.config import Exporter, ExportJob, TokenizerIds
 
@@ -67,11 +67,6 @@ def sft_recipe(data: Path, size: int) -> list[str]:
     ]
 
 
-def is_preference(metadata: dict[str, Any]) -> bool:
-    """A preference (DPO) pack store: its metadata line carries the `preference` record."""
-    return preference_of(metadata) is not None
-
-
 def dpo_recipe(directory: Any, size: int) -> list[str]:
     """The TRL 1.16 DPOTrainer recipe for a preference pack store (docs/HF.md, "Preference pairs (DPO) on packs")."""
     return [
@@ -85,7 +80,8 @@ def dpo_recipe(directory: Any, size: int) -> list[str]:
         "per_device_train_batch_size=B))  # on CPU add bf16=False, use_cpu=True",
         f"  one row = one pack of {size} tokens holding whole pairs; every TRL loss_type, exact to TRL's padded "
         "DPOTrainer; precompute_ref_log_probs=True stores reference log-probs per pack in the dataset",
-        "  the parquet file is NOT for SFTTrainer: it would train on the rejected completions too",
+        "  nothing written: PackedDPOTrainer reads the pack store itself (an SFT parquet would train on the "
+        "rejected completions too)",
     ]
 
 
@@ -93,8 +89,6 @@ def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
     store = job.store
     name = trl_name(store.split, store.size)
     stream_parquet(job.staged.path(name), "trl", store, columns, job.progress)
-    if is_preference(store.metadata):
-        return dpo_recipe(store.directory, store.size), {"tokens_per_row": store.size, "preference": True}
     lines = sft_recipe(job.directory / name, store.size)
     return lines, {"tokens_per_row": store.size}
 
@@ -106,4 +100,5 @@ EXPORTER = Exporter(
     file_names=file_names,
     check=check,
     write=write,
+    preference_recipe=dpo_recipe,  # DPO reads the packs themselves, both layouts: no SFT parquet for a pair store
 )

@@ -50,10 +50,12 @@ def step_balance(
     model_name: str,
     seed: int = 0,
     window: int = DEFAULT_WINDOW,
+    prefix: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """`(summary, per-step efficiencies)` of the plain and the balanced order of epoch 0."""
+    """`(summary, per-step efficiencies)` of the plain and the balanced order of epoch 0 (`prefix`: per segment,
+    the tokens of another segment it attends, `formats.pack_store.attended_prefix`)."""
     check_balance(world, micro_batches, window)
-    costs = model.packs(pack_offsets, seg_lens)
+    costs = model.packs(pack_offsets, seg_lens, prefix)
     n = int(costs.size)
     if n == 0:
         raise ConfigError("the pack store has no packs, packtool stats --world-size, pack a non-empty split")

@@ -5,7 +5,8 @@ first cut the way `pack --overlong split` would (fragments of <= N; empty docume
 tokens and are left out), then compared under: naive padding of every document to N, random
 batches of B padded to their longest, length-sorted batches of B, padded dynamic batching under a
 budget of B*N tokens per batch (`packtool.core.batching`, what `DynamicBatchSampler(padded=True)`
-yields: a seeded shuffle sorted inside windows of 1024 documents), every packing algorithm in the
+yields: a seeded shuffle sorted inside windows of 1024 documents; a preference store's pairs whole in
+one batch, as the sampler keeps them, each sequence capped at N), every packing algorithm in the
 registry, and the lower bound `1 - total / (ceil(total / N) * N)`. For a pack store it reads what
 was packed: efficiency, segments per pack, pad share, over-long counts; with `--world-size W` and a
 cost model, the step efficiency of data-parallel ranks in the plain and the balanced order (`balance.py`).
@@ -26,12 +27,20 @@ from packtool.core.packing.pairs import pair_scan, shared_prompt_lengths
 from packtool.core.packing.segments import build_segments
 from packtool.errors import ConfigError, UsageError
 from packtool.formats.model_config import MAX_SIZE
-from packtool.formats.pack_store import find_pack_dir, metadata_sources, open_pack_split, parse_data_name, sizes_in
+from packtool.formats.pack_store import (
+    ROLE_PROMPT,
+    attended_prefix,
+    find_pack_dir,
+    metadata_sources,
+    open_pack_split,
+    parse_data_name,
+    sizes_in,
+)
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
 from packtool.stages.stats.balance import cost_model, step_balance
 from packtool.stages.stats.blend import BlendStats, blend_stats, check_blend
-from packtool.stages.stats.explain import ROWS_NOTE, SORT_NOTE, WASTE_NOTE, Note, size_note, strategy_notes
+from packtool.stages.stats.explain import PAIRS_NOTE, ROWS_NOTE, SORT_NOTE, WASTE_NOTE, Note, size_note, strategy_notes
 
 DEFAULT_SIZE = 4096
 DYNAMIC = "dynamic (padded)"
@@ -145,6 +154,7 @@ class PackStoreStats:
     sources: list[dict[str, Any]] = field(default_factory=list)  # each source: path, weight, documents, tokens, share
     _pack_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)  # for the plot
     preference: dict[str, Any] | None = None  # a preference split: its metadata's pairs, layout, over-long pairs
+    _docs_per_pack: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)  # for the plot
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -190,7 +200,15 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         ("sorted batches of B", np.argsort(items, kind="stable")),
     ):
         rows[name], computed[name] = _padded_batches(items[order], batch_size, size)
-    if items.size:
+    pairs = store.preference_pairs is not None
+    dynamic_total = total
+    if pairs and doc_lengths.size:
+        # DynamicBatchSampler keeps a pair's two sequences in one batch: so does its row (sequences capped at N)
+        capped = np.minimum(np.asarray(doc_lengths, np.int64), size)
+        rows[DYNAMIC], dynamic_total = int(capped.size), int(capped.sum())
+        budget = min(batch_size, capped.size) * size
+        computed[DYNAMIC] = dynamic_waste(capped, budget, seed=seed, pairs=True)[1]
+    elif items.size:
         rows[DYNAMIC] = int(items.size)
         # a budget of n*N holds every item in one batch already: larger ones batch the same (and overflow int64)
         computed[DYNAMIC] = dynamic_waste(items, min(batch_size, items.size) * size, seed=seed)[1]
@@ -213,11 +231,17 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         n_overlong=int(np.count_nonzero(doc_lengths > size)),
         n_items=int(items.size),
         lengths={"p50": int(pct[0]), "p90": int(pct[1]), "p99": int(pct[2]), "max": int(doc_lengths.max(initial=0))},
-        waste={k: _waste(total, v) for k, v in computed.items()},
+        waste={k: _waste(dynamic_total if k == DYNAMIC else total, v) for k, v in computed.items()},
         rows=rows,
         preference=preference_stats(store, size, seed) if store.preference_pairs is not None else None,
         _doc_lengths=np.asarray(doc_lengths),
-        notes={"rows": ROWS_NOTE, "waste": WASTE_NOTE, "sorting": SORT_NOTE, "size": size_note(size, given=True)},
+        notes={
+            "rows": ROWS_NOTE,
+            "waste": WASTE_NOTE,
+            "sorting": SORT_NOTE,
+            "size": size_note(size, given=True),
+            **({"pairs": PAIRS_NOTE} if pairs else {}),
+        },
         strategies=strategy_notes(list(rows)),
     )
 
@@ -268,6 +292,12 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
     ps = open_pack_split(directory, split, size)
     meta = ps.metadata
     per_pack = np.diff(np.asarray(ps.pack_offsets))
+    docs_per_pack = per_pack  # a shared-prompt pair is 3 segments but 2 documents: its prompt is not one
+    if ps.shared_prompt and ps.seg_role is not None:
+        prompt = np.asarray(ps.seg_role) == ROLE_PROMPT
+        docs_per_pack = per_pack - np.bincount(
+            np.repeat(np.arange(per_pack.size), per_pack)[prompt], minlength=per_pack.size
+        )
     n_tokens = int(meta["n_tokens"])
     positions = ps.n_packs * size
     eff = n_tokens / positions if positions else 0.0
@@ -284,13 +314,14 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
         pad_share=1.0 - eff if positions else 0.0,
         packing_efficiency=float(meta["packing_efficiency"]),
         lower_bound_packs=int(meta["lower_bound_packs"]),
-        docs_per_pack_mean=float(per_pack.mean()) if per_pack.size else 0.0,
-        docs_per_pack_max=int(per_pack.max(initial=0)),
+        docs_per_pack_mean=float(docs_per_pack.mean()) if docs_per_pack.size else 0.0,
+        docs_per_pack_max=int(docs_per_pack.max(initial=0)),
         overlong=dict(meta["overlong"]),
         n_empty_documents=int(meta.get("n_empty_documents", 0)),
         _seg_lens=np.asarray(ps.seg_lens),
         sources=_sources(meta),
         _pack_offsets=np.asarray(ps.pack_offsets),
+        _docs_per_pack=np.asarray(docs_per_pack, np.int64),
         preference=meta.get("preference") if isinstance(meta.get("preference"), dict) else None,
     )
 
@@ -317,6 +348,7 @@ def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats | Ble
         stats.step_efficiency, stats._step_eff = step_balance(
             np.asarray(ps.pack_offsets),
             np.asarray(ps.seg_lens),
+            prefix=attended_prefix(np.asarray(ps.seg_lens), ps.seg_role),  # shared-prompt completions see the prompt
             world=config.world_size,
             micro_batches=config.micro_batches,
             model=model,

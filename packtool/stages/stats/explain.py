@@ -27,6 +27,11 @@ SORT_NOTE = (
     "global length sort fixes every batch: no randomness left; packs keep a random order, and cu_seqlens keeps "
     "the documents of a pack apart"
 )
+PAIRS_NOTE = (
+    "a preference store: every row above but dynamic (padded) treats each chosen or rejected sequence as a "
+    "document of its own; `packtool pack` keeps each pair whole in one pack (the pair-atomic lines below) and "
+    "DynamicBatchSampler each pair in one batch (the dynamic row)"
+)
 SIZE_DEFAULT_NOTE = (
     "the default, no --size given (a token store does not record the size it will be packed at): pass --size N "
     "with your pack size"

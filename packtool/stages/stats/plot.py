@@ -190,6 +190,8 @@ def _breakdown(stats: PackStoreStats) -> str:
 
 def _docs_per_pack(ax: Any, stats: PackStoreStats) -> None:
     per_pack = np.diff(np.asarray(stats._pack_offsets, np.int64))
+    if stats._docs_per_pack.size == per_pack.size:  # a shared-prompt store: prompt segments are not documents
+        per_pack = stats._docs_per_pack
     if per_pack.size:
         counts = np.bincount(per_pack)
         ks = np.flatnonzero(counts)
