@@ -381,10 +381,10 @@ def test_the_mask_reads_chunks_and_documents_from_the_model_s_pattern() -> None:
     assert decode.tolist() == [[False] * 8 + [True]]
     # position_ids restarting where the chunked pattern (counted from the row's start) does not cut: refused
     q = torch.zeros(1, 9, 2, 4)
-    with pytest.raises(ConfigError, match=r"cut at the row's own positions \(chunked attention"):
-        packtool.hf.layout.from_segments(q, q, q, ids, positions)
-    rows, _ = packtool.hf.layout.from_segments(q, q, q, ids, torch.arange(9)[None])  # positions that agree
-    assert rows.cu_q.tolist() == [0, 4, 8, 9]
+    with pytest.raises(ConfigError, match=r"not the ones this layer's mask pattern cuts \(chunked attention"):
+        packtool.hf.layout.read(q, q, q, ids, {"position_ids": positions})
+    reading = packtool.hf.layout.read(q, q, q, ids, {"position_ids": torch.arange(9)[None]})  # positions that agree
+    assert reading.rows.cu_q.tolist() == [0, 4, 8, 9]
 
 
 def test_spawned_dataloader_workers_give_the_in_process_batches(tmp_path) -> None:

@@ -37,6 +37,7 @@ def register(name: str = NAME, backend: str | AttentionBackend = "auto") -> str:
         raise ConfigError(
             f"packtool.hf needs transformers ({exc}), packtool.hf.register, pip install 'packtool[audit]'"
         ) from exc
+    _check_name(name, AttentionInterface)
     try:
         choice = AttentionBackend("fallback" if backend == "torch" else backend)
     except ValueError:
@@ -50,6 +51,27 @@ def register(name: str = NAME, backend: str | AttentionBackend = "auto") -> str:
     AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, padding_mask)
     return name
+
+
+def _check_name(name: str, interface: Any) -> None:
+    """Refuse a name transformers would read as something else (its rules in 5.23: `"flash" in name` asks for
+    flash-attention's checks and kernels, `org/repo` a hub kernel, a `paged|` prefix is stripped), or one of its own."""
+    why = None
+    if not isinstance(name, str) or not name:
+        why = "is not a non-empty string"
+    elif "flash" in name:
+        why = "holds 'flash', which transformers reads as a request for flash-attention"
+    elif "/" in name or ":" in name:
+        why = "looks like a hub kernel ('org/repo'), which transformers downloads"
+    elif name.startswith("paged|"):
+        why = "starts with 'paged|', which transformers strips"
+    elif name in ("eager", "sdpa", "flex_attention") or name in getattr(interface, "_global_mapping", {}):
+        ours = getattr(interface._global_mapping.get(name), "__wrapped__", None) is attention_forward
+        why = None if ours else "is one of transformers' own attention implementations"
+    if why is not None:
+        raise ConfigError(
+            f"attention name {name!r} {why}, packtool.hf.register, pick another name, e.g. 'packtool_fallback'"
+        )
 
 
 register()

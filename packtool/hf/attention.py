@@ -2,9 +2,9 @@
 
 transformers calls `fn(module, query, key, value, attention_mask, scaling=, dropout=,
 sliding_window=, softcap=, s_aux=, position_ids=, cu_seq_lens_q=, ...)` with `[B, heads, T, D]`
-tensors and expects `([B, T, heads, D], None)`. The batch layout (a padding or segment mask,
-collator offsets, restarting position_ids, plain rows, a KV cache) becomes varlen segments
-(`layout.py`); the layer's features become `varlen_attention`'s: causal unless the call or the
+tensors and expects `([B, T, heads, D], None)`. The batch (a padding or segment mask, collator
+offsets, `seq_idx`, restarting position_ids, plain rows, a KV cache) becomes varlen segments
+through ONE reading, the same on every layer (`layout.read`); the layer's features become `varlen_attention`'s: causal unless the call or the
 module says otherwise (`is_causal=False`, Gemma 3's bidirectional mode), transformers'
 `sliding_window=W` (W tokens, the current one included) as flash-attn's window `(W - 1, W - 1)`,
 `softcap`, the sinks `s_aux` (gpt-oss; `sinks` when it holds one logit per head), `dropout`
@@ -18,6 +18,8 @@ runs on a kernel that would ignore one; a forced backend that lacks one is a Con
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 import torch
@@ -28,9 +30,19 @@ from packtool.choices import AttentionBackend
 from packtool.errors import ConfigError
 from packtool.hf import layout, shared_prompt
 from packtool.hf.features import refuse_call
-from packtool.hf.mask import SEGMENTS, WINDOW
+
+logger = logging.getLogger(__name__)
 
 
+@functools.cache
+def _warn_no_weights() -> None:
+    logger.warning(
+        "attn_implementation='packtool' does not return attention weights (output_attentions=True gives no "
+        "attentions, as sdpa and flash-attention); use attn_implementation='eager' to get them"
+    )
+
+
+@torch.compiler.disable  # host-side reading of the batch (a sync per forward): runs eagerly under torch.compile
 def attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -54,6 +66,8 @@ def attention_forward(
         s_aux = kwargs.pop("sinks").reshape(heads)  # one sink logit per head, under another name
     prefix = shared_prompt.pop(kwargs)  # a preference batch's keys; the shared-prompt layout (hf/shared_prompt.py)
     refuse_call(kwargs, heads)
+    if kwargs.get("output_attentions"):
+        _warn_no_weights()
     if heads % key.shape[1]:
         raise ConfigError(
             f"{heads} query heads are not a multiple of {key.shape[1]} key/value heads, packtool.hf, "
@@ -68,22 +82,11 @@ def attention_forward(
             f"values of head size {dim_v} are wider than queries and keys ({q.shape[-1]}), packtool.hf, "
             "use attn_implementation='sdpa' or 'eager' for this model"
         )
-    blocks = None
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    if prefix is not None:
-        rows = shared_prompt.from_prefix(q, k, v, attention_mask, prefix, kwargs, causal)
-    elif attention_mask is not None and attention_mask.dtype == SEGMENTS and attention_mask.ndim == 2:
-        rows, blocks = layout.from_segments(q, k, v, attention_mask, kwargs.get("position_ids"))
-    elif attention_mask is not None:
-        rows = layout.from_mask(q, k, v, attention_mask)
-    elif kwargs.get("cu_seq_lens_q") is not None:
-        rows = layout.from_cu(q, k, v, kwargs)
-    else:
-        rows = layout.from_positions(q, k, v, kwargs.get("position_ids"))
-    sliding_window = getattr(attention_mask, WINDOW, sliding_window)  # the mask's own window is eager's
-    window = None
-    if sliding_window is not None and 0 < int(sliding_window) < rows.max_k:
-        window = int(sliding_window) - 1
+    reading = layout.read(q, k, v, attention_mask, kwargs, sliding_window, prefix=prefix, causal=causal)
+    rows, blocks, window = reading.rows, reading.blocks, reading.window  # the batch's one reading
+    if rows is None:  # no real token in the batch: padding gets 0, as flash-attention gives it
+        return q.new_zeros(*q.shape[:-1], dim_v), None
     features: dict[str, Any] = {
         "softmax_scale": scaling,
         "backend": backend,

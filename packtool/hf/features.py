@@ -48,6 +48,16 @@ KNOWN = frozenset(
         "num_items_in_batch", "output_hidden_states", "output_attentions", "output_router_logits",
         "use_cache", "cache_position", "return_dict", "deterministic", "layer_idx", "target_dtype",
         "token_type_ids", "mm_token_type_ids", "position_embeddings", "past_key_values", "past_key_value",
+        "n_target_tokens", "lengths",
+    }
+)  # fmt: skip
+
+#: keys of PackedCollator's full batch for Megatron / Transformer Engine (the documents under other names): a
+#: model that gets them without `keys=HF_KEYS` would drop what they say, so they are refused, naming the fix
+COLLATOR_KEYS = frozenset(
+    {
+        "cu_seqlens", "max_seqlen", "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv",
+        "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "cu_seqlens_local",
     }
 )  # fmt: skip
 
@@ -75,6 +85,11 @@ def refuse_call(kwargs: dict[str, Any], heads: int) -> None:
             continue
         if name in CALL_FEATURES:
             raise refuse(CALL_FEATURES[name])
+        if name in COLLATOR_KEYS:
+            raise ConfigError(
+                f"PackedCollator's Megatron / Transformer Engine keys (`{name}`) reached the model, packtool.hf, "
+                "pass PackedCollator(keys=HF_KEYS) for model(**batch) (the documents as transformers names them)"
+            )
         if name == "sinks":
             shape = tuple(getattr(value, "shape", ()))
             raise refuse(f"attention sinks of shape {shape} (`sinks`: one logit per query, not per head)")

@@ -1,24 +1,40 @@
-"""Where the documents are in a transformers attention call: `[B, T, H, D]` tensors -> varlen rows and back.
+"""Where the documents are in a transformers attention call: ONE reading of the batch, the same on every layer.
 
-The same cases, in the same order, as transformers' flash-attention path
-(`modeling_flash_attention_utils._flash_attention_forward`), so one model object serves training,
-evaluation and generation:
-1. a 2-D `attention_mask` (padding; also a KV cache): unpad the keys by the mask and the queries
-   by its last `T_q` columns (left padding) or, decoding one token, one query per row; an int32
-   segment mask (`mask.py`: packed documents, chunks, bidirectional blocks read from the model's
-   mask pattern) gives the segments itself (`from_segments`);
-2. `cu_seq_lens_q/_k` (+ `max_length_q/_k`): packed batches whose collator knows its documents
-   (`PackedCollator(keys=HF_KEYS)`, TRL's `padding_free`), flattened as they are;
-3. `position_ids` that restart inside a row (TRL / `DataCollatorWithFlattening` pass only those):
-   a document starts wherever the position is not the previous one + 1, and at every row start,
-   so `[B, N]` rows of packed documents are kept apart too (flash-attn only splits `[1, T]`);
-   multimodal RoPE positions `[3, B, T]` cannot say where a document starts: rows, as case 4;
-4. otherwise every row is one sequence; with a KV cache and no mask, `T_k > T_q` and causal
-   attention is aligned to the bottom right (the newest query sees every key).
+`read` is the one function that decides which layout a batch is, from every key the call carries:
+the layer's mask (a 2-D padding mask, or `mask.py`'s int32 segment mask: the pattern transformers
+built, with its padding, chunks, bidirectional blocks and window), `cu_seq_lens_q/_k` (+
+`max_length_q/_k`), `seq_idx`, `position_ids` and a KV cache (more keys than queries). Every
+combination is either read exactly, as each document alone under eager, or refused by name (a
+`ConfigError` that says which keys disagree and what to pass instead). The table, in docs/HF.md:
+
+- queries after a KV cache (decoding, a chunk): one sequence per row, unpadded by the 2-D mask,
+  causal from the bottom right; `cu_seq_lens_*` there are refused;
+- otherwise (training, evaluation, a prefill) the documents come from the first key present of
+  `cu_seq_lens_q` (which must equal `cu_seq_lens_k`), `seq_idx`, restarting `position_ids` (a document
+  starts where the position is not the previous + 1), else each row is one document. A key that is
+  also present must agree: `seq_idx` must change exactly where `cu_seq_lens` start a document, and
+  `position_ids` must either never restart (row positions: `DataCollatorWithFlattening(
+  return_position_ids=False)`) or restart exactly at those starts. A row always starts a document
+  (a `cu_seq_lens`/`seq_idx` document across rows is refused: attention never crosses rows);
+- padding (0 in the 2-D mask) is dropped from every document, wherever it is: the keys a token
+  sees are those eager shows it. A hole inside a document (padding between two of its tokens) is
+  exact on full-attention layers (the remaining keys are the same); on a sliding-window layer
+  whose window is shorter than such a document, eager counts the window over the hole and a varlen
+  kernel cannot, so that batch is refused by name;
+- the layer's pattern adds what only it knows: chunk starts (Llama 4), bidirectional blocks (Gemma
+  3's image tokens, never across documents), documents transformers found where the layer never
+  sees `position_ids` (GPTBigCode, CTRL), and its window. A pattern that cuts a document the keys
+  declare at places the keys do not, while missing the keys' own starts (chunks counted from the
+  row, not the document), is refused;
+- a batch with no real token returns zeros (as flash-attention gives padding), on every family.
+
+The reading is computed once per forward and mask type (kept on the tensor that anchors it), so
+layers that share a mask share it, and checked on the host once per forward.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,213 +42,364 @@ import torch
 import torch.nn.functional as F
 
 from packtool.errors import ConfigError
+from packtool.hf import shared_prompt
+from packtool.hf.mask import SEGMENTS, WINDOW
+from packtool.hf.rows import Blocks, Layout, Reading
+
+_MEMO = "_packtool_reading"  # attribute of the tensor a forward's reading is kept on
+_READ = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "position_ids", "max_length_q", "max_length_k", "lengths")
+"""The call's keys a reading depends on (with the mask): the same objects give the same reading."""
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Flattened `(tokens, heads, head_dim)` q/k/v, their segments, and where the queries go back."""
+class _Plan:
+    """The batch's segments over its `[B, T]` grid (no q/k/v): what a reading keeps per mask and keys."""
 
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    cu_q: torch.Tensor
-    cu_k: torch.Tensor
-    max_q: int
-    max_k: int
-    shape: tuple[int, int]  # (B, T_q) of the model's batch
-    index_q: torch.Tensor | None = None  # flat positions of the kept queries (None: all, in order)
-
-    def repad(self, out: torch.Tensor) -> torch.Tensor:
-        """`(tokens, heads, dim)` -> `[B, T_q, heads, dim]`; dropped (padding) queries get 0, as flash-attn gives."""
-        b, t = self.shape
-        if self.index_q is not None:
-            full = out.new_zeros(b * t, *out.shape[1:])
-            out = full.index_copy(0, self.index_q, out)
-        return out.view(b, t, *out.shape[1:])
+    index: torch.Tensor | None  # kept flat positions (None: every token)
+    cu: torch.Tensor
+    longest: int  # the longest segment, in kept tokens
+    span: int  # the longest segment, from its first to its last token (holes included)
+    hole_span: int  # the longest segment holding a hole (0: none)
+    blocks: Blocks | None
+    empty: bool
 
 
-def _cu(lengths: torch.Tensor) -> torch.Tensor:
-    return F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+def read(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    kwargs: dict[str, Any],
+    sliding_window: int | None = None,
+    *,
+    prefix: Any = None,
+    causal: bool = True,
+) -> Reading:
+    """THE reading of one attention call (`[B, T, heads, D]` q/k/v): see the module docstring.
 
-
-def _max(cu: torch.Tensor, given: Any) -> int:
-    if given is not None:
-        return int(given)
-    return int(torch.diff(cu).max()) if cu.numel() > 1 else 0
-
-
-def from_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> Layout:
-    """Case 1: unpad by a 2-D padding mask `[B, T_k]` (1 = a real token)."""
-    if mask.ndim != 2:
+    Layouts are added here and only here: a batch key that declares another layout gets its branch at the top
+    of this function (the one dispatch point), and every other key must then agree with it or be refused.
+    `prefix`: a preference batch's `prefix_segment` (popped from the call by `shared_prompt.pop`).
+    """
+    if prefix is not None:  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
+        rows = shared_prompt.from_prefix(q, k, v, mask, prefix, kwargs, causal)
+        window = getattr(mask, WINDOW, sliding_window) if mask is not None else sliding_window
+        left = int(window) - 1 if window is not None and 0 < int(window) < rows.max_k else None
+        return Reading(rows, None, left)
+    if mask is not None and mask.ndim != 2:
         raise ConfigError(
             f"attention_mask of shape {tuple(mask.shape)} reached attn_implementation='packtool', which takes the 2-D "
             "padding mask [batch, keys] only, packtool.hf, pass the 2-D mask (transformers builds the rest) or use "
             "attn_implementation='sdpa' for a custom 4-D mask"
         )
     b, tq = q.shape[:2]
-    mask = mask.bool()
-    if k.shape[1] > mask.shape[1]:  # a static cache holds more slots than tokens seen
-        k, v = k[:, : mask.shape[1]], v[:, : mask.shape[1]]
-    if k.shape[1] != mask.shape[1]:
+    segmask = mask if mask is not None and mask.dtype == SEGMENTS else None
+    width = k.shape[1]
+    if segmask is not None:
+        width = tq  # a static cache's prefill: the slots past the queries are empty (0 in the mask)
+    elif mask is not None and mask.shape[1] != tq:
+        used = int(mask.any(0).nonzero().max()) + 1 if bool(mask.any()) else 0  # a static cache's empty slots: 0
+        mask = mask[:, : max(used, tq)] if used <= tq else mask[:, :used]
+        width = mask.shape[1]
+    if width != tq or (tq == 1 and k.shape[1] > 1 and mask is None):
+        return _after_cache(q, k, v, mask, kwargs, sliding_window)
+    k, v = k[:, :tq], v[:, :tq]
+    plan = _plan(b, tq, q.device, mask, kwargs)
+    window = getattr(segmask, WINDOW, sliding_window) if segmask is not None else sliding_window
+    left = None
+    if window is not None and 0 < int(window) < plan.span:
+        left = int(window) - 1
+        if plan.hole_span > int(window):
+            raise ConfigError(
+                f"attention_mask has padding inside a document of {plan.hole_span} tokens on a sliding-window layer "
+                f"(window {int(window)}): eager counts the window over the padding, a varlen kernel cannot, packtool.hf, "
+                "pad on the left or right only (or between documents), or use attn_implementation='eager' for such masks"
+            )
+    if plan.empty:
+        return Reading(None, None, left)
+    flat_q, flat_k, flat_v = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
+    if plan.index is not None:
+        flat_q, flat_k, flat_v = (t.index_select(0, plan.index) for t in (flat_q, flat_k, flat_v))
+    rows = Layout(flat_q, flat_k, flat_v, plan.cu, plan.cu, plan.longest, plan.longest, (b, tq), plan.index)
+    return Reading(rows, plan.blocks, left)
+
+
+# ---------------------------------------------------------------------------------------------- training / prefill
+
+
+def _plan(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwargs: dict[str, Any]) -> _Plan:
+    """The segments of a forward whose queries are its keys, once per (mask, keys): kept on the anchor tensor."""
+    keys = tuple(kwargs.get(name) for name in _READ)
+    anchor = mask if mask is not None else next((x for x in keys if isinstance(x, torch.Tensor)), None)
+    if anchor is None:  # plain rows: one document each
+        cu = torch.arange(b + 1, dtype=torch.int32, device=device) * t
+        return _Plan(None, cu, t, t, 0, None, b * t == 0)
+    inputs = (mask, *keys)
+    versions = _versions(inputs)
+    memo = getattr(anchor, _MEMO, None)
+    if (
+        memo is not None
+        and versions is not None
+        and memo[1] == versions
+        and all(a is c for a, c in zip(memo[0], inputs, strict=True))
+    ):
+        return memo[2]  # type: ignore[no-any-return]
+    plan = _build(b, t, device, mask, kwargs)
+    if versions is not None:
+        with contextlib.suppress(AttributeError, RuntimeError):  # a tensor that takes no attribute: read per layer
+            setattr(anchor, _MEMO, (inputs, versions, plan))
+    return plan
+
+
+def _versions(inputs: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """The in-place version of each tensor (a buffer refilled between steps is another batch), None where a tensor
+    keeps none (inference mode): then nothing is kept and every layer reads the batch again."""
+    try:
+        return tuple(x._version if isinstance(x, torch.Tensor) else -1 for x in inputs)
+    except RuntimeError:
+        return None
+
+
+def _build(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwargs: dict[str, Any]) -> _Plan:
+    keep = pattern = joined = None
+    if mask is not None:
+        mask = mask[:, :t]
+        if mask.shape != (b, t):
+            raise ConfigError(
+                f"attention_mask of shape {tuple(mask.shape)} for {b} rows of {t} tokens, packtool.hf, pass a "
+                "[batch, tokens] mask"
+            )
+        if mask.dtype == SEGMENTS:
+            keep = mask > 0
+            pattern = _kept_starts(mask >> 1, keep, numbered=True)
+            joined = (mask & 1).bool()
+        else:
+            keep = mask.bool()
+        if bool(keep.all()):
+            keep = None
+            if pattern is not None:
+                pattern = _kept_starts(mask >> 1, None, numbered=True)
+    _check_lengths(b, t, kwargs.get("lengths"), keep)
+    docs, source = _declared(b, t, device, kwargs, keep)
+    starts = docs
+    if pattern is not None:
+        extra, missed = (pattern & ~docs).any(), (docs & ~pattern).any()
+        if all(torch.stack([extra, missed]).tolist()):
+            raise ConfigError(
+                f"the documents {source} declare are not the ones this layer's mask pattern cuts (chunked attention "
+                "counted from the row's start, or documents transformers found in other position_ids), packtool.hf, "
+                "pass position_ids that restart at every document (transformers then builds its pattern per document) "
+                "and use_cache=False, or batch this model's documents padded (attention_mask)"
+            )
+        starts = docs | pattern
+    return _segments(starts, keep, joined)
+
+
+def _check_lengths(b: int, t: int, lengths: Any, keep: torch.Tensor | None) -> None:
+    """`PaddedCollator`'s `lengths` (real tokens per row) must be what the mask keeps: else the mask is not its own."""
+    if lengths is None:
+        return
+    real = keep.sum(-1) if keep is not None else torch.full((b,), t)
+    if not isinstance(lengths, torch.Tensor) or lengths.shape != (b,) or not torch.equal(lengths.to(real), real):
         raise ConfigError(
-            f"attention_mask covers {mask.shape[1]} keys, the layer has {k.shape[1]}, packtool.hf, pass a mask over "
-            "the cached and the new tokens"
+            f"lengths {getattr(lengths, 'tolist', lambda: lengths)()} disagree with the attention_mask's real tokens "
+            f"per row {real.tolist()}, packtool.hf, pass PaddedCollator's batch whole (its attention_mask with it)"
         )
-    index_k = mask.reshape(-1).nonzero().reshape(-1)
-    lens_k = mask.sum(-1, dtype=torch.int32)
-    cu_k = _cu(lens_k)
-    max_k = int(lens_k.max())
-    flat_k, flat_v = (t.reshape(-1, *t.shape[2:]).index_select(0, index_k) for t in (k, v))
-    if tq == k.shape[1]:
-        index_q, cu_q, max_q = index_k, cu_k, max_k
-    elif tq == 1:  # decoding: one query per row, after all of its keys
-        index_q = torch.arange(b, device=q.device)
-        cu_q, max_q = torch.arange(b + 1, dtype=torch.int32, device=q.device), 1
-    else:  # a chunk after a cache: the queries are the mask's last columns (left padding)
-        qmask = mask[:, -tq:]
-        index_q = qmask.reshape(-1).nonzero().reshape(-1)
-        lens_q = qmask.sum(-1, dtype=torch.int32)
-        cu_q, max_q = _cu(lens_q), int(lens_q.max())
-    flat_q = q.reshape(-1, *q.shape[2:]).index_select(0, index_q)
-    return Layout(flat_q, flat_k, flat_v, cu_q, cu_k, max_q, max_k, (b, tq), index_q)
 
 
-def _flat(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+def _kept_starts(starts: torch.Tensor, keep: torch.Tensor | None, numbered: bool = False) -> torch.Tensor:
+    """bool `[B, T]`: the kept tokens that start a document, from starts anywhere (or, `numbered`, segment numbers).
+
+    A start on a padding token passes to the next kept token, and a row's first kept token starts one: the
+    documents of the kept tokens, which is all attention sees.
+    """
+    b, t = starts.shape
+    segment = starts if numbered else torch.cumsum(starts.to(torch.int32), -1)
+    if keep is None:
+        out = torch.ones(b, t, dtype=torch.bool, device=starts.device)
+        out[:, 1:] = segment[:, 1:] != segment[:, :-1]
+        return out
+    col = torch.arange(t, device=starts.device).expand(b, t)
+    last = torch.cummax(torch.where(keep, col, -1), -1).values  # the latest kept column at or before each token
+    prev = F.pad(last[:, :-1], (1, 0), value=-1)
+    before = segment.gather(1, prev.clamp(min=0))
+    return keep & ((prev < 0) | (before != segment))
 
 
-def from_cu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict[str, Any]) -> Layout:
-    """Case 2: the collator's `cu_seq_lens_q/_k` and `max_length_q/_k` over the flattened batch."""
-    cu_q = kwargs["cu_seq_lens_q"].reshape(-1)
-    given_k = kwargs.get("cu_seq_lens_k")
-    cu_k = cu_q if given_k is None or given_k is cu_q else given_k.reshape(-1)
-    max_q = _max(cu_q, kwargs.get("max_length_q"))
-    max_k = max_q if cu_k is cu_q else _max(cu_k, kwargs.get("max_length_k"))
-    return Layout(*_flat(q, k, v), cu_q, cu_k, max_q, max_k, tuple(q.shape[:2]))  # type: ignore[arg-type]
+def _declared(
+    b: int, t: int, device: torch.device, kwargs: dict[str, Any], keep: torch.Tensor | None
+) -> tuple[torch.Tensor, str]:
+    """bool `[B, T]`: the kept tokens that start a document, from the first of cu_seq_lens / seq_idx / position_ids,
+    the others checked against it (see the module docstring); with the name of the key that declared them."""
+    found = [
+        (starts, name)
+        for starts, name in (
+            (_cu_starts(b, t, device, kwargs), "cu_seq_lens_q"),
+            (_seq_starts(b, t, device, kwargs.get("seq_idx")), "seq_idx"),
+            (_position_starts(b, t, device, kwargs.get("position_ids")), "position_ids"),
+        )
+        if starts is not None
+    ]
+    if not found:
+        rows = torch.zeros(b, t, dtype=torch.bool, device=device)
+        rows[:, 0] = True
+        return _kept_starts(rows, keep), "the rows"
+    docs, source = _kept_starts(found[0][0], keep), found[0][1]
+    first = _kept_starts(torch.zeros_like(docs), keep)  # each row's first kept token
+    for starts, name in found[1:]:
+        other = _kept_starts(starts, keep)
+        if name == "position_ids" and not bool((other & ~first).any()):
+            continue  # positions that never restart say nothing (the model's own row positions)
+        if not torch.equal(other, docs):
+            row, col = (other != docs).nonzero()[0].tolist()
+            says = bool(other[row, col])
+            raise ConfigError(
+                f"{name} and {source} disagree: {name} {'starts' if says else 'does not start'} a document at row "
+                f"{row}, token {col}, where {source} {'does not' if says else 'does'}, packtool.hf, pass keys from one "
+                f"collator ({name} restarting exactly where {source} starts each document), or drop {name}"
+            )
+    return docs, source
 
 
-def from_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor | None) -> Layout:
-    """Cases 3 and 4: documents from restarting `position_ids`, else one sequence per row."""
-    b, tq = q.shape[:2]
-    tk = k.shape[1]
-    dev = q.device
-    if position_ids is None or tq != tk or tq == 1:
-        cu_q = torch.arange(b + 1, dtype=torch.int32, device=dev) * tq
-        cu_k = cu_q if tk == tq else torch.arange(b + 1, dtype=torch.int32, device=dev) * tk
-        return Layout(*_flat(q, k, v), cu_q, cu_k, tq, tk, (b, tq))
+def _cu_starts(b: int, t: int, device: torch.device, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """bool `[B, T]` document starts from `cu_seq_lens_q` (checked: the batch's own words for what is wrong)."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None:
+        if cu_k is not None:
+            raise ConfigError("cu_seq_lens_k without cu_seq_lens_q, packtool.hf, pass both (the same offsets)")
+        return None
+    cu = _offsets(cu_q, "cu_seq_lens_q")
+    if cu_k is not None and cu_k is not cu_q:
+        other = _offsets(cu_k, "cu_seq_lens_k")
+        if other.shape != cu.shape or not torch.equal(other.to(cu.device), cu):
+            raise ConfigError(
+                "cu_seq_lens_k differ from cu_seq_lens_q in a forward whose queries are its keys, packtool.hf, "
+                "pass the same offsets for both"
+            )
+    total = b * t
+    host = cu.detach().to("cpu", torch.int64)
+    steps = torch.diff(host)
+    if int(host[0]) != 0 or int(host[-1]) != total:
+        raise ConfigError(
+            f"cu_seq_lens_q runs from {int(host[0])} to {int(host[-1])}, the batch holds {b} x {t} = {total} tokens "
+            "(padding included: packtool.hf reads the offsets over the flattened batch), packtool.hf, pass offsets "
+            "from 0 to the batch's token count (PackedCollator(keys=HF_KEYS), DataCollatorWithFlattening(return_flash_"
+            "attn_kwargs=True)), or no cu_seq_lens with a context-parallel shard"
+        )
+    if bool((steps < 0).any()):
+        at = int((steps < 0).nonzero()[0])
+        raise ConfigError(
+            f"cu_seq_lens_q decreases at entry {at + 1} ({int(host[at])} -> {int(host[at + 1])}) in the batch passed "
+            "to the model, packtool.hf, pass non-decreasing offsets (build the batch with PackedCollator(keys=HF_KEYS) "
+            "or DataCollatorWithFlattening(return_flash_attn_kwargs=True))"
+        )
+    longest = int(steps.max()) if steps.numel() else 0
+    for name in ("max_length_q", "max_length_k"):
+        given = kwargs.get(name)
+        if given is not None and int(given) < longest:
+            raise ConfigError(
+                f"{name}={int(given)} is below the longest document in cu_seq_lens_q ({longest} tokens), packtool.hf, "
+                "pass the true maximum (kernels would read out of bounds)"
+            )
+    start = torch.zeros(total, dtype=torch.bool)
+    inner = host[:-1][steps > 0]
+    start[inner] = True
+    start = start.view(b, t)
+    if not bool(start[:, 0].all()):
+        row = int((~start[:, 0]).nonzero()[0])
+        raise ConfigError(
+            f"cu_seq_lens_q put a document across rows {row - 1} and {row} of the batch ([{b}, {t}]), packtool.hf, "
+            "start a document at every row (attention never crosses rows), or flatten the batch to one row"
+        )
+    return start.to(device)
+
+
+def _offsets(cu: Any, name: str) -> torch.Tensor:
+    if not isinstance(cu, torch.Tensor) or cu.is_floating_point() or cu.is_complex() or cu.numel() < 1:
+        raise ConfigError(
+            f"{name} must be an integer tensor of offsets, got {type(cu).__name__}"
+            f"{' of ' + str(cu.dtype) if isinstance(cu, torch.Tensor) else ''}, packtool.hf, pass int32 offsets"
+        )
+    if cu.ndim > 1 and max(cu.shape[:-1]) > 1:
+        raise ConfigError(
+            f"{name} of shape {tuple(cu.shape)}, packtool.hf, pass one 1-D tensor of offsets over the flattened batch"
+        )
+    return cu.reshape(-1)
+
+
+def _seq_starts(b: int, t: int, device: torch.device, seq_idx: Any) -> torch.Tensor | None:
+    if seq_idx is None:
+        return None
+    if not isinstance(seq_idx, torch.Tensor) or seq_idx.numel() != b * t:
+        shape = tuple(getattr(seq_idx, "shape", ()))
+        raise ConfigError(
+            f"seq_idx of shape {shape} for {b} rows of {t} tokens, packtool.hf, pass one index per token (shaped like "
+            "input_ids)"
+        )
+    flat = seq_idx.reshape(-1).to(device)
+    start = torch.ones(b * t, dtype=torch.bool, device=device)
+    start[1:] = flat[1:] != flat[:-1]
+    start = start.view(b, t)
+    if b > 1 and not bool(start[:, 0].all()):
+        row = int((~start[:, 0]).nonzero()[0])
+        raise ConfigError(
+            f"seq_idx puts a document across rows {row - 1} and {row} of the batch ([{b}, {t}]), packtool.hf, "
+            "number each row's documents apart (attention never crosses rows)"
+        )
+    return start
+
+
+def _position_starts(b: int, t: int, device: torch.device, position_ids: Any) -> torch.Tensor | None:
+    if position_ids is None:
+        return None
     pos = position_ids
     if pos.ndim == 1:
         pos = pos[None]
-    if pos.ndim == 3:  # multimodal RoPE: image tokens repeat positions, so restarts say nothing; one row each
-        return from_positions(q, k, v, None)
-    if pos.ndim != 2 or pos.shape[-1] != tq:
+    if pos.ndim == 3:  # multimodal RoPE: image tokens repeat positions, so restarts say nothing
+        return None
+    if pos.ndim != 2 or pos.shape[-1] != t or pos.shape[0] not in (1, b):
         raise ConfigError(
-            f"position_ids of shape {tuple(position_ids.shape)} for {b} rows of {tq} tokens, packtool.hf, pass "
+            f"position_ids of shape {tuple(position_ids.shape)} for {b} rows of {t} tokens, packtool.hf, pass "
             "[batch, tokens] position_ids, or cu_seq_lens_q/_k for packed documents"
         )
-    pos = pos.to(dev).expand(b, tq)
-    start = torch.ones(b, tq, dtype=torch.bool, device=dev)
+    pos = pos.to(device).expand(b, t)
+    start = torch.ones(b, t, dtype=torch.bool, device=device)
     start[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
-    starts = start.reshape(-1).nonzero().reshape(-1).to(torch.int32)
-    cu = torch.cat([starts, torch.tensor([b * tq], dtype=torch.int32, device=dev)])
-    longest = _max(cu, None)
-    return Layout(*_flat(q, k, v), cu, cu, longest, longest, (b, tq))
+    return start
 
 
-@dataclass(frozen=True)
-class Blocks:
-    """Bidirectional blocks of a causal layer (Gemma 3's image tokens): their queries see their whole block.
-
-    A second varlen call, non-causal: the queries of each block (`index_q` into the layout's flattened
-    queries) against the keys from their segment's start to the block's end (`index_k`), so a query sees
-    the causal past of its document and the rest of its block, as transformers' `blockwise_overlay`.
-    """
-
-    index_q: torch.Tensor
-    index_k: torch.Tensor
-    cu_q: torch.Tensor
-    cu_k: torch.Tensor
-    max_q: int
-    max_k: int
-
-
-def from_segments(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor | None = None
-) -> tuple[Layout, Blocks | None]:
-    """Case 1, segment mask (`mask.py`): int32 `[B, T_k]` of `2 * segment + joined_with_next`, 0 = padding.
-
-    The queries are the first T_q keys (a prefill or a training forward; a static cache's empty slots
-    are 0). The segments and blocks are computed once per mask and kept on it, so the layers sharing a
-    mask pay for them once. `position_ids` that restart where no segment starts mean transformers built
-    the mask without the documents (it finds them only without a KV cache): a row that is one segment
-    (causal, bidirectional, image blocks) is cut at the restarts, as `from_positions` cuts a row; a row
-    the pattern already cuts (chunks, counted from the row's start, not the document's) is refused.
-    """
-    b, tq = q.shape[:2]
-    if ids.shape != (b, k.shape[1]) or k.shape[1] < tq:
-        raise ConfigError(
-            f"a segment mask of shape {tuple(ids.shape)} for {b} rows of {tq} queries and {k.shape[1]} keys, "
-            "packtool.hf, build the mask with packtool.hf's mask function (AttentionMaskInterface)"
-        )
-    if k.shape[1] > tq:  # a static cache during prefill: the slots past the queries are empty
-        k, v = k[:, :tq], v[:, :tq]
-    ids = ids[:, :tq] if ids.shape[1] > tq else ids
-    cached = getattr(ids, "_packtool_segments", None)
-    if cached is None or cached[0] is not position_ids:
-        cached = (position_ids, _segments(_with_documents(ids, position_ids)))
-        ids._packtool_segments = cached  # type: ignore[attr-defined]
-    index, cu, longest, links = cached[1]
-    flat_q, flat_k, flat_v = _flat(q, k, v)
-    if index is not None:
-        flat_q, flat_k, flat_v = (t.index_select(0, index) for t in (flat_q, flat_k, flat_v))
-    rows = Layout(flat_q, flat_k, flat_v, cu, cu, longest, longest, (b, tq), index)
-    return rows, links
-
-
-def _with_documents(ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
-    """`ids` with a segment start wherever `position_ids` restart inside a segment (see `from_segments`)."""
-    b, t = ids.shape
-    pos = None if position_ids is None else position_ids[None] if position_ids.ndim == 1 else position_ids
-    if pos is None or pos.ndim != 2 or pos.shape[-1] != t or t < 2:
-        return ids
-    pos = pos.to(ids.device).expand(b, t)
-    seg = ids >> 1
-    restart = torch.zeros(b, t, dtype=torch.bool, device=ids.device)
-    restart[:, 1:] = (pos[:, 1:] != pos[:, :-1] + 1) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
-    if not bool(restart.any()):
-        return ids
-    kept = seg > 0
-    cut = torch.zeros_like(kept)
-    cut[:, 1:] = (seg[:, 1:] != seg[:, :-1]) & kept[:, 1:] & kept[:, :-1]
-    if bool(cut.any()):
-        raise ConfigError(
-            "packed documents (position_ids restarting inside a row) reached a layer whose mask pattern transformers "
-            "built without them and cut at the row's own positions (chunked attention; transformers finds packed "
-            "documents only without a KV cache), packtool.hf, pass use_cache=False for packed batches "
-            "(model(**batch, use_cache=False)), or batch this model's documents padded (attention_mask)"
-        )
-    start = restart | F.pad(~kept[:, :-1], (1, 0), value=True)
-    segment = torch.cumsum(start.to(ids.dtype), -1)
-    joined = (ids & 1) * F.pad(~restart[:, 1:], (0, 1), value=True).to(ids.dtype)  # no block across documents
-    return (2 * segment + joined) * kept.to(ids.dtype)
-
-
-def _segments(ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, int, Blocks | None]:
-    """(kept flat positions or None, cu_seqlens over the kept tokens, longest segment, blocks or None)."""
-    b, t = ids.shape
-    seg = ids >> 1
-    keep = seg > 0
-    start = keep.clone()
-    start[:, 1:] &= seg[:, 1:] != seg[:, :-1]
-    index = keep.reshape(-1).nonzero().reshape(-1)
-    n = int(index.numel())
-    first = start.reshape(-1).index_select(0, index)
-    starts = first.nonzero().reshape(-1).to(torch.int32)
-    cu = torch.cat([starts, torch.tensor([n], dtype=torch.int32, device=ids.device)])
-    longest = _max(cu, None)
-    link = (ids & 1).reshape(-1).index_select(0, index).bool()
-    blocks = _blocks(link, first, cu) if bool(link.any()) else None
-    return (None if n == b * t else index), cu, longest, blocks
+def _segments(starts: torch.Tensor, keep: torch.Tensor | None, joined: torch.Tensor | None) -> _Plan:
+    """The varlen segments of the kept tokens' document starts (`_kept_starts`), their spans and holes, and the
+    bidirectional blocks of `joined` (a token joined to the next one, within its document only)."""
+    b, t = starts.shape
+    dev = starts.device
+    index = None if keep is None else keep.reshape(-1).nonzero().reshape(-1)
+    first = starts.reshape(-1) if index is None else starts.reshape(-1).index_select(0, index)
+    n = int(first.numel())
+    if n == 0:
+        return _Plan(index, torch.zeros(1, dtype=torch.int32, device=dev), 0, 0, 0, None, True)
+    begins = first.nonzero().reshape(-1)
+    cu = torch.cat([begins, torch.tensor([n], device=dev, dtype=begins.dtype)]).to(torch.int32)
+    lens = torch.diff(cu).long()
+    span, hole_span = lens, torch.zeros((), dtype=torch.long, device=dev)
+    if index is not None:  # padding dropped: a document's span counts its holes too
+        span = index.index_select(0, cu[1:].long() - 1) - index.index_select(0, cu[:-1].long()) + 1
+        gap = (index[1:] - index[:-1] > 1) & ~first[1:]
+        holed = torch.zeros(lens.numel(), dtype=torch.bool, device=dev)
+        holed[(torch.cumsum(first.long(), 0) - 1)[1:][gap]] = True
+        hole_span = torch.where(holed, span, 0).max()
+    longest, widest, holes = torch.stack([lens.max(), span.max(), hole_span]).tolist()  # one sync
+    blocks = None
+    if joined is not None:
+        ends = torch.ones(b, t, dtype=torch.bool, device=dev)  # the next token starts a document, or is padding
+        ends[:, :-1] = starts[:, 1:] | (False if keep is None else ~keep[:, 1:])
+        link = (joined & ~ends).reshape(-1)
+        link = link if index is None else link.index_select(0, index)
+        if bool(link.any()):
+            blocks = _blocks(link, first, cu)
+    if index is not None and n == b * t:
+        index = None
+    return _Plan(index, cu, int(longest), int(widest), int(holes), blocks, False)
 
 
 def _blocks(link: torch.Tensor, first: torch.Tensor, cu: torch.Tensor) -> Blocks:
@@ -251,3 +418,76 @@ def _blocks(link: torch.Tensor, first: torch.Tensor, cu: torch.Tensor) -> Blocks
     index_k = offsets + torch.arange(int(lens_k.sum()), device=dev)
     return Blocks(index_q, index_k, _cu(lens_q.to(torch.int32)), _cu(lens_k.to(torch.int32)),
                   int(lens_q.max()), int(lens_k.max()))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- after a KV cache
+
+
+def _cu(lengths: torch.Tensor) -> torch.Tensor:
+    return F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+
+
+def _after_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    kwargs: dict[str, Any],
+    sliding_window: int | None,
+) -> Reading:
+    """Queries after a KV cache (decoding one token, or a chunk): one sequence per row, causal from the bottom
+    right, unpadded by the 2-D mask (the keys a query may see; a static cache's empty slots are 0)."""
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        raise ConfigError(
+            f"cu_seq_lens_q/_k reached a layer with a KV cache ({q.shape[1]} queries after {k.shape[1]} keys), "
+            "packtool.hf, pass use_cache=False with packed batches (and no cu_seq_lens to generate)"
+        )
+    b, tq = q.shape[:2]
+    dev = q.device
+    if mask is None:
+        tk = k.shape[1]
+        cu_q = torch.arange(b + 1, dtype=torch.int32, device=dev) * tq
+        cu_k = torch.arange(b + 1, dtype=torch.int32, device=dev) * tk
+        window = None if sliding_window is None or not 0 < int(sliding_window) < tk else int(sliding_window) - 1
+        fq, fk, fv = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
+        return Reading(Layout(fq, fk, fv, cu_q, cu_k, tq, tk, (b, tq)), None, window)
+    mask = mask.bool()
+    if k.shape[1] > mask.shape[1]:  # a static cache holds more slots than tokens seen
+        k, v = k[:, : mask.shape[1]], v[:, : mask.shape[1]]
+    if k.shape[1] != mask.shape[1]:
+        raise ConfigError(
+            f"attention_mask covers {mask.shape[1]} keys, the layer has {k.shape[1]}, packtool.hf, pass a mask over "
+            "the cached and the new tokens"
+        )
+    index_k = mask.reshape(-1).nonzero().reshape(-1)
+    lens_k = mask.sum(-1, dtype=torch.int32)
+    cu_k = _cu(lens_k)
+    col = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    first = torch.where(mask, col, mask.shape[1]).min(-1).values
+    last = torch.where(mask, col, -1).max(-1).values
+    span = (last - first + 1).clamp(min=0)
+    holed = span > lens_k
+    max_k, max_span, hole_span = torch.stack([lens_k.max().long(), span.max().long(),
+                                              torch.where(holed, span, 0).max().long()]).tolist()  # fmt: skip
+    window = None
+    if sliding_window is not None and 0 < int(sliding_window) < max_span:
+        window = int(sliding_window) - 1
+        if hole_span > int(sliding_window):
+            raise ConfigError(
+                f"attention_mask has padding between the cached tokens of a row ({hole_span} keys) on a sliding-window "
+                f"layer (window {int(sliding_window)}): eager counts the window over the padding, a varlen kernel "
+                "cannot, packtool.hf, pad on the left or right only, or use attn_implementation='eager' for such masks"
+            )
+    flat_k, flat_v = (t.reshape(-1, *t.shape[2:]).index_select(0, index_k) for t in (k, v))
+    if tq == 1:  # decoding: one query per row, after all of its keys
+        index_q = torch.arange(b, device=dev)
+        cu_q, max_q = torch.arange(b + 1, dtype=torch.int32, device=dev), 1
+    else:  # a chunk after a cache: the queries are the mask's last columns (left padding)
+        qmask = mask[:, -tq:]
+        index_q = qmask.reshape(-1).nonzero().reshape(-1)
+        lens_q = qmask.sum(-1, dtype=torch.int32)
+        cu_q, max_q = _cu(lens_q), int(lens_q.max())
+    flat_q = q.reshape(-1, *q.shape[2:]).index_select(0, index_q)
+    if int(max_k) == 0:
+        return Reading(None, None, window)
+    return Reading(Layout(flat_q, flat_k, flat_v, cu_q, cu_k, max_q, int(max_k), (b, tq), index_q), None, window)

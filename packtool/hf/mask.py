@@ -37,6 +37,7 @@ WINDOW = "packtool_window"
 """Attribute of a segment mask: the sliding window (in keys, the query's own included) its pattern shows."""
 
 
+@torch.compiler.disable  # host-side reading of the pattern (a sync per mask): runs eagerly under torch.compile
 def padding_mask(
     batch_size: int,
     q_length: int,

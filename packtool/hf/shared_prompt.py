@@ -25,8 +25,8 @@ import torch
 
 from packtool.attention.shared_prompt import SharedPromptLayout, shared_prompt_layout
 from packtool.errors import ConfigError
-from packtool.hf.layout import Layout
 from packtool.hf.mask import SEGMENTS
+from packtool.hf.rows import Layout
 
 KEY = "prefix_segment"
 """The batch key (and attention keyword) that carries the shared-prompt layout."""

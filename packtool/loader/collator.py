@@ -65,11 +65,18 @@ def validate_cu_seqlens(cu: torch.Tensor, total_tokens: int, max_seqlen: int, na
         raise FormatError(
             f"{name} must be a 1-D int32 tensor with at least 2 entries, got {cu.dtype} of shape {tuple(cu.shape)}, build batches with PackedCollator"
         )
-    _validate(cu.detach().cpu().numpy(), total_tokens, max_seqlen, name)
+    _validate(cu.detach().cpu().numpy(), total_tokens, max_seqlen, name, HAND_BUILT)
 
 
-def _validate(c: np.ndarray, total_tokens: int, max_seqlen: int, name: str = "cu_seqlens") -> None:
-    """`validate_cu_seqlens` on an int32 numpy array (the collator's own, before it becomes a tensor)."""
+HAND_BUILT = "build the offsets with PackedCollator (or from the batch's own document lengths)"
+FROM_ITEMS = "the items' offsets are corrupt (a pack store's: run `packtool verify`)"
+
+
+def _validate(
+    c: np.ndarray, total_tokens: int, max_seqlen: int, name: str = "cu_seqlens", fix: str = FROM_ITEMS
+) -> None:
+    """`validate_cu_seqlens` on an int32 numpy array (the collator's own, before it becomes a tensor); `fix` says
+    where a decreasing array came from: the items of a store (the collator) or a caller's own (everything else)."""
     code, at = check_cu(c, int(total_tokens), int(max_seqlen))  # compiled scan: ~1 us per batch
     if code == 1:
         raise FormatError(
@@ -77,7 +84,7 @@ def _validate(c: np.ndarray, total_tokens: int, max_seqlen: int, name: str = "cu
         )
     if code == 2:
         raise FormatError(
-            f"{name} decreases at entry {at + 1} ({c[at]} -> {c[at + 1]}), expected a non-decreasing array, the pack store is corrupt: run `packtool verify`"
+            f"{name} decreases at entry {at + 1} ({c[at]} -> {c[at + 1]}), expected a non-decreasing array, {fix}"
         )
     if code == 3:
         raise FormatError(
