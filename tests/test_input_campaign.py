@@ -1,0 +1,111 @@
+"""Issue 32's input defects and issue 34's per-file `--format auto`, each met through the CLI as a user meets it:
+a wide CSV, classic-Mac line ends, a `meta.text` column, a latin-1 or binary CSV, a prompt cell that looks like
+a JSON list, OpenAI's legacy `functions`, a late `weight`, and files of different shapes in one auto run."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from input_support import same_store_bytes, tokenize_ok
+from support import cli_error, write_jsonl
+
+
+def _args(path: Path, tok: Path, out: Path, *flags: str) -> tuple[str, ...]:
+    return ("tokenize", str(path), "--tokenizer", str(tok), "--output", str(out), *flags)
+
+
+# ---- CSV ----
+
+
+def test_a_csv_with_100k_columns_is_read_in_linear_time(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """The duplicate-header check counted each name over the header: 100,000 columns never finished."""
+    n = 100_000
+    header = ",".join(["text", *(f"c{i}" for i in range(1, n))])
+    row = ",".join(["hello world", *("x" for _ in range(1, n))])
+    path = tmp_path / "wide.csv"
+    path.write_text(f"{header}\n{row}\n{row}\n")
+    start = time.perf_counter()
+    out = tokenize_ok([path], bpe_tokenizer_dir, tmp_path / "wide")
+    assert time.perf_counter() - start < 20
+    same_store_bytes(write_and_tokenize(tmp_path, bpe_tokenizer_dir, [{"text": "hello world"}] * 2), out)
+    dup = tmp_path / "dup.csv"
+    dup.write_text(",".join([*(f"c{i}" for i in range(n)), "c7"]) + "\n" + ",".join("x" * (n + 1)) + "\n")
+    assert "the header names field 'c7' twice" in cli_error(*_args(dup, bpe_tokenizer_dir, tmp_path / "d"))
+
+
+def write_and_tokenize(tmp_path: Path, tok: Path, rows: list[dict[str, object]], *flags: str, name: str = "ref") -> Path:
+    return tokenize_ok([write_jsonl(tmp_path / f"{name}.jsonl", rows)], tok, tmp_path / name, *flags)
+
+
+def test_classic_mac_line_ends_end_rows_and_count_lines(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """A lone \\r ends a row (as `csv` reads it) and counts as a line: a file over --max-record-bytes was refused
+    as one header row, and every reject said line 1."""
+    texts = [f"row {i} of a classic Mac file" for i in range(200)]
+    body = "text,id\r" + "".join(f"{t},{i}\r" for i, t in enumerate(texts)) + '"two\rlines",x\rbad,\xff\r'
+    path = tmp_path / "mac.csv"
+    path.write_bytes(body.encode("utf-8").replace(b"\xc3\xbf", b"\xff"))
+    rows = [{"text": t, "id": str(i)} for i, t in enumerate(texts)] + [{"text": "two\rlines", "id": "x"}]
+    reference = write_and_tokenize(tmp_path, bpe_tokenizer_dir, rows)
+    for chunk in ("64", "100000"):  # --max-record-bytes far under the file: each row is its own record
+        out = tokenize_ok([path], bpe_tokenizer_dir, tmp_path / f"mac-{chunk}", "--max-record-bytes", "200",
+                          "--chunk-bytes", chunk, "--on-error", "skip")
+        same_store_bytes(reference, out)
+        (reject,) = [json.loads(r) for r in (out / "rejects.jsonl").read_text().splitlines()]
+        assert reject["line"] == 1 + len(texts) + 2 + 1, reject  # header, rows, a row over two lines
+    assert f"mac.csv:{len(texts) + 4}" in cli_error(*_args(path, bpe_tokenizer_dir, tmp_path / "f"))
+    crlf = tmp_path / "crlf.csv"  # \r\n stays one line end, even with a block boundary between \r and \n
+    crlf.write_bytes(b"text,id\r\n" + b"".join(f"{t},{i}\r\n".encode() for i, t in enumerate(texts)))
+    same_store_bytes(write_and_tokenize(tmp_path, bpe_tokenizer_dir, rows[:-1], name="ref2"),
+                     tokenize_ok([crlf], bpe_tokenizer_dir, tmp_path / "crlf", "--chunk-bytes", "100"))
+
+
+def test_a_latin1_or_binary_csv_is_told_about_its_encoding(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("text,id\ncafé au lait,1\n".encode("latin-1"))
+    line = cli_error(*_args(latin, bpe_tokenizer_dir, tmp_path / "l"))
+    assert "not UTF-8" in line and "iconv -f latin1 -t utf-8" in line and "quoting" not in line, line
+    header = tmp_path / "header.csv"
+    header.write_bytes("naïve,id\nx,1\n".encode("latin-1"))
+    line = cli_error(*_args(header, bpe_tokenizer_dir, tmp_path / "h"))
+    assert "not UTF-8" in line and "byte 0xef at byte 2" in line and "iconv" in line and "quoting" not in line, line
+    binary = tmp_path / "blob.csv"
+    binary.write_bytes(b'PK\x03\x04\x00\x00"\x08\x00' + bytes(range(256)) * 4)
+    line = cli_error(*_args(binary, bpe_tokenizer_dir, tmp_path / "b"))
+    assert "NUL byte at byte 4" in line and "quoting" not in line, line
+    quote = tmp_path / "quote.csv"  # a real quoting problem keeps its own words
+    quote.write_bytes(b'text,id\n"never closed,1\n')
+    assert "quoted cell is not closed" in cli_error(*_args(quote, bpe_tokenizer_dir, tmp_path / "q"))
+
+
+def test_a_prompt_that_looks_like_a_json_list_is_text_not_a_conversation(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    rows = [{"prompt": "[3, 1, 2]", "completion": " -> [1, 2, 3]"}, {"prompt": "hello", "completion": " world"}]
+    path = tmp_path / "pc.csv"
+    path.write_text('prompt,completion\n"[3, 1, 2]"," -> [1, 2, 3]"\nhello, world\n')
+    for fmt in ("prompt-completion", "auto"):
+        reference = write_and_tokenize(tmp_path, bpe_tokenizer_dir, rows, "--format", fmt, name=f"ref-{fmt}")
+        same_store_bytes(reference, tokenize_ok([path], bpe_tokenizer_dir, tmp_path / f"csv-{fmt}", "--format", fmt))
+        manifest = json.loads((tmp_path / f"csv-{fmt}" / "manifest.json").read_text())
+        assert manifest["input_shape"]["name"] == "prompt-completion", manifest["input_shape"]
+
+
+def test_a_dotted_column_name_is_read_literally_when_it_exists(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """`pandas.json_normalize` writes `meta.text`: the literal name wins, else dots are a path (every input)."""
+    nested = write_and_tokenize(tmp_path, bpe_tokenizer_dir, [{"meta": {"text": "hello there"}, "id": 1}],
+                                "--field", "meta.text", name="nested")
+    flat_csv = tmp_path / "flat.csv"
+    flat_csv.write_text("id,meta.text\n1,hello there\n")
+    same_store_bytes(nested, tokenize_ok([flat_csv], bpe_tokenizer_dir, tmp_path / "csv", "--field", "meta.text"))
+    flat = write_and_tokenize(tmp_path, bpe_tokenizer_dir, [{"id": 1, "meta.text": "hello there"}],
+                              "--field", "meta.text", name="flat")
+    same_store_bytes(nested, flat)
+    both = write_and_tokenize(tmp_path, bpe_tokenizer_dir, [{"meta": {"text": "not this"}, "meta.text": "hello there"}],
+                              "--field", "meta.text", name="both")
+    same_store_bytes(nested, both)  # the documented ambiguity: the literal key is read
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"id": 1, "meta.text": "hello there"}]), tmp_path / "flat.parquet")
+    same_store_bytes(nested, tokenize_ok([tmp_path / "flat.parquet"], bpe_tokenizer_dir, tmp_path / "pq",
+                                         "--field", "meta.text"))
