@@ -109,3 +109,67 @@ def test_a_dotted_column_name_is_read_literally_when_it_exists(tmp_path: Path, b
     pq.write_table(pa.Table.from_pylist([{"id": 1, "meta.text": "hello there"}]), tmp_path / "flat.parquet")
     same_store_bytes(nested, tokenize_ok([tmp_path / "flat.parquet"], bpe_tokenizer_dir, tmp_path / "pq",
                                          "--field", "meta.text"))
+
+
+# ---- OpenAI's keys are never dropped in silence ----
+
+FUNCTIONS = [{"name": "get_weather", "description": "Weather of a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+LEGACY = {"messages": [{"role": "user", "content": "USR Weather in Paris?"},
+                       {"role": "assistant", "content": None,
+                        "function_call": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                       {"role": "function", "name": "get_weather", "content": "21 C"},
+                       {"role": "assistant", "content": "It is 21 C."}],
+          "functions": FUNCTIONS, "parallel_tool_calls": False}
+#: what OpenAI documents the legacy keys become: tools, tool_calls, a tool message
+MODERN = {"messages": [LEGACY["messages"][0],
+                       {"role": "assistant", "content": None, "tool_calls": [
+                           {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                       {"role": "tool", "name": "get_weather", "content": "21 C"}, LEGACY["messages"][3]],
+          "tools": [{"type": "function", "function": f} for f in FUNCTIONS]}
+
+
+def test_openai_legacy_functions_are_tools_for_the_template(tmp_path: Path) -> None:
+    """`functions` was dropped with exit 0 (the template never saw them), and `function_call` with it."""
+    from test_chat_templates import build_tokenizer, fixture
+    from test_openai_shape import reference
+
+    from packtool.formats.token_store import open_token_store
+
+    tok = build_tokenizer(tmp_path / "qwen", fixture("qwen2_5"))
+    want = reference(tok, "qwen2_5", MODERN["messages"], MODERN["tools"])
+    modern = write_and_tokenize(tmp_path, tok, [MODERN], "--format", "openai", name="modern")
+    assert open_token_store(modern).document(0).tolist() == want
+    for fmt in ("openai", "auto", "chat"):
+        out = write_and_tokenize(tmp_path, tok, [LEGACY], "--format", fmt, name=f"legacy-{fmt}")
+        same_store_bytes(modern, out)
+    both = {**LEGACY, "tools": MODERN["tools"]}
+    line = cli_error(*_args(write_jsonl(tmp_path / "both.jsonl", [both]), tok, tmp_path / "b", "--format", "openai"))
+    assert "both 'tools' and OpenAI's legacy 'functions'" in line and "both.jsonl:1" in line, line
+
+
+def test_a_late_weight_0_turn_is_never_trained_in_silence(tmp_path: Path) -> None:
+    """`--format auto` decides on the first 64 records: a chat file whose record 100 weights a turn 0 trained it."""
+    from test_chat_templates import build_tokenizer, fixture
+
+    tok = build_tokenizer(tmp_path / "qwen", fixture("qwen2_5"))
+    plain = {"messages": [{"role": "user", "content": "USR hi"}, {"role": "assistant", "content": "Hello!"}]}
+    late = {"messages": [{"role": "user", "content": "USR one"}, {"role": "assistant", "content": "Uno.", "weight": 0},
+                         {"role": "user", "content": "USR two"}, {"role": "assistant", "content": "Dos."}]}
+    rows = [plain] * 100 + [late]
+    given = write_and_tokenize(tmp_path, tok, rows, "--format", "openai", name="given")
+    for fmt in ("auto", "chat"):
+        same_store_bytes(given, write_and_tokenize(tmp_path, tok, rows, "--format", fmt, name=fmt))
+    manifest = json.loads((tmp_path / "auto" / "manifest.json").read_text())
+    assert manifest["input_shape"] == {"name": "chat", "detected": True}
+    sharegpt = {"conversations": [{"from": "human", "value": "USR one"}, {"from": "gpt", "value": "Uno.", "weight": 0},
+                                  {"from": "human", "value": "USR two"}, {"from": "gpt", "value": "Dos."}]}
+    same_store_bytes(write_and_tokenize(tmp_path, tok, [late], "--format", "openai", name="one"),
+                     write_and_tokenize(tmp_path, tok, [sharegpt], "--format", "sharegpt", name="sharegpt"))
+    bad = {"conversations": [{"from": "human", "value": "x", "weight": 1}, {"from": "gpt", "value": "y"}]}
+    line = cli_error(*_args(write_jsonl(tmp_path / "bad.jsonl", [bad]), tok, tmp_path / "b", "--format", "sharegpt"))
+    assert "turn 0 has a 'weight' but is a 'user' message" in line, line
+    trl = {"prompt": [{"role": "user", "content": "x"}], "completion": [{"role": "assistant", "content": "y", "weight": 0}]}
+    line = cli_error(*_args(write_jsonl(tmp_path / "trl.jsonl", [trl]), tok, tmp_path / "t", "--format",
+                            "prompt-completion"))
+    assert "message 1 has a 'weight'" in line and "--format openai" in line, line

@@ -24,6 +24,14 @@ def convert(record: Any, options: ShapeOptions) -> Conversation:
             )
         parts.append(messages)
     prompt, completion = parts
+    weighted = next(
+        (i for i, m in enumerate(prompt + completion) if isinstance(m, dict) and m.get("weight") is not None), None
+    )
+    if weighted is not None:  # never dropped in silence: TRL's cut, not a weight, says what is trained
+        raise ShapeError(
+            f"message {weighted} has a 'weight' (OpenAI's), which prompt-completion records do not carry: the prompt "
+            "is context and the completion the target; write the record as --format openai messages"
+        )
     if not completion:
         raise ShapeError(f"field {fields.completion!r} is an empty list of messages")
     targets = (False,) * len(prompt) + tuple(isinstance(m, dict) and m.get("role") == "assistant" for m in completion)

@@ -2,7 +2,9 @@
 `--role-map`), matched whatever their case and surrounding space (`Human`, `GPT`: exports in the wild
 have them). A `function_call` turn is an assistant message whose `tool_calls` come from its JSON value;
 a top-level `system` string is the first message; top-level `tools` go to the template as `tools=`.
-A turn's extra keys stay on its message; every problem (unknown role, missing or non-string `value`,
+A turn's `weight` is OpenAI's (`openai.py`): a `gpt` turn of weight 0 is context, not a target (axolotl
+reads ShareGPT turns so); a weight on another turn, or not 0 or 1, is a bad record. A turn's other keys stay
+on its message; every problem (unknown role, missing or non-string `value`,
 unparseable `function_call`, empty conversation) is a `ShapeError` naming the turn.
 """
 
@@ -22,6 +24,7 @@ from packtool.core.encoding.shapes.fields import (
     text,
     tools_of,
 )
+from packtool.core.encoding.shapes.openai import weighed
 from packtool.core.encoding.shapes.roles import RoleMap, role_key, role_table
 from packtool.formats import jsontext
 
@@ -54,9 +57,11 @@ def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = 
         raise ShapeError(f"empty conversation (field {fields.messages!r} holds no turns)")
     table = role_table(role_map, DEFAULT_ROLE_MAP)
     messages = system_of(record, fields.system)
+    first = len(messages)
     for i, turn in enumerate(turns):
         messages.append(_turn(turn, i, table))
-    return Conversation(messages, tools_of(record, fields.tools))
+    plain, targets = weighed(messages, lambda i: f"turn {i - first}")
+    return Conversation(plain, tools_of(record, fields.tools), targets)
 
 
 def _turn(turn: Any, i: int, table: dict[str, str]) -> dict[str, Any]:
