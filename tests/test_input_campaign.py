@@ -8,8 +8,12 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from input_support import same_store_bytes, tokenize_ok
-from support import cli_error, write_jsonl
+from support import cli_error, crashing_executor, write_jsonl
+
+import packtool
+from packtool.exec.local import thread_executor
 
 
 def _args(path: Path, tok: Path, out: Path, *flags: str) -> tuple[str, ...]:
@@ -173,3 +177,82 @@ def test_a_late_weight_0_turn_is_never_trained_in_silence(tmp_path: Path) -> Non
     line = cli_error(*_args(write_jsonl(tmp_path / "trl.jsonl", [trl]), tok, tmp_path / "t", "--format",
                             "prompt-completion"))
     assert "message 1 has a 'weight'" in line and "--format openai" in line, line
+
+
+# ---- --format auto decides per file (issue 34, item 7) ----
+
+
+def _docs(store: Path) -> tuple[list[list[int]], list[list[int]] | None]:
+    from packtool.formats.token_store import open_token_store
+
+    s = open_token_store(store)
+    loss = None if s.loss is None else [s.loss[s.starts[d] : s.boundaries[d]].tolist() for d in range(s.n_documents)]
+    return [s.document(d).tolist() for d in range(s.n_documents)], loss
+
+
+def test_auto_reads_a_chat_file_and_a_sharegpt_file_each_as_its_own(tmp_path: Path) -> None:
+    """It picked one shape from the first file and rejected every record of the other."""
+    from test_chat_templates import build_tokenizer, fixture
+
+    tok = build_tokenizer(tmp_path / "qwen", fixture("qwen2_5"))
+    chat = [{"messages": [{"role": "user", "content": f"USR hi {i}"}, {"role": "assistant", "content": f"hello {i}"}]}
+            for i in range(80)]
+    sharegpt = [{"conversations": [{"from": "human", "value": f"USR q {i}"}, {"from": "gpt", "value": f"a {i}"}]}
+                for i in range(30)]
+    a = write_jsonl(tmp_path / "a_chat.jsonl", chat)
+    b = tmp_path / "b_sharegpt.csv"
+    b.write_text("conversations\n" + "".join('"' + json.dumps(r["conversations"]).replace('"', '""') + '"\n'
+                                             for r in sharegpt))
+    ref_a = tokenize_ok([a], tok, tmp_path / "ref-a", "--format", "chat")
+    ref_b = tokenize_ok([write_jsonl(tmp_path / "sg.jsonl", sharegpt)], tok, tmp_path / "ref-b", "--format", "sharegpt")
+    want = [x + y for x, y in zip(_docs(ref_a), _docs(ref_b), strict=True)]
+    for flags in ((), ("--workers", "2", "--chunk-bytes", "300")):
+        out = tokenize_ok([a, b], tok, tmp_path / f"auto{len(flags)}", "--format", "auto", *flags)
+        assert list(_docs(out)) == want
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["input_shape"] == {"name": "chat", "detected": True, "shapes": ["chat", "sharegpt"]}
+    assert [(s["input_shape"], s["documents"], s["rejected"]) for s in manifest["sources"]] == [
+        ("chat", 80, 0), ("sharegpt", 30, 0)]
+    assert manifest["sources"][1]["fields"] == {"messages_field": "conversations", "system_field": "system"}
+    one = tokenize_ok([a, write_jsonl(tmp_path / "c_chat.jsonl", chat[:3])], tok, tmp_path / "same", "--format", "auto")
+    assert "shapes" not in json.loads((one / "manifest.json").read_text())["input_shape"]  # one shape: as before
+    text = write_jsonl(tmp_path / "t.jsonl", [{"text": "plain"}])
+    line = cli_error(*_args(a, tok, tmp_path / "x", "--format", "auto")[:2], str(text), "--tokenizer", str(tok),
+                     "--output", str(tmp_path / "x"), "--format", "auto")
+    assert "found chat records" in line and "text records" in line and "two runs" in line, line
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [chat[0], sharegpt[0]])  # one file of two shapes: as before
+    line = cli_error("tokenize", str(a), str(mixed), "--tokenizer", str(tok), "--output", str(tmp_path / "m"),
+                     "--format", "auto")
+    assert "two record shapes" in line and "mixed.jsonl:2" in line, line
+
+
+def test_auto_mixes_text_and_prompt_completion_with_exact_targets(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """A shape whose every token is a target beside one with a loss mask: the text file's tokens are all 1."""
+    text = [{"text": f"plain text number {i} " * 3} for i in range(40)]
+    pc = [{"prompt": f"question {i}?", "completion": f" answer {i}"} for i in range(40)]
+    a, b = write_jsonl(tmp_path / "a.jsonl", pc), write_jsonl(tmp_path / "b.jsonl", text)
+    ids_a, loss_a = _docs(tokenize_ok([a], bpe_tokenizer_dir, tmp_path / "ra", "--format", "prompt-completion"))
+    ids_b, _ = _docs(tokenize_ok([b], bpe_tokenizer_dir, tmp_path / "rb", "--format", "text"))
+    assert loss_a is not None
+    for flags in ((), ("--workers", "2", "--chunk-bytes", "200")):
+        ids, loss = _docs(tokenize_ok([a, b], bpe_tokenizer_dir, tmp_path / f"o{len(flags)}", "--format", "auto", *flags))
+        assert ids == ids_a + ids_b and loss == loss_a + [[1] * len(d) for d in ids_b]
+
+
+def test_a_run_of_per_file_shapes_resumes_with_the_same_bytes(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """Each chunk carries its file's shape: a killed run resumes its chunks and ends with the uninterrupted bytes."""
+    a = write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"q {i}?", "completion": f" a {i}"} for i in range(200)])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"text": f"text {i} " * 4} for i in range(200)])
+
+    def config(out: str) -> packtool.TokenizeConfig:
+        return packtool.TokenizeConfig(inputs=(str(a), str(b)), tokenizer=str(bpe_tokenizer_dir),
+                                       output=str(tmp_path / out), chunk_bytes=1500, workers=1, format="auto")
+
+    reference = packtool.tokenize_corpus(config("ref"))
+    assert reference.n_chunks > 6
+    with pytest.raises(KeyboardInterrupt):
+        packtool.tokenize_corpus(config("resumed"), executor=crashing_executor(5))
+    resumed = packtool.tokenize_corpus(config("resumed"), executor=thread_executor(2))
+    assert resumed.reused_chunks == 5
+    same_store_bytes(tmp_path / "ref", tmp_path / "resumed")
+    assert resumed.manifest["sources"] == reference.manifest["sources"]

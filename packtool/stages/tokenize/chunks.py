@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from packtool.choices import OnError
 from packtool.core.encoding.encode import Spans, encode_batch
 from packtool.errors import InputError
@@ -77,6 +79,7 @@ def reason_kind(reason: str) -> str:
 
 def chunk_records(chunk: Chunk, settings: ChunkSettings) -> Iterator[tuple[str, int | None, Got]]:
     """(source, line, text and spans or the reason) of every record of `chunk`, in order."""
+    settings = settings.for_chunk(chunk)  # its file's shape, when `--format auto` found several
     for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
         yield record.source, record.line, record.error if record.error is not None else extract(record.value, settings)
 
@@ -122,7 +125,8 @@ def _take(chunk: Chunk, settings: ChunkSettings) -> list[tuple[str, int | None, 
 
 def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResult:
     """Tokenize every record of `chunk`; raise InputError on a bad record in fail mode."""
-    with_loss = settings.loss
+    with_loss = settings.for_chunk(chunk).loss
+    ones = settings.loss and not with_loss  # a text file in a store with tokens.loss: every token a target
     tok = cached_tokenizer(settings.tokenizer_path, settings.tokenizer_sha256) if settings.backend != "fast" else None
     backend = cached_backend(settings.backend, settings.tokenizer_path, settings.tokenizer_sha256, tok)
     dtype = parse_dtype(settings.dtype, "chunk settings")
@@ -136,6 +140,8 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
         nonlocal chars
         if texts:
             ids, lengths, loss = encode_batch(tok, texts, spans if with_loss else None, settings.policy, dtype, backend)
+            if ones:
+                loss = np.ones(ids.size, np.uint8)
             result.parts.append((ids, lengths, loss))
             result.n_documents += int(lengths.size)
             result.n_tokens += int(ids.size)

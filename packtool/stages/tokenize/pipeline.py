@@ -131,7 +131,7 @@ def _tokenize(
     hashes = hash_sources(sources)
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     shape = resolve_shape(config, all_chunks)
-    needs_offsets = shape.spec.loss  # target spans are character offsets: encoding needs them
+    needs_offsets = shape.loss  # target spans are character offsets: encoding needs them
     settings = chunk_settings(config, info, output, shape)
 
     def meanwhile(pending: Callable[[], bool]) -> None:  # render chat-shaped chunks while the fast engine loads
