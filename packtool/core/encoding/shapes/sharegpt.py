@@ -2,8 +2,8 @@
 `--role-map`), matched whatever their case and surrounding space (`Human`, `GPT`: exports in the wild
 have them). A `function_call` turn is an assistant message whose `tool_calls` come from its JSON value;
 a top-level `system` string is the first message; top-level `tools` go to the template as `tools=`.
-A turn's `weight` is OpenAI's (`openai.py`): a `gpt` turn of weight 0 is context, not a target (axolotl
-reads ShareGPT turns so); a weight on another turn, or not 0 or 1, is a bad record. A turn's other keys stay
+A turn's `weight` is read as OpenAI's (`openai.py`), never ignored: a `gpt` turn of weight 0 is context,
+not a target; a weight on another turn, or not 0 or 1, is a bad record. A turn's other keys stay
 on its message; every problem (unknown role, missing or non-string `value`,
 unparseable `function_call`, empty conversation) is a `ShapeError` naming the turn.
 """
