@@ -256,3 +256,15 @@ def test_a_run_of_per_file_shapes_resumes_with_the_same_bytes(tmp_path: Path, bp
     assert resumed.reused_chunks == 5
     same_store_bytes(tmp_path / "ref", tmp_path / "resumed")
     assert resumed.manifest["sources"] == reference.manifest["sources"]
+
+
+def test_latin1_jsonl_and_txt_are_told_to_re_encode(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """The same class in the other text readers: the fix names the encoding, not 'fix the record'."""
+    jsonl = tmp_path / "l.jsonl"
+    jsonl.write_bytes('{"text": "ok"}\n{"text": "café"}\n'.encode("latin-1"))
+    line = cli_error(*_args(jsonl, bpe_tokenizer_dir, tmp_path / "j"))
+    assert "invalid UTF-8" in line and "l.jsonl:2" in line and "iconv -f latin1 -t utf-8" in line, line
+    txt = tmp_path / "l.txt"
+    txt.write_bytes("fine\nna\xefve\n".encode("latin-1"))
+    line = cli_error(*_args(txt, bpe_tokenizer_dir, tmp_path / "t"))
+    assert "byte 0xef" in line and "l.txt:2" in line and "iconv -f latin1 -t utf-8" in line, line

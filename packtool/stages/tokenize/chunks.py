@@ -162,7 +162,12 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
                     f"bad record: {got}" + (f" (record {line_no} {reader.record_label}, 0-based)" if indexed else ""),
                     source,
                     line_no,
-                    hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
+                    hint=(
+                        "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                        if got == "invalid UTF-8"
+                        else "fix the record"
+                    )
+                    + ", or pass --on-error skip to log it in rejects.jsonl and go on",
                 )
             line = {"source": source, "line": line_no, "reason": got}  # SPEC's keys for every input
             if indexed:  # e.g. a .json array: `line` is the element's 0-based index, as in its `file:N` errors

@@ -31,7 +31,7 @@ from packtool.core.encoding.shapes.fields import JsonText
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
 from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, Span, whole_file
-from packtool.stages.tokenize.inputs.record import BOM, RawRecord, too_long_reason
+from packtool.stages.tokenize.inputs.record import BOM, RawRecord, not_utf8_reason, too_long_reason
 
 if TYPE_CHECKING:
     import numpy as np
@@ -342,7 +342,7 @@ def _parsed(path: str, batches: Iterator[list[bytes | TooLong]], delimiter: str,
             try:
                 text = row.decode("utf-8")
             except UnicodeDecodeError as exc:
-                got.append((start + _breaks(row, 0, exc.start), _not_utf8(row, exc.start), False))
+                got.append((start + _breaks(row, 0, exc.start), not_utf8_reason(row, exc.start, "row"), False))
                 continue
             maybe_json = "[" in text or "{" in text
             if "\r" in text:
@@ -369,14 +369,6 @@ def _parsed(path: str, batches: Iterator[list[bytes | TooLong]], delimiter: str,
             else:
                 out.append((start, item, False))
         yield out
-
-
-def _not_utf8(row: bytes, at: int) -> str:
-    """Why a row cannot be read: the byte that is not UTF-8, and the fix (a file in another encoding)."""
-    return (
-        f"{_NOT_UTF8} (byte 0x{row[at]:02x} at byte {at} of the row; the file is not UTF-8 text: "
-        "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8)"
-    )
 
 
 def _check_encoding(path: str, compression: str) -> None:
