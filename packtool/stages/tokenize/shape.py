@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from packtool.core.encoding.shapes.detect import Candidate
 
 DETECT_RECORDS = 64
+#: `--format auto` over several files: the records read of each file after the first (a shape shows in a
+#: few records; a run of thousands of files decides in about a second)
+DETECT_MORE_FILES = 16
 
 
 @dataclass(frozen=True)
@@ -109,17 +112,19 @@ def _add(sample: _Sample, record: RawRecord, chunk: Chunk) -> None:
 def _records_by_file(chunks: Sequence[Chunk], config: TokenizeConfig) -> dict[str, _Sample]:
     """The first readable records of each input file, at most DETECT_RECORDS each, in input order."""
     by_file: dict[str, _Sample] = {}
+    want: dict[str, int] = {}
     for chunk in chunks:
         for path in chunk.paths:
-            by_file.setdefault(path, _Sample())
-        if all(len(by_file[p].records) >= DETECT_RECORDS for p in chunk.paths):
+            if path not in by_file:
+                by_file[path] = _Sample()
+                want[path] = DETECT_RECORDS if len(by_file) == 1 else DETECT_MORE_FILES
+        if all(len(by_file[p].records) >= want[p] for p in chunk.paths):
             continue  # a later chunk of a file already sampled
         records = read_chunk(chunk, separator=config.separator, max_record_bytes=config.max_record_bytes)
         for record in records:
-            sample = by_file.setdefault(record.source, _Sample())
-            if len(sample.records) < DETECT_RECORDS:
-                _add(sample, record, chunk)
-            if all(len(by_file[p].records) >= DETECT_RECORDS for p in chunk.paths):
+            if len(by_file[record.source].records) < want[record.source]:
+                _add(by_file[record.source], record, chunk)
+            if all(len(by_file[p].records) >= want[p] for p in chunk.paths):
                 break
     return by_file
 
@@ -158,7 +163,7 @@ def _fields(spec: ShapeSpec, config: TokenizeConfig) -> ShapeFields:
 
 
 def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
-    from packtool.core.encoding.shapes.detect import choose  # every shape's module: for auto runs only
+    from packtool.core.encoding.shapes.detect import choose, decide  # every shape's module: auto runs only
 
     by_file = _records_by_file(chunks, config)
     sample = _Sample()
@@ -168,13 +173,14 @@ def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
         sample.bad = sample.bad or got.bad
     if not sample.records:
         _nothing_to_detect(sample, chunks)
+    each = {path: decide(got.records) for path, got in by_file.items()}
     try:
-        return _detected(*choose(sample.records))
+        return _detected(*choose(sample.records, [d for got in each.values() for d in got]))
     except ConfigError:
         decided = [path for path, got in by_file.items() if got.records]
         if len(decided) < 2:
             raise  # one file's records: its own error names the two records
-    shapes = {path: _detected(*choose(by_file[path].records)) for path in decided}  # a file that mixes: its error
+    shapes = {path: _detected(*choose(by_file[path].records, each[path])) for path in decided}  # a file that mixes
     first = shapes[decided[0]]
     for shape in shapes.values():
         if shape.spec.chat != first.spec.chat:
