@@ -78,6 +78,14 @@ def test_a_latin1_or_binary_csv_is_told_about_its_encoding(tmp_path: Path, bpe_t
     binary.write_bytes(b'PK\x03\x04\x00\x00"\x08\x00' + bytes(range(256)) * 4)
     line = cli_error(*_args(binary, bpe_tokenizer_dir, tmp_path / "b"))
     assert "NUL byte at byte 4" in line and "quoting" not in line, line
+    noise = tmp_path / "noise.csv"
+    noise.write_bytes(bytes((i * 37 + 11) % 256 for i in range(4000)).replace(b"\0", b"\1"))
+    assert "looks binary" in cli_error(*_args(noise, bpe_tokenizer_dir, tmp_path / "n"))
+    for encoding in ("utf-16", "utf-16-le"):  # Excel's "Unicode text", with and without its byte order mark
+        wide = tmp_path / f"{encoding}.csv"
+        wide.write_bytes("text,id\nhello,1\n".encode(encoding))
+        line = cli_error(*_args(wide, bpe_tokenizer_dir, tmp_path / "w"))
+        assert "UTF-16" in line and "iconv -f utf-16 -t utf-8" in line, line
     quote = tmp_path / "quote.csv"  # a real quoting problem keeps its own words
     quote.write_bytes(b'text,id\n"never closed,1\n')
     assert "quoted cell is not closed" in cli_error(*_args(quote, bpe_tokenizer_dir, tmp_path / "q"))

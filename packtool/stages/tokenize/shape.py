@@ -2,7 +2,7 @@
 
 Resolution happens once, in the coordinator, before any chunk runs, so every chunk (and every shard
 of a sharded run) reads the shape decided for its file. `--format auto` reads the first `DETECT_RECORDS`
-readable records of each input file (`core.encoding.shapes.detect.choose` decides; records that fit no
+readable records of the first input file and `DETECT_MORE_FILES` of each other one (`core.encoding.shapes.detect.choose` decides; records that fit no
 shape become per-record errors of the chosen one). When one shape fits the records of every file, the
 run reads that shape (as one file would); otherwise each file is read as its own records decide (a chat
 file and a ShareGPT file in one run), `Shape.sources` naming each file's, and every chunk carries its

@@ -377,10 +377,18 @@ def _check_encoding(path: str, compression: str) -> None:
     found = _first_non_text(path, compression)
     if found is None:
         return
-    at, byte = found
-    if byte == 0:
+    at, byte, head = found
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or _utf16_looking(head):  # Excel's "Unicode text"
         raise InputError(
-            f"the file is not CSV text: it holds a NUL byte at byte {at} (binary data?)",
+            "the file is UTF-16 text, not UTF-8",
+            path,
+            hint="re-encode it as UTF-8 (e.g. iconv -f utf-16 -t utf-8 FILE > FILE.utf8.csv)",
+        )
+    controls = sum(1 for c in head if c < 32 and c not in (9, 10, 13))  # latin-1 text has none
+    if byte == 0 or controls * 16 > len(head):
+        shown = "a NUL byte" if byte == 0 else f"byte 0x{byte:02x}"
+        raise InputError(
+            f"the file is not CSV text: it holds {shown} at byte {at} and looks binary",
             path,
             hint="pass a CSV or TSV file of UTF-8 text",
         )
@@ -389,25 +397,33 @@ def _check_encoding(path: str, compression: str) -> None:
     )
 
 
-def _first_non_text(path: str, compression: str) -> tuple[int, int] | None:
-    """(offset, byte) of the first NUL or non-UTF-8 byte in the first MiB of the (decompressed) file, or None
-    (also when it cannot be read: the caller's error stands)."""
+def _utf16_looking(head: bytes) -> bool:
+    """UTF-16 without a byte order mark: ASCII text with a NUL byte beside every character."""
+    pairs = head[: len(head) & ~1][:256]
+    return len(pairs) >= 8 and (pairs[0::2].count(0) == len(pairs) // 2) != (pairs[1::2].count(0) == len(pairs) // 2)
+
+
+def _first_non_text(path: str, compression: str) -> tuple[int, int, bytes] | None:
+    """(offset, byte, the file's first bytes) of the first NUL or non-UTF-8 byte in the first MiB of the
+    (decompressed) file, or None (also when it cannot be read: the caller's error stands)."""
     import codecs
 
     from packtool.stages.tokenize.inputs.streams import blocks
 
     decoder = codecs.getincrementaldecoder("utf-8")()
     seen = 0
+    head = b""
     try:
         for block in blocks(path, compression):
             block = block[: _SNIFF_BYTES - seen]
+            head = head or block[:256]
             nul = block.find(b"\0")
             try:
                 decoder.decode(block[:nul] if nul >= 0 else block)
             except UnicodeDecodeError as exc:
-                return seen + exc.start, block[exc.start]
+                return seen + exc.start, block[exc.start], head
             if nul >= 0:
-                return seen + nul, 0
+                return seen + nul, 0, head
             seen += len(block)
             if seen >= _SNIFF_BYTES:
                 return None
