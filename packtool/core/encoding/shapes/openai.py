@@ -33,13 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from packtool.core.encoding.shapes.base import FIT, Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.fields import (
-    conversation_field,
-    get_field,
-    optional,
-    structured,
-    tools_of,
-)
+from packtool.core.encoding.shapes.fields import conversation_field, get_field, structured, tools_of
 
 WEIGHT = "weight"
 #: OpenAI's legacy function calling: the top-level list, the assistant message's call, the result's role
@@ -68,13 +62,11 @@ def record_tools(record: Any, name: str) -> list[Any] | None:
     if not isinstance(record, dict):
         return None
     tools = tools_of(record, name)
-    functions = structured(optional(record, FUNCTIONS))
+    functions = tools_of(record, FUNCTIONS)  # a list of objects, or a JSON string of one, as tools
     if functions is None:
         return tools
     if tools is not None:
         raise ShapeError(f"the record has both {name!r} and OpenAI's legacy 'functions', keep one of them")
-    if not isinstance(functions, list) or not all(isinstance(f, dict) for f in functions):
-        raise ShapeError(f"field 'functions' is not a list of function objects (got {type(functions).__name__})")
     return [{"type": "function", "function": f} for f in functions]
 
 
