@@ -276,3 +276,22 @@ def test_latin1_jsonl_and_txt_are_told_to_re_encode(tmp_path: Path, bpe_tokenize
     txt.write_bytes("fine\nna\xefve\n".encode("latin-1"))
     line = cli_error(*_args(txt, bpe_tokenizer_dir, tmp_path / "t"))
     assert "byte 0xef" in line and "l.txt:2" in line and "iconv -f latin1 -t utf-8" in line, line
+
+
+def test_a_table_naming_a_column_twice_is_a_file_error(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """The CSV header check's class in parquet and Arrow, which allow a name twice: a row kept one value silently."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([pa.array(["first"]), pa.array(["second"])], names=["text", "text"])
+    pq.write_table(table, tmp_path / "dup.parquet")
+    with pa.OSFile(str(tmp_path / "dup.arrow"), "wb") as fh, pa.ipc.new_file(fh, table.schema) as writer:
+        writer.write_table(table)
+    for name in ("dup.parquet", "dup.arrow"):
+        line = cli_error(*_args(tmp_path / name, bpe_tokenizer_dir, tmp_path / "o", "--on-error", "skip"))
+        assert "names column 'text' twice" in line and name in line, line
+    struct = pa.StructArray.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"])
+    pq.write_table(pa.Table.from_arrays([struct], names=["meta"]), tmp_path / "nested.parquet")
+    line = cli_error(*_args(tmp_path / "nested.parquet", bpe_tokenizer_dir, tmp_path / "o", "--field", "meta.text"))
+    assert "the field 'text' of struct 'meta' twice" in line, line
+    assert not (tmp_path / "o").exists()
