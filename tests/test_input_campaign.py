@@ -295,3 +295,11 @@ def test_a_table_naming_a_column_twice_is_a_file_error(tmp_path: Path, bpe_token
     line = cli_error(*_args(tmp_path / "nested.parquet", bpe_tokenizer_dir, tmp_path / "o", "--field", "meta.text"))
     assert "the field 'text' of struct 'meta' twice" in line, line
     assert not (tmp_path / "o").exists()
+
+
+def test_a_column_name_with_a_space_is_named_in_the_error(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """`id, text` (a space after the comma) names the column ' text': the missing-field error shows it."""
+    path = tmp_path / "space.csv"
+    path.write_text("id, text\n1, hello\n")
+    line = cli_error(*_args(path, bpe_tokenizer_dir, tmp_path / "o"))
+    assert "missing field 'text' (the record has ' text'" in line and "space.csv:2" in line, line

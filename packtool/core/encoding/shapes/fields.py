@@ -60,9 +60,19 @@ def get_field(value: Any, dotted: str) -> tuple[Any, str | None]:
             where = ".".join(dotted.split(".")[:depth]) or "record"
             return None, f"{where} is not an object (got {type(current).__name__}), cannot read field {dotted!r}"
         if key not in current:
-            return None, f"missing field {dotted!r}"
+            return None, f"missing field {dotted!r}{_near(current, key)}"
         current = current[key]
     return current, None
+
+
+def _near(record: dict[Any, Any], key: str) -> str:
+    """` (the record has ' text' ...)` when a key differs from `key` only by surrounding space or case (a CSV
+    header written `id, text`), else nothing; a bounded look (a record may have 100,000 keys)."""
+    if len(record) > 10_000:
+        return ""
+    want = key.strip().casefold()
+    close = [k for k in record if isinstance(k, str) and k != key and k.strip().casefold() == want]
+    return f" (the record has {close[0]!r}: names match exactly, spaces and case included)" if close else ""
 
 
 def get_text_field(value: Any, dotted: str) -> tuple[str | None, str | None]:
