@@ -2,14 +2,15 @@
 
 Resolution happens once, in the coordinator, before any chunk runs, so every chunk (and every shard
 of a sharded run) reads the shape decided for its file. `--format auto` reads the first `DETECT_RECORDS`
-readable records of the first input file and `DETECT_MORE_FILES` of each other one (`core.encoding.shapes.detect.choose` decides; records that fit no
-shape become per-record errors of the chosen one). When one shape fits the records of every file, the
+readable records of the first input file and `DETECT_MORE_FILES` of each other one
+(`core.encoding.shapes.detect.choose` decides; records that fit no shape become per-record errors of the
+chosen one). When one shape fits the records of every file, the
 run reads that shape (as one file would); otherwise each file is read as its own records decide (a chat
 file and a ShareGPT file in one run), `Shape.sources` naming each file's, and every chunk carries its
 file's shape (`ChunkSettings.for_chunk`, hashed into the resume keys). Files whose shapes take the
 special tokens differently (rendered by a chat template, or plain text with BOS/EOS) cannot share one
-store: that is an error naming both. A file with no readable record reads the first file's shape. When there is nothing to decide from, the error says
-why: the inputs hold no record, or only bad ones (the first one's file:line and reason, as a run
+store: that is an error naming both. A file with no readable record reads the first file's shape. When
+there is nothing to decide from, the error says why: the inputs hold no record, or only bad ones (the first one's file:line and reason, as a run
 with `--format` would report it). A format with variants (`prompt-completion`: TRL's conversational
 shape when the first record's prompt is a list of messages, as TRL decides on a dataset's first
 example) is resolved on the first readable record. Flags the resolved shape does not read are an
@@ -110,7 +111,9 @@ def _add(sample: _Sample, record: RawRecord, chunk: Chunk) -> None:
 
 
 def _records_by_file(chunks: Sequence[Chunk], config: TokenizeConfig) -> dict[str, _Sample]:
-    """The first readable records of each input file, at most DETECT_RECORDS each, in input order."""
+    """The first readable records of each input file (DETECT_RECORDS of the first, DETECT_MORE_FILES of each
+    other), in input order; as for one file, at most DETECT_RECORDS records (good or bad) of a chunk are read
+    per file it holds, so a file of bad records is not read to its end."""
     by_file: dict[str, _Sample] = {}
     want: dict[str, int] = {}
     for chunk in chunks:
@@ -121,7 +124,7 @@ def _records_by_file(chunks: Sequence[Chunk], config: TokenizeConfig) -> dict[st
         if all(len(by_file[p].records) >= want[p] for p in chunk.paths):
             continue  # a later chunk of a file already sampled
         records = read_chunk(chunk, separator=config.separator, max_record_bytes=config.max_record_bytes)
-        for record in records:
+        for record in islice(records, DETECT_RECORDS * len(chunk.paths)):
             if len(by_file[record.source].records) < want[record.source]:
                 _add(by_file[record.source], record, chunk)
             if all(len(by_file[p].records) >= want[p] for p in chunk.paths):
