@@ -228,6 +228,12 @@ def test_auto_reads_a_chat_file_and_a_sharegpt_file_each_as_its_own(tmp_path: Pa
     line = cli_error(*_args(a, tok, tmp_path / "x", "--format", "auto")[:2], str(text), "--tokenizer", str(tok),
                      "--output", str(tmp_path / "x"), "--format", "auto")
     assert "found chat records" in line and "text records" in line and "two runs" in line, line
+    lmsys = write_jsonl(tmp_path / "d_lmsys.jsonl", [{"conversation": r["messages"]} for r in chat[:3]])
+    two = tokenize_ok([a, lmsys], tok, tmp_path / "lmsys", "--format", "auto")  # one shape, two fields
+    manifest = json.loads((two / "manifest.json").read_text())
+    assert manifest["input_shape"]["shapes"] == ["chat"]
+    assert [s["fields"]["messages_field"] for s in manifest["sources"]] == ["messages", "conversation"]
+    assert _docs(two)[0] == _docs(ref_a)[0] + _docs(ref_a)[0][:3]
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [chat[0], sharegpt[0]])  # one file of two shapes: as before
     line = cli_error("tokenize", str(a), str(mixed), "--tokenizer", str(tok), "--output", str(tmp_path / "m"),
                      "--format", "auto")

@@ -63,7 +63,7 @@ def token_manifest(
         "input_shape": {
             "name": shape.name,
             "detected": shape.detected,
-            **({"shapes": [one.name for one in shape.all()]} if shape.sources else {}),
+            **({"shapes": list(dict.fromkeys(one.name for one in shape.all()))} if shape.sources else {}),
         },
         "fields": shape.manifest_fields(config, settings.role_map),
         "chat_template_sha256": hashlib.sha256(settings.chat_template.encode()).hexdigest()
