@@ -181,6 +181,13 @@ def test_a_late_weight_0_turn_is_never_trained_in_silence(tmp_path: Path) -> Non
     bad = {"conversations": [{"from": "human", "value": "x", "weight": 1}, {"from": "gpt", "value": "y"}]}
     line = cli_error(*_args(write_jsonl(tmp_path / "bad.jsonl", [bad]), tok, tmp_path / "b", "--format", "sharegpt"))
     assert "turn 0 has a 'weight' but is a 'user' message" in line, line
+    for fmt, record in (("chat", {**plain, "weight": 0}), ("openai", {**late, "weight": 0.5}),
+                        ("sharegpt", {**sharegpt, "weight": 0})):  # a record's own weight: never ignored
+        src = write_jsonl(tmp_path / f"rw-{fmt}.jsonl", [record])
+        line = cli_error(*_args(src, tok, tmp_path / "rw", "--format", fmt))
+        assert "the record has 'weight'" in line and "per assistant message" in line, line
+    same_store_bytes(write_and_tokenize(tmp_path, tok, [plain], "--format", "chat", name="w1a"),
+                     write_and_tokenize(tmp_path, tok, [{**plain, "weight": 1}], "--format", "chat", name="w1b"))
     trl = {"prompt": [{"role": "user", "content": "x"}], "completion": [{"role": "assistant", "content": "y", "weight": 0}]}
     line = cli_error(*_args(write_jsonl(tmp_path / "trl.jsonl", [trl]), tok, tmp_path / "t", "--format",
                             "prompt-completion"))

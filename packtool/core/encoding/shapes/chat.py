@@ -16,11 +16,12 @@ from typing import Any
 
 from packtool.core.encoding.shapes.base import Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
 from packtool.core.encoding.shapes.fields import conversation_field, get_field, structured, tools_of
-from packtool.core.encoding.shapes.openai import openai_conversation, openai_keys
+from packtool.core.encoding.shapes.openai import no_record_weight, openai_conversation, openai_keys
 from packtool.core.encoding.shapes.roles import role_key, role_table
 
 
 def convert(record: Any, options: ShapeOptions) -> Conversation:
+    no_record_weight(record)
     messages, reason = get_field(record, options.fields.messages)
     if reason is not None:
         raise ShapeError(reason)

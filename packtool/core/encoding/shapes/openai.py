@@ -41,6 +41,7 @@ FUNCTIONS, FUNCTION_CALL, FUNCTION_ROLE = "functions", "function_call", "functio
 
 
 def convert(record: Any, options: ShapeOptions) -> Conversation:
+    no_record_weight(record)
     messages, reason = get_field(record, options.fields.messages)
     if reason is not None:
         raise ShapeError(reason)
@@ -89,6 +90,19 @@ def _modern(message: Any, i: int) -> Any:
     out = {k: v for k, v in message.items() if k != FUNCTION_CALL}
     out["tool_calls"] = [{"type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]
     return out
+
+
+def no_record_weight(record: Any) -> None:
+    """A conversation record's own `weight` (a sample weight, which no format here defines) is refused unless it
+    is 1 (or null): weights are per assistant message, and a `"weight": 0` record is never trained in silence."""
+    weight = record.get(WEIGHT) if isinstance(record, dict) else None
+    if weight is None or (type(weight) in (int, float) and weight == 1):
+        return
+    shown = json.dumps(weight, default=repr)[:40]
+    raise ShapeError(
+        f"the record has 'weight' {shown}: weights are read per assistant message (OpenAI's format), not per "
+        "record; drop the record (weight 0) or the key"
+    )
 
 
 def weighed(

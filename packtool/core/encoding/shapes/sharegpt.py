@@ -24,7 +24,7 @@ from packtool.core.encoding.shapes.fields import (
     text,
     tools_of,
 )
-from packtool.core.encoding.shapes.openai import weighed
+from packtool.core.encoding.shapes.openai import no_record_weight, weighed
 from packtool.core.encoding.shapes.roles import RoleMap, role_key, role_table
 from packtool.formats import jsontext
 
@@ -50,6 +50,7 @@ DEFAULT_ROLE_MAP: Mapping[str, str] = {
 def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = ()) -> Conversation:
     """One ShareGPT record as messages (see the module docstring)."""
     record = as_object(record)
+    no_record_weight(record)
     turns = structured(required(record, fields.messages, "the record"))
     if not isinstance(turns, list):
         raise ShapeError(f"field {fields.messages!r} is not a list of turns (got {type(turns).__name__})")
