@@ -75,7 +75,7 @@ def test_a_latin1_or_binary_csv_is_told_about_its_encoding(tmp_path: Path, bpe_t
     line = cli_error(*_args(header, bpe_tokenizer_dir, tmp_path / "h"))
     assert "not UTF-8" in line and "byte 0xef at byte 2" in line and "iconv" in line and "quoting" not in line, line
     binary = tmp_path / "blob.csv"
-    binary.write_bytes(b'PK\x03\x04\x00\x00"\x08\x00' + bytes(range(256)) * 4)
+    binary.write_bytes(b'BLOB\x00\x00"\x08\x00' + bytes(range(256)) * 4)
     line = cli_error(*_args(binary, bpe_tokenizer_dir, tmp_path / "b"))
     assert "NUL byte at byte 4" in line and "quoting" not in line, line
     noise = tmp_path / "noise.csv"
@@ -86,6 +86,15 @@ def test_a_latin1_or_binary_csv_is_told_about_its_encoding(tmp_path: Path, bpe_t
         wide.write_bytes("text,id\nhello,1\n".encode(encoding))
         line = cli_error(*_args(wide, bpe_tokenizer_dir, tmp_path / "w"))
         assert "UTF-16" in line and "iconv -f utf-16 -t utf-8" in line, line
+    import gzip
+    import zipfile
+
+    (tmp_path / "gz.csv").write_bytes(gzip.compress(b"text,id\nhello,1\n"))
+    with zipfile.ZipFile(tmp_path / "book.csv", "w") as book:
+        book.writestr("xl/worksheets/sheet1.xml", "<sheet/>" * 50)
+    for name, said in (("gz.csv", "gzip-compressed"), ("book.csv", "a zip archive (an Excel .xlsx workbook?)")):
+        line = cli_error(*_args(tmp_path / name, bpe_tokenizer_dir, tmp_path / "z"))
+        assert f"not CSV text: it is {said}" in line and "quoting" not in line, line
     quote = tmp_path / "quote.csv"  # a real quoting problem keeps its own words
     quote.write_bytes(b'text,id\n"never closed,1\n')
     assert "quoted cell is not closed" in cli_error(*_args(quote, bpe_tokenizer_dir, tmp_path / "q"))

@@ -54,6 +54,14 @@ _ENCODING_HINT = (
     "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8.csv), or export it as 'CSV UTF-8'"
 )
 _SNIFF_BYTES = 1 << 20
+#: files often named .csv that are not text: (first bytes, what it is, the fix)
+_MAGIC = (
+    (b"PK\x03\x04", "a zip archive (an Excel .xlsx workbook?)", "save it as 'CSV UTF-8' (or unzip it)"),
+    (b"\x1f\x8b", "gzip-compressed", "name it .csv.gz (or .tsv.gz) so it is decompressed"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "name it .csv.zst (or .tsv.zst) so it is decompressed"),
+    (b"PAR1", "a parquet file", "name it .parquet"),
+    (b"\xd0\xcf\x11\xe0", "an old Excel .xls workbook", "save it as 'CSV UTF-8'"),
+)
 
 
 class CsvReader(ReaderDefaults):
@@ -378,6 +386,9 @@ def _check_encoding(path: str, compression: str) -> None:
     if found is None:
         return
     at, byte, head = found
+    for magic, what, fix in _MAGIC:
+        if head.startswith(magic):
+            raise InputError(f"the file is not CSV text: it is {what}", path, hint=fix)
     if head.startswith((b"\xff\xfe", b"\xfe\xff")) or _utf16_looking(head):  # Excel's "Unicode text"
         raise InputError(
             "the file is UTF-16 text, not UTF-8",
