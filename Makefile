@@ -18,6 +18,8 @@ demo: $(STAMP)
 	bash scripts/demo.sh
 
 test: $(STAMP)
+	@echo "make test: the default suite (not gpu, slow or interop) takes ~8 min on 2 cores (7-9 measured);"
+	@echo "           one file: $(BIN)/python -m pytest -q tests/test_tokenize.py"
 	$(BIN)/python -m pytest -q -m "not gpu and not slow and not interop" tests
 
 # The trainers' own readers (TRL, OLMo-core, Megatron-Bridge) in their own pinned venv: docs/EXPORT.md.

@@ -26,6 +26,7 @@ class InputFormat(StrEnum):
     SHAREGPT = "sharegpt"
     ALPACA = "alpaca"
     OPENAI = "openai"
+    PREFERENCE = "preference"
     AUTO = "auto"
 
 

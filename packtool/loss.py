@@ -20,9 +20,17 @@ per-micro-batch means weighs a token by 1/(targets in its micro-batch). Sum firs
 global count once: `loss = packed_cross_entropy(..., "sum") / global_targets` where
 `global_targets` is `count_targets(...)` summed over all micro-batches of the step and all-reduced
 over data-parallel ranks (README, "Loss over packed sequences").
+
+Preference pairs (DPO): `pair_logps(logits, batch)` sums each sequence's target log-probs per pair
+of a packed preference batch (both layouts; in the shared-prompt layout each completion's first
+token is scored by its prompt's last logit), equal to each sequence alone; `dpo_loss` turns policy
+and reference sums into TRL's sigmoid / hinge / ipo loss for plain loops.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,3 +125,248 @@ def packed_cross_entropy(
     if reduction == "sequence_sum":
         return means.sum()
     return means.sum() / max(1, int(has.sum()))
+
+
+# --- preference pairs (DPO) ---------------------------------------------------------------------------------------
+
+PAIR_LOSSES = ("sigmoid", "hinge", "ipo")
+
+
+@dataclass(frozen=True)
+class PairLogps:
+    """Per pair of a batch (in order of first appearance): the summed target log-probs of each sequence.
+
+    `chosen` / `rejected` are TRL's `logps` (sum over the completion tokens, EOS included);
+    `chosen_tokens` / `rejected_tokens` count the tokens summed.
+    """
+
+    pair_ids: torch.Tensor
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    chosen_tokens: torch.Tensor
+    rejected_tokens: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PairTargets:
+    """Where a preference batch's targets are: the row position predicting each (in token order), its
+    token, its segment, and per segment whether it is a shared-layout prompt (`pair_targets`)."""
+
+    predictor: torch.Tensor  # int64 [n]: the logit row that predicts the target
+    target: torch.Tensor  # int64 [n]: the target token id
+    segment: torch.Tensor  # int64 [n]: the target's segment in cu_seqlens
+    prompt: torch.Tensor  # bool [S]: the segment is a shared-layout prompt
+    n_segments: int
+
+
+def _batch_cu(batch: dict[str, Any]) -> torch.Tensor:
+    cu = batch.get("cu_seqlens")
+    if cu is None:
+        cu = batch.get("cu_seq_lens_q")
+    if cu is None:
+        raise ConfigError(
+            "the batch has neither cu_seqlens nor cu_seq_lens_q, pair_logps, pass a PackedCollator batch of a "
+            "preference pack store"
+        )
+    return torch.as_tensor(cu).reshape(-1).to(torch.int64)
+
+
+def pair_targets(batch: dict[str, Any], *, ignore_index: int = IGNORE_INDEX) -> PairTargets:
+    """The targets of a preference batch and the logit rows that predict them (vectorised).
+
+    A token with a label is predicted by the row before it in its segment; the FIRST token of a
+    shared-layout completion (`prefix_segment` >= 0) by its prompt's last row; the first token of
+    any other segment by nothing (as when the sequence runs alone). Pass `predictor` as
+    `logits_to_keep` to compute only the rows needed (then `pair_logps(..., kept=True)`).
+    """
+    for key in ("labels", "pair_ids", "chosen"):
+        if batch.get(key) is None:
+            raise ConfigError(
+                f"the batch has no {key!r}, pair_logps, pass a PackedCollator batch of a preference pack store "
+                "(its keys include labels, cu_seqlens, pair_ids, chosen and, when shared, prefix_segment)"
+            )
+    labels = torch.as_tensor(batch["labels"]).reshape(-1)
+    dev = labels.device
+    cu = _batch_cu(batch).to(dev)
+    total = labels.numel()
+    _segments(cu.cpu(), total)
+    n = cu.numel() - 1
+    lens = torch.diff(cu)
+    seg = torch.repeat_interleave(torch.arange(n, device=dev), lens)
+    pos = torch.arange(total, device=dev)
+    start = pos == cu.index_select(0, seg)
+    pred = pos - 1
+    prefix = batch.get("prefix_segment")
+    prompt = torch.zeros(n, dtype=torch.bool, device=dev)
+    if prefix is not None:
+        from packtool.attention.shared_prompt import check_prefix_segment
+
+        pre = torch.as_tensor(prefix).reshape(-1).to(device=dev, dtype=torch.int64)
+        check_prefix_segment(cu, pre, "pair_logps")
+        named = pre[pre >= 0]
+        prompt[named] = True
+        seg_pre = pre.index_select(0, seg)
+        has = seg_pre >= 0
+        safe = seg_pre.clamp(min=0)
+        prompt_last = cu.index_select(0, safe + 1) - 1
+        prompt_len = lens.index_select(0, safe)
+        shared_first = start & has & (prompt_len > 0)
+        pred = torch.where(shared_first, prompt_last, pred)
+        start = start & ~shared_first
+    valid = (labels != ignore_index) & ~start
+    if bool((valid & prompt.index_select(0, seg)).any()):
+        raise FormatError(
+            "a shared-layout prompt segment has target labels, pair_logps, a prompt's tokens are never targets "
+            "(labels -100): pass the collator's labels"
+        )
+    keep = valid.nonzero().reshape(-1)
+    return PairTargets(pred.index_select(0, keep), labels.index_select(0, keep).to(torch.int64),
+                       seg.index_select(0, keep), prompt, n)  # fmt: skip
+
+
+def _check_shared_attention(batch: dict[str, Any]) -> None:
+    prefix = batch.get("prefix_segment")
+    if not isinstance(prefix, torch.Tensor) or not bool((prefix >= 0).any()):
+        return
+    if not getattr(prefix, "_packtool_shared_prompt", False):
+        raise ConfigError(
+            "a shared-prompt batch (prefix_segment) whose logits no attn_implementation='packtool' layer computed "
+            "with this prefix_segment (eager, sdpa and flash_attention_2 ignore it: the rejected completion would "
+            "not see its prompt), pair_logps, load the model with attn_implementation='packtool' (import "
+            "packtool.hf) and pass this same batch to model(**batch); check_attention=False if you are sure"
+        )
+
+
+def pair_logps(
+    logits: torch.Tensor,
+    batch: dict[str, Any],
+    *,
+    kept: bool = False,
+    check_attention: bool = True,
+    ignore_index: int = IGNORE_INDEX,
+) -> PairLogps:
+    """Each pair's chosen and rejected target log-prob sums from the logits of a packed preference batch.
+
+    `logits`: `[T, V]` or `[1, T, V]` over the batch's row, or with `kept=True` only the rows of
+    `pair_targets(batch).predictor` (`model(**batch, logits_to_keep=predictor)`). `batch` carries
+    `labels` (unshifted), `cu_seqlens` or `cu_seq_lens_q`, `pair_ids`, `chosen` and, for the
+    shared-prompt layout, `prefix_segment` (each completion's first token is then scored by its
+    prompt's last logit). Equal to each sequence run alone. Raises when a pair's chosen or
+    rejected sequence is missing or doubled in the batch, and (`check_attention`) when a shared
+    batch's logits were not computed under attn_implementation='packtool' with this batch.
+    Half-precision logits are scored in float32.
+    """
+    targets = pair_targets(batch, ignore_index=ignore_index)
+    if check_attention:
+        _check_shared_attention(batch)
+    rows = logits.reshape(-1, logits.shape[-1]) if logits.ndim >= 2 else logits
+    total = torch.as_tensor(batch["labels"]).numel()
+    expected = targets.predictor.numel() if kept else total
+    if logits.ndim < 2 or rows.shape[0] != expected:
+        raise ConfigError(
+            f"logits {tuple(logits.shape)} do not hold one row per {'target' if kept else 'token'} "
+            f"({expected}), pair_logps, pass the model's logits of this batch"
+            + (" computed with logits_to_keep=pair_targets(batch).predictor" if kept else "")
+        )
+    picked = rows if kept else rows.index_select(0, targets.predictor.to(rows.device))
+    if picked.dtype in (torch.float16, torch.bfloat16):
+        picked = picked.float()
+    logp = torch.log_softmax(picked, -1).gather(1, targets.target.to(rows.device)[:, None]).reshape(-1)
+    return _pairs(logp, targets, batch)
+
+
+def _pairs(logp: torch.Tensor, targets: PairTargets, batch: dict[str, Any]) -> PairLogps:
+    """Per-target log-probs -> per-pair sums (index_add over segments, then over pairs)."""
+    dev = logp.device
+    n = targets.n_segments
+    seg_sum = logp.new_zeros(n).index_add(0, targets.segment.to(dev), logp)
+    seg_count = torch.zeros(n, dtype=torch.int64, device=dev).index_add(
+        0, targets.segment.to(dev), torch.ones_like(targets.segment, device=dev)
+    )
+    pair_ids = torch.as_tensor(batch["pair_ids"]).reshape(-1).to(device=dev, dtype=torch.int64)
+    chosen = torch.as_tensor(batch["chosen"]).reshape(-1).to(device=dev, dtype=torch.bool)
+    if pair_ids.numel() != n or chosen.numel() != n:
+        raise FormatError(
+            f"pair_ids ({pair_ids.numel()}) and chosen ({chosen.numel()}) need one value per segment ({n}), "
+            "pair_logps, pass the collator's keys"
+        )
+    real = (pair_ids >= 0) & ~targets.prompt.to(dev)
+    idx = real.nonzero().reshape(-1)
+    ids = pair_ids.index_select(0, idx)
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    first = torch.full((uniq.numel(),), n, dtype=torch.int64, device=dev).scatter_reduce(0, inverse, idx, reduce="amin")
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=dev)
+    slot = rank.index_select(0, inverse)
+    is_c = chosen.index_select(0, idx)
+    m = uniq.numel()
+    n_c = torch.zeros(m, dtype=torch.int64, device=dev).index_add(0, slot, is_c.to(torch.int64))
+    n_r = torch.zeros(m, dtype=torch.int64, device=dev).index_add(0, slot, (~is_c).to(torch.int64))
+    bad = (n_c != 1) | (n_r != 1)
+    if bool(bad.any()):
+        which = uniq.index_select(0, order)[bad][:4].tolist()
+        raise FormatError(
+            f"pairs {which} do not have exactly one chosen and one rejected sequence in this batch, pair_logps, "
+            "batch whole pairs (a preference pack store keeps both sequences of a pair in one pack)"
+        )
+    sums = seg_sum.index_select(0, idx)
+    counts = seg_count.index_select(0, idx)
+    zero_f = sums.new_zeros(m)
+    zero_i = torch.zeros(m, dtype=torch.int64, device=dev)
+    c_idx, r_idx = slot[is_c], slot[~is_c]
+    return PairLogps(
+        pair_ids=uniq.index_select(0, order),
+        chosen=zero_f.index_add(0, c_idx, sums[is_c]),
+        rejected=zero_f.index_add(0, r_idx, sums[~is_c]),
+        chosen_tokens=zero_i.index_add(0, c_idx, counts[is_c]),
+        rejected_tokens=zero_i.index_add(0, r_idx, counts[~is_c]),
+    )
+
+
+def dpo_loss(
+    policy: PairLogps,
+    reference: PairLogps,
+    *,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """DPO loss of a batch's pairs, as TRL 1.16 computes it (`loss_type` sigmoid, hinge or ipo).
+
+    `policy` / `reference`: `pair_logps` of the same batch under the trained and the reference
+    model (the reference without gradients). sigmoid: `-logsigmoid(beta * delta)`, with
+    `label_smoothing` (cDPO) `-(1-e) logsigmoid(beta d) - e logsigmoid(-beta d)`; hinge:
+    `relu(1 - beta * delta)`; ipo: `(delta_avg - 1/(2 beta))^2` with each log-ratio divided by
+    its token count (TRL's normalisation). `reduction` "mean" (TRL's) or "none" (per pair).
+    For every TRL loss type use the TRL recipe (`packtool.hf.dpo`).
+    """
+    if loss_type not in PAIR_LOSSES:
+        raise ConfigError(
+            f"unknown loss_type {loss_type!r}, dpo_loss, use one of {', '.join(PAIR_LOSSES)} "
+            "(every TRL loss type: packtool.hf.dpo.PackedDPOTrainer)"
+        )
+    if reduction not in ("mean", "none"):
+        raise ConfigError(f"unknown reduction {reduction!r}, dpo_loss, use mean or none")
+    if policy.pair_ids.shape != reference.pair_ids.shape or not torch.equal(
+        policy.pair_ids.cpu(), reference.pair_ids.cpu()
+    ):
+        raise ConfigError(
+            "policy and reference pair_logps are for different pairs, dpo_loss, compute both from the same batch"
+        )
+    ref_c = reference.chosen.to(policy.chosen.device, policy.chosen.dtype)
+    ref_r = reference.rejected.to(policy.rejected.device, policy.rejected.dtype)
+    chosen_ratio = policy.chosen - ref_c
+    rejected_ratio = policy.rejected - ref_r
+    if loss_type == "ipo":
+        c = chosen_ratio / policy.chosen_tokens.clamp(min=1).to(chosen_ratio)
+        r = rejected_ratio / policy.rejected_tokens.clamp(min=1).to(rejected_ratio)
+        losses = (c - r - 1 / (2 * beta)) ** 2
+    else:
+        delta = beta * (chosen_ratio - rejected_ratio)
+        if loss_type == "hinge":
+            losses = torch.relu(1 - delta)
+        else:
+            losses = -F.logsigmoid(delta) * (1 - label_smoothing) - F.logsigmoid(-delta) * label_smoothing
+    return losses.mean() if reduction == "mean" else losses

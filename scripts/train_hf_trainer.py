@@ -1,6 +1,6 @@
 """Padding-free training with the Hugging Face Trainer on a pack store.
 
-    pip install "transformers==5.23.0" "accelerate==1.15.0"   # versions verified with torch 2.13
+    pip install -e ".[hf]"      # transformers 5.23, accelerate 1.15 (Trainer needs it), torch 2.13
     python scripts/train_hf_trainer.py PACK_DIR [--size N] [--steps 3] [--model-dir DIR] [--attn packtool]
 
 How it fits together (docs/HF.md):
@@ -17,17 +17,15 @@ How it fits together (docs/HF.md):
 - DataLoader workers: `--workers N` starts them with `multiprocessing_context="spawn"`, the safe
   choice once CUDA is initialised (a forked worker can inherit CUDA state and die freeing it);
   the datasets pickle without their memory maps, so spawn costs only the worker start.
-Exits with a clear message (status 1) when transformers is not installed.
+Prints the loss of the last step ("final loss") and the mean over all steps, each labelled.
+Exits with one line (status 1) when transformers or accelerate (which `Trainer` needs) is not installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
-
-import torch
-
-from packtool.loader import HF_KEYS, PackedCollator, PackedDataset
 
 
 def main() -> None:
@@ -42,13 +40,16 @@ def main() -> None:
     ap.add_argument("--attn", default="packtool", help="attn_implementation (default: packtool)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers (started with spawn)")
     args = ap.parse_args()
-    try:
-        import transformers
-
-        import packtool.hf  # noqa: F401  registers attn_implementation="packtool"
-    except ImportError:
-        print("error: transformers is not installed, scripts/train_hf_trainer.py, pip install 'transformers==5.23.0' 'accelerate==1.15.0'", file=sys.stderr)
+    missing = [name for name in ("transformers", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:  # transformers' own error for accelerate comes as a traceback from TrainingArguments
+        print(f"error: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed (transformers' Trainer needs accelerate), "
+              "scripts/train_hf_trainer.py, pip install \"packtool[hf]\" (or -e \".[hf]\" in a checkout)", file=sys.stderr)
         sys.exit(1)
+    import torch
+    import transformers
+
+    import packtool.hf  # noqa: F401  registers attn_implementation="packtool"
+    from packtool.loader import HF_KEYS, PackedCollator, PackedDataset
 
     ds = PackedDataset(args.pack_dir, split=args.split, size=args.size)
     attn = args.attn
@@ -72,7 +73,9 @@ def main() -> None:
     trainer = transformers.Trainer(model=model, args=targs, train_dataset=ds,
                                    data_collator=PackedCollator(flatten=True, pad_id=ds.pad_id, keys=HF_KEYS))
     result = trainer.train()
-    print(f"trained {result.global_step} steps, final loss {result.training_loss:.4f}, attention {attn}")
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]  # one per step (logging_steps=1)
+    final = f"final loss {losses[-1]:.4f} (step {result.global_step}), " if losses else ""
+    print(f"trained {result.global_step} steps, {final}mean loss {result.training_loss:.4f}, attention {attn}")
 
 
 if __name__ == "__main__":

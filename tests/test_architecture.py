@@ -40,6 +40,8 @@ TORCH_ALLOWED = (
     "packtool.core.batching",
     "packtool.core.cost",
     "packtool.core.balance",
+    "packtool.core.blend",
+    "packtool.core.mixture",
     "torch",
 )
 #: third-party modules the torch side must never import (directly or through packtool modules)

@@ -133,7 +133,8 @@ def test_auto_names_every_shape_clue_when_none_fits() -> None:
     text = str(caught.value)
     clues = [clue for _, spec in registry.every_shape() for clue in spec.clues]
     assert all(clue in text for clue in clues)
-    assert ("expected text, prompt/completion, messages, conversations, conversation, or instruction/output fields"
+    assert ("expected text, prompt/completion, messages, conversations, conversation, instruction/output, or "
+            "chosen/rejected fields"
             in text)
     assert "the first holds fields 'question'" in text
 

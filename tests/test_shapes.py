@@ -267,7 +267,7 @@ def test_auto_refuses_mixed_or_unknown_shapes(tmp_path: Path, tokenizers: dict[s
     src = write_jsonl(tmp_path / "alp.jsonl", [ALPACA[0][0]])
     line = cli_error("tokenize", str(src), "--tokenizer", tok, "--output", str(tmp_path / "o"), "--format", "auto",
                      "--role-map", "bot=assistant", code=2)  # a flag the detected shape does not read: usage
-    assert "--role-map applies to chat and sharegpt records" in line and "alpaca" in line
+    assert "--role-map applies to chat and sharegpt" in line and "alpaca" in line
     assert not (tmp_path / "o").exists()
 
 

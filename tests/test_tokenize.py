@@ -189,6 +189,7 @@ def test_hub_name_resolved_in_local_cache(tmp_path: Path, bpe_tokenizer_dir: Pat
     assert code == 0, err
     assert open_token_store(tmp_path / "s").manifest["tokenizer"]["name"] == "acme/tiny-bpe"
     assert docs(tmp_path / "s") == expected(tok, ["hello world"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # not cached: downloaded, unless offline (tests/test_hub_download.py)
     code, _, err = cli(*["tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", "acme/absent", "--output", str(tmp_path / "t")])
     assert code == 1 and err.count("\n") == 1 and "local Hugging Face cache" in err
 

@@ -99,6 +99,7 @@ def varlen_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     dropout: float = 0.0,
+    shared_prompt: bool = False,
 ) -> torch.Tensor:
     """Attention of `(total_tokens, heads, head_dim)` q/k/v within each `cu_seqlens` segment.
 
@@ -112,7 +113,9 @@ def varlen_attention(
     `window=(left, right)` a sliding window in flash-attn's inclusive convention (-1 unbounded;
     transformers' `sliding_window=W` is `(W - 1, W - 1)`); `softcap` Gemma 2's `tanh(s / c) * c`
     on the scores; `sinks` one logit per query head added to each softmax (gpt-oss); `dropout`
-    on the attention probabilities (pass 0 outside training).
+    on the attention probabilities (pass 0 outside training); `shared_prompt` says the keys are a
+    shared-prompt layout's (`shared_prompt_attention` passes it, so a kernel that cannot align causal
+    attention to the bottom right is refused by that name).
     """
     if (
         q.ndim != 3
@@ -154,6 +157,7 @@ def varlen_attention(
         softcap=softcap or None,
         sinks=sinks,
         dropout=float(dropout),
+        shared_prompt=bool(shared_prompt),
     )
     name = select_backend(q, backend, call.needs())
     return spec.run(registry.BY_NAME[name], call)

@@ -109,7 +109,7 @@ def locate_config(spec: str) -> Path:
             return snapshot / CONFIG_JSON
         raise InputError(
             f"model {spec!r} is not a path and not in the local Hugging Face cache ({hub_cache_dir()})",
-            hint=f"download its config first (huggingface-cli download {spec} config.json) or set HF_HUB_CACHE",
+            hint=f"download its config first (hf download {spec} config.json) or set HF_HUB_CACHE",
         )
     raise InputError(
         f"model {spec!r} does not exist", hint="pass a model directory, a config.json or a cached hub name (org/name)"

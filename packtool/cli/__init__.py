@@ -28,14 +28,20 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    """Console entry point: typer handles usage errors (exit 2); PacktoolError becomes one line, exit 1.
+    """Console entry point: a usage error of the parser (click) or of a config is one line, exit 2 (`usage.py`);
+    any other PacktoolError is one line, exit 1.
 
     SIGTERM unwinds every writer like Ctrl-C (nothing half-written stays under a final name, worker
     processes are stopped) and ends with one line, exit 143; a re-run resumes.
     """
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        app()
+        code = app(prog_name="packtool", standalone_mode=False)  # parser errors: one line, exit 2 (cli/help.py)
+        if isinstance(code, int) and code:  # `typer.Exit(n)` and Ctrl-C (130) come back as the code
+            sys.exit(code)
+    except typer.Abort:  # end of input at a prompt
+        typer.echo("error: aborted, no input was given, run the command again", err=True)
+        sys.exit(1)
     except PacktoolError as exc:
         typer.echo(error_line(str(exc)), err=True)
         sys.exit(2 if isinstance(exc, UsageError) else 1)

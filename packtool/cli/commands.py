@@ -23,6 +23,7 @@ from packtool.choices import (
     Split,
 )
 from packtool.cli import summaries
+from packtool.cli.help import PlainCommand, PlainGroup
 from packtool.cli.progress import progress_bar
 from packtool.cli.stats_text import stats_text
 
@@ -32,6 +33,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=PlainGroup,
 )
 
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
@@ -39,7 +41,15 @@ Workers = Annotated[int | None, typer.Option("--workers", min=1, help="Parallel 
 Executor = Annotated[ExecutorName, typer.Option("--executor", help="Where the tasks run.")]
 RayAddress = Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: a local one).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed: same input and seed give identical bytes.")]
-StorePath = Annotated[Path, typer.Argument(help="A token store or a pack store (ROOT, packed/{tokenizer} or .npy).")]
+StatsSeed = Annotated[
+    int,
+    typer.Option(
+        "--seed",
+        help="Seed of the random batches, the dynamic batcher's shuffle and the shuffling packers: the same store "
+        "and seed give the same numbers.",
+    ),
+]
+StorePath = Annotated[Path, typer.Argument(help="A token store or a pack store (ROOT, ROOT/packed/TOKENIZER or .npy).")]
 
 
 def _version(value: bool) -> None:
@@ -57,14 +67,13 @@ def _root(
 
 def _input_help() -> str:
     """The INPUT help; the readable suffixes come from the input readers' registry (read when typer builds
-    `tokenize`'s parameters). Help is Rich markup: `[/...]` and `[@...]` would be tags (tests/test_cli_help.py),
-    `\\[` is a bracket."""
+    `tokenize`'s parameters). Help is plain text (`cli/help.py`): brackets show as written."""
     from packtool.stages.tokenize.inputs.readers.registry import suffix_text
 
-    return f"Files, directories or globs: {suffix_text()}, save_to_disk dirs; hf://datasets/ORG/NAME\\[@REVISION]\\[/PATH]."
+    return f"Files, directories or globs: {suffix_text()}, save_to_disk dirs; hf://datasets/ORG/NAME[@REVISION][/PATH]."
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def tokenize(
     inputs: Annotated[
         list[str],
@@ -78,21 +87,29 @@ def tokenize(
     field: Annotated[
         str | None, typer.Option("--field", help="Text field (dotted path) for --format text (default: text).")
     ] = None,
-    prompt_field: Annotated[str | None, typer.Option("--prompt-field", help="prompt-completion: prompt.")] = None,
+    prompt_field: Annotated[
+        str | None, typer.Option("--prompt-field", help="prompt-completion, preference: prompt.")
+    ] = None,
     completion_field: Annotated[
         str | None, typer.Option("--completion-field", help="prompt-completion: completion.")
     ] = None,
     messages_field: Annotated[
-        str | None, typer.Option("--messages-field", help="chat, openai: messages; sharegpt: conversations.")
+        str | None,
+        typer.Option("--messages-field", help="chat, openai: messages; sharegpt, preference: conversations."),
     ] = None,
     role_map: Annotated[
-        str | None, typer.Option("--role-map", help="chat/sharegpt: FROM=TO,... onto system/user/assistant/tool.")
+        str | None,
+        typer.Option("--role-map", help="chat/sharegpt/preference: FROM=TO,... onto system/user/assistant/tool."),
     ] = None,
-    instruction_field: Annotated[str | None, typer.Option("--instruction-field", help="alpaca: instruction.")] = None,
-    input_field: Annotated[str | None, typer.Option("--input-field", help="alpaca: input.")] = None,
+    instruction_field: Annotated[
+        str | None, typer.Option("--instruction-field", help="alpaca, preference: instruction.")
+    ] = None,
+    input_field: Annotated[str | None, typer.Option("--input-field", help="alpaca, preference: input.")] = None,
     output_field: Annotated[str | None, typer.Option("--output-field", help="alpaca: output.")] = None,
-    history_field: Annotated[str | None, typer.Option("--history-field", help="alpaca: history.")] = None,
-    system_field: Annotated[str | None, typer.Option("--system-field", help="alpaca/sharegpt: system.")] = None,
+    history_field: Annotated[str | None, typer.Option("--history-field", help="alpaca, preference: history.")] = None,
+    system_field: Annotated[
+        str | None, typer.Option("--system-field", help="alpaca/sharegpt/preference: system.")
+    ] = None,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
     assistant_turns: Annotated[
         AssistantTurns, typer.Option("--assistant-turns", help="chat: train on all or only the last assistant turn.")
@@ -131,7 +148,7 @@ def tokenize(
         typer.echo(summaries.tokenize_line(tokenize_corpus(config, progress)))
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def pack(
     tokens_dir: Annotated[
         list[str],
@@ -141,7 +158,7 @@ def pack(
         ),
     ],
     size: Annotated[int, typer.Option("--size", help="Pack size N in tokens.")],
-    output: Annotated[Path, typer.Option("--output", help="Pack ROOT; files go to ROOT/packed/{tokenizer}/.")],
+    output: Annotated[Path, typer.Option("--output", help="Pack ROOT; files go to ROOT/packed/TOKENIZER/.")],
     algorithm: Annotated[Algorithm, typer.Option("--algorithm", help="Bin-packing algorithm.")] = Algorithm.BFD,
     seed: Seed = 0,
     shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle", help="Seeded random pack order.")] = True,
@@ -155,9 +172,12 @@ def pack(
     validation: Annotated[
         float | None, typer.Option("--validation", help="Hold out this fraction of documents as validation_N.")
     ] = None,
+    share_prompt: Annotated[
+        bool, typer.Option("--share-prompt", help="Preference store: hold each pair's prompt once [P][C][R].")
+    ] = False,
     quiet: Quiet = False,
 ) -> None:
-    """Bin-pack token store(s) into fixed-size packs (`{split}_{N}.npy` + CSR companions + metadata)."""
+    """Bin-pack token store(s) into fixed-size packs (SPLIT_N.npy + CSR companions + metadata)."""
     from packtool.stages.pack import PackConfig, mixture_args, pack_store
 
     args = {k: v for k, v in locals().items() if k not in ("quiet", "PackConfig", "pack_store", "mixture_args")}
@@ -167,15 +187,23 @@ def pack(
         typer.echo(summaries.pack_line(pack_store(config, progress)))
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def stats(
-    path: StorePath,
-    size: Annotated[int | None, typer.Option("--size", help="Pack size N (token store: default 4096).")] = None,
+    path: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A token store or a pack store (ROOT, ROOT/packed/TOKENIZER or .npy); or pack stores STORE:W ... "
+            "blended at load time (each store's share of samples and tokens, its epochs).",
+        ),
+    ],
+    size: Annotated[
+        int | None, typer.Option("--size", help="Pack size N (token store: default 4096, named so).")
+    ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size B for the padded baselines.")] = 8,
-    seed: Seed = 0,
+    seed: StatsSeed = 0,
     split: Annotated[Split, typer.Option("--split", help="Split of a pack store.")] = Split.TRAINING,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG: lengths, waste per strategy.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG: lengths, waste vs the lower bound.")] = None,
     world_size: Annotated[
         int | None, typer.Option("--world-size", help="Pack store: step efficiency over W data-parallel ranks.")
     ] = None,
@@ -184,18 +212,25 @@ def stats(
     hidden_size: Annotated[int | None, typer.Option("--hidden-size", help="Or a hidden size h for the cost.")] = None,
 ) -> None:
     """Length percentiles and padding waste of every batching strategy (token store), or pack fill (pack store)."""
+    from packtool.errors import UsageError
     from packtool.stages.stats import StatsConfig, check_plot_path, compute_stats, plot_stats
+    from packtool.stages.stats.blend import BlendStats, blend_sources
 
-    config = StatsConfig(path, size, batch_size, seed, split, world_size, micro_batches, model, hidden_size).validate()
+    blend = blend_sources(path)
+    if blend is not None and plot is not None:
+        raise UsageError("--plot draws one store, not a blend, drop --plot or pass one store")
+    config = StatsConfig(
+        path[0], size, batch_size, seed, split, world_size, micro_batches, model, hidden_size, blend
+    ).validate()
     if plot is not None:
         check_plot_path(plot)  # before any work or output
     result = compute_stats(config)
     typer.echo(stats_text(result, as_json))
-    if plot is not None:
+    if plot is not None and not isinstance(result, BlendStats):
         plot_stats(result, plot)
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def verify(
     path: StorePath,
     source: Annotated[
@@ -212,7 +247,7 @@ def verify(
         typer.echo(summaries.verify_line(verify_path(VerifyConfig(path, sources), progress)))
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def merge(
     shards: Annotated[list[Path], typer.Argument(help="Shard token stores of one `tokenize --num-shards` run.")],
     output: Annotated[Path, typer.Option("--output", help="Merged token store (identical to a single run).")],
@@ -226,9 +261,9 @@ def merge(
         typer.echo(summaries.merge_line(merge_shards(shards, output, overwrite=overwrite, progress=progress)))
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def export(
-    path: Annotated[Path, typer.Argument(help="A pack store: ROOT, packed/{tokenizer} or {split}_{N}.npy.")],
+    path: Annotated[Path, typer.Argument(help="A pack store: ROOT, ROOT/packed/TOKENIZER or SPLIT_N.npy.")],
     to: Annotated[ExportTarget, typer.Option("--to", help="The trainer whose format to write.")],
     output: Annotated[Path, typer.Option("--output", help="Directory for the trainer's files.")],
     split: Annotated[Split, typer.Option("--split", help="Split to export.")] = Split.TRAINING,
@@ -246,12 +281,18 @@ def export(
             typer.echo(line)
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def run(
-    config: Annotated[Path, typer.Argument(help="YAML: sections tokenize/pack/stats/verify or a `steps` list.")],
+    config: Annotated[Path, typer.Argument(help="YAML: sections tokenize/pack/stats/verify/export or a `steps` list.")],
     quiet: Quiet = False,
 ) -> None:
-    """Run tokenize -> pack -> stats (+ plot) -> verify from one config file (examples in configs/)."""
+    """Run tokenize -> pack -> stats (+ plot) -> verify -> export from one config file (examples in configs/).
+
+    Each section is one command and each key one of its flags (`pad_multiple: 8` is `--pad-multiple 8`); inside
+    a step, pack reads what tokenize wrote, and stats, verify and export read the pack store just written (an
+    `export` section with `to: trl` and `output: out/trl` writes TRL's files). Relative paths resolve against
+    the YAML file's directory; the whole file is checked before any work starts.
+    """
     from packtool.cli.runconfig import load_run_config
     from packtool.stages.run import run_pipeline
 
@@ -262,7 +303,7 @@ def run(
             typer.echo(line)
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def audit(
     model: Annotated[str, typer.Argument(help="A transformers model directory, a config.json, or a cached hub name.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

@@ -216,6 +216,8 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
         keys = {k: v for k, v in sections["stats"].items() if k not in EXTRA_KEYS["stats"]}
         check("stats", lambda: StatsConfig(**{"path": Path("."), **keys}).validate())
         plot = sections["stats"].get("plot")
+        if plot is not None and sections["stats"].get("blend") is not None:
+            raise UsageError(f"stats.plot draws one store, not a blend, {_at(file, raw, 'stats')}, drop plot or blend")
         if plot is not None and Path(plot).suffix.lower() != ".png":
             raise UsageError(f"stats.plot writes a PNG, got {plot}, {_at(file, raw, 'stats')}, end the name in .png")
     if "export" in sections:  # path may come from the pack step: check the choices with a stand-in
@@ -253,6 +255,10 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
             if inline is not None:
                 out[_INLINE] = (key, inline)
             continue
+        if section == "stats" and norm == "blend":  # pack stores blended at load time: [a:1, {path: b, weight: 2}]
+            out[norm] = _blend(value, base, f"{section}.{key}, {_at(file, body, key)}")
+            out.setdefault("path", Path(out[norm][0].rpartition(":")[0]))  # a stand-in: a blend reads no `path`
+            continue
         out[norm] = _coerce(value, types_[norm], norm, base, f"{section}.{key}, {_at(file, body, key)}")
     if _INLINE in out:  # weights written inside tokens_dir (STORE:W, {path, weight}) and maybe as `weights:` too
         key, inline = out.pop(_INLINE)
@@ -278,6 +284,34 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
             f"add `{required[0]}: ...` (required: {', '.join(n for n, f in fields.items() if f.default is dataclasses.MISSING)})"
         )
     return out
+
+
+def _blend(value: Any, base: Path, where: str) -> tuple[str, ...]:
+    """`stats.blend`: a list of `STORE:W` strings and `{path, weight}` mappings, as `STORE:W` strings whose
+    paths are resolved against the YAML file's directory (the weights are checked by `StatsConfig`)."""
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, dict) and set(item) <= {"path", "weight"} and isinstance(item.get("path"), str):
+            weight = item.get("weight", 1)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ConfigError(
+                    f"{where}: weight {_show(weight)} is not a number, write `{{path: store, weight: 0.5}}`"
+                )
+            out.append(f"{_resolve(item['path'], base, 'path')}:{weight!r}")
+            continue
+        if not isinstance(item, str) or not item:
+            raise ConfigError(
+                f"{where}: expected STORE:W or {{path, weight}}, got {_show(item)}, write `blend: [web:2, code:0.5]`"
+            )
+        head, sep, tail = item.rpartition(":")
+        resolved = _resolve(item, base, "path")
+        if sep and head and not os.path.exists(resolved):
+            resolved = f"{_resolve(head, base, 'path')}:{tail}"
+        out.append(resolved)
+    if not out:
+        raise ConfigError(f"{where}: a blend needs pack stores, write `blend: [web:2, code:0.5]`")
+    return tuple(out)
 
 
 def _mixture(

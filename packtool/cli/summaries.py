@@ -40,6 +40,18 @@ def pack_line(result: Any) -> str:
     ) + _mixture_lines(result)
 
 
+def _pair_line(m: dict[str, Any]) -> str:
+    """A preference pack: pairs packed whole, the layout and what a shared prompt saved."""
+    p = m.get("preference")
+    if not isinstance(p, dict):
+        return ""
+    return (
+        f"\n  {p['n_packed_pairs']} of {p['pairs']} pairs packed whole ({p['layout']}), "
+        f"{p['prompt_tokens_saved']} prompt tokens held once, {p['overlong']['dropped']} over-long dropped, "
+        f"{p['overlong']['truncated']} truncated, {p['n_empty_pairs']} with an empty sequence"
+    )
+
+
 def _mixture_lines(result: Any) -> str:
     """A mixture's sources (documents, tokens, share) and a `--validation` run's second split, one line each."""
     lines = []
@@ -56,7 +68,7 @@ def _mixture_lines(result: Any) -> str:
                 f"  {m['split']} <- {s['path']} (weight {s['weight']:g}): {s['documents']} documents, "
                 f"{s['tokens']} tokens, share {s['share']:.2%}"
             )
-    return "".join("\n" + line for line in lines)
+    return _pair_line(result.metadata) + "".join("\n" + line for line in lines)
 
 
 def merge_line(result: Any) -> str:

@@ -1,4 +1,5 @@
-"""The local Hugging Face hub cache, read without `huggingface_hub` and without the network.
+"""The local Hugging Face hub cache, read without `huggingface_hub` and without the network (a `--tokenizer`
+repo that is not there is fetched into it by `stages/tokenize/engine/download.py`; datasets never are).
 
 Layout: `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`; a repo `org/name` is
 `{models,datasets}--org--name/snapshots/<rev>/`, the current revision named by `refs/main` (another branch or

@@ -40,7 +40,30 @@ COMPANIONS: dict[str, np.dtype] = {
     "seg_doc": np.dtype("<i8"),  # [n_segments] document index in the token store
     "seg_src": np.dtype("<i8"),  # [n_segments] start offset of the segment's tokens in tokens.bin
 }
+#: companions of a preference pack store only (its metadata line has a `preference` key): one entry per segment
+PAIR_COMPANIONS: dict[str, np.dtype] = {
+    "seg_pair": np.dtype("<i8"),  # [n_segments] pair index in the token store(s) (= seg_doc // 2)
+    "seg_role": np.dtype("u1"),  # [n_segments] ROLE_* below: which part of its pair the segment is
+}
+ALL_COMPANIONS: dict[str, np.dtype] = {**COMPANIONS, **PAIR_COMPANIONS}
 LOSS_DTYPE = np.dtype("u1")
+
+#: `seg_role` values. A pair is 2 consecutive segments [CHOSEN][REJECTED] (whole sequences) or, with
+#: `--share-prompt`, 3 [PROMPT][CHOSEN_COMPLETION][REJECTED_COMPLETION] whose completions continue the prompt.
+ROLE_CHOSEN = 1
+ROLE_REJECTED = 2
+ROLE_PROMPT = 3
+ROLE_CHOSEN_COMPLETION = 4
+ROLE_REJECTED_COMPLETION = 5
+ROLE_NAMES = {
+    ROLE_CHOSEN: "chosen",
+    ROLE_REJECTED: "rejected",
+    ROLE_PROMPT: "prompt",
+    ROLE_CHOSEN_COMPLETION: "chosen completion",
+    ROLE_REJECTED_COMPLETION: "rejected completion",
+}
+#: the `layout` of a preference metadata line: whole sequences, or the prompt held once
+PAIR_LAYOUTS = ("pairs", "shared-prompt")
 
 
 def safe_name(name: str) -> str:
@@ -59,7 +82,7 @@ def data_name(split: str, size: int, build: str | None = None) -> str:
 
 
 _DATA_NAME = re.compile(r"^(?P<split>[^.]+)_(?P<size>\d+)(?:\.(?P<build>[0-9a-f]{16}))?\.npy$")
-_ROLES = "|".join([*COMPANIONS, "loss"])
+_ROLES = "|".join([*ALL_COMPANIONS, "loss"])
 #: a file of one build (version 2): `{S}_{N}.{build}.npy` or `{S}_{N}.{build}.{role}.npy`
 BUILD_FILE = re.compile(rf"^(?P<split>[^.]+)_(?P<size>\d+)\.(?P<build>[0-9a-f]{{16}})\.(?:(?:{_ROLES})\.)?npy$")
 #: a version-1 companion or loss file (`{S}_{N}.{role}.npy`), replaced by a version-2 build
@@ -85,10 +108,25 @@ def metadata_name(size: int) -> str:
     return f"{size}_metadata.jsonl"
 
 
-def file_names(split: str, size: int, with_loss: bool, build: str | None = None) -> list[str]:
-    """Every file of one (split, size) in a fixed order: of build `build`, or version-1 names when None."""
+def file_names(split: str, size: int, with_loss: bool, build: str | None = None, with_pairs: bool = False) -> list[str]:
+    """Every file of one (split, size) in a fixed order: of build `build`, or version-1 names when None.
+    `with_pairs`: a preference pack store's `seg_pair`/`seg_role` too (after the other companions)."""
     names = [data_name(split, size, build)] + [companion_name(split, size, c, build) for c in COMPANIONS]
+    if with_pairs:
+        names += [companion_name(split, size, c, build) for c in PAIR_COMPANIONS]
     return names + ([loss_name(split, size, build)] if with_loss else [])
+
+
+def preference_of(meta: dict[str, Any], where: object = "") -> dict[str, Any] | None:
+    """The `preference` record of a metadata line (`pairs`, `layout`, ...), None for a plain pack store."""
+    pref = meta.get("preference")
+    if pref is None:
+        return None
+    if not isinstance(pref, dict) or pref.get("layout") not in PAIR_LAYOUTS:
+        raise FormatError(
+            f"metadata preference {pref!r} has no layout of {', '.join(PAIR_LAYOUTS)}, {where}, re-run `packtool pack`"
+        )
+    return pref
 
 
 def build_id(sha256_by_name: dict[str, str], salt: str | None = None) -> str:
@@ -204,6 +242,19 @@ class PackSplit:
     seg_src: np.ndarray
     loss: np.ndarray | None
     build: str | None = None  # version 2: the build whose files these are (None: version-1 names)
+    seg_pair: np.ndarray | None = None  # a preference pack store: pair index per segment
+    seg_role: np.ndarray | None = None  # a preference pack store: ROLE_* per segment
+
+    @property
+    def preference(self) -> dict[str, Any] | None:
+        """The metadata's `preference` record (pairs, layout, ...), None for a plain pack store."""
+        return preference_of(self.metadata)
+
+    @property
+    def shared_prompt(self) -> bool:
+        """Pairs packed as [prompt][chosen completion][rejected completion] (`--share-prompt`)."""
+        pref = self.preference
+        return pref is not None and pref.get("layout") == "shared-prompt"
 
     def file_name(self, role: str = "data") -> str:
         """The name of this split's `data`, `loss` or companion file (of its build)."""
@@ -250,7 +301,10 @@ def open_pack_split(
         with_loss = (d / loss_name(split, size)).exists()
     else:
         with_loss = isinstance(files, dict) and loss_name(split, size, build) in files
-    names = file_names(split, size, with_loss, build)
+    with_pairs = preference_of(meta, where) is not None
+    if with_pairs and build is None:
+        raise FormatError(f"a preference split must be a version-2 build, {where}, re-run `packtool pack`")
+    names = file_names(split, size, with_loss, build, with_pairs)
     check_file_records(d, files, names, check_hashes=check_hashes, where=where, fix="re-run `packtool pack`")
     if build is not None and set(files) != set(names):  # type: ignore[arg-type]
         extra = sorted(set(files) - set(names))  # type: ignore[arg-type]
@@ -259,7 +313,8 @@ def open_pack_split(
         )
     token_dtype = parse_dtype(meta.get("dtype"), str(d / metadata_name(size)))
     tokens = _load(d / data_name(split, size, build), token_dtype, 2)
-    arrays = {c: _load(d / companion_name(split, size, c, build), dt, 1) for c, dt in COMPANIONS.items()}
+    wanted = ALL_COMPANIONS if with_pairs else COMPANIONS
+    arrays = {c: _load(d / companion_name(split, size, c, build), dt, 1) for c, dt in wanted.items()}
     lname = loss_name(split, size, build)
     loss = _load(d / lname, LOSS_DTYPE, 2) if with_loss else None
     n_packs = int(tokens.shape[0])
@@ -273,7 +328,7 @@ def open_pack_split(
         raise FormatError(
             f"pack_offsets is inconsistent with {n_packs} packs and {n_seg} segments, {d}, re-run `packtool pack`"
         )
-    for c in ("seg_pad", "seg_doc", "seg_src"):
+    for c in ("seg_pad", "seg_doc", "seg_src", *(PAIR_COMPANIONS if with_pairs else ())):
         if arrays[c].size != n_seg:
             raise FormatError(
                 f"{companion_name(split, size, c, build)} has {arrays[c].size} entries, expected {n_seg}, {d}, re-run `packtool pack`"
@@ -296,6 +351,8 @@ def open_pack_split(
         arrays["seg_src"],
         loss,
         build,
+        arrays.get("seg_pair"),
+        arrays.get("seg_role"),
     )
 
 

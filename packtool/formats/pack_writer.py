@@ -36,11 +36,13 @@ from packtool.formats.files import sha256_file
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import os_reason, write_error_message
 from packtool.formats.pack_store import (
+    ALL_COMPANIONS,
     BUILD_FILE,
     COMPANIONS,
     FORMAT_NAME,
     LEGACY_FILE,
     LOSS_DTYPE,
+    PAIR_COMPANIONS,
     SINGLE_SOURCE_VERSION,
     build_id,
     companion_name,
@@ -199,9 +201,11 @@ class PackSplitWriter:
         with_loss: bool,
         *,
         n_segments: int = 0,
+        with_pairs: bool = False,
     ) -> None:
         self.directory = prepare_pack_dir(directory)
         self.split, self.size, self.with_loss = split, int(size), with_loss
+        self.with_pairs = with_pairs  # a preference split: seg_pair and seg_role too
         self._temps: dict[str, Path] = {}
         self._created: list[Path] = []  # build files renamed into place but not yet committed
         self._build: str | None = None  # set just before the metadata line is written
@@ -215,7 +219,8 @@ class PackSplitWriter:
             clean_pack_dir(self.directory)
             dtype = np.dtype(dtype).newbyteorder("<")
             itemsize = dtype.itemsize + (LOSS_DTYPE.itemsize if with_loss else 0)
-            companions = (n_packs + 1) * 8 + n_segments * sum(dt.itemsize for dt in COMPANIONS.values())
+            kinds = ALL_COMPANIONS if with_pairs else COMPANIONS
+            companions = (n_packs + 1) * 8 + n_segments * sum(dt.itemsize for dt in kinds.values())
             _check_space(self.directory, n_packs * self.size * itemsize + companions + 1024 * 8)
             self.tokens = self._matrix(data_name(split, size), dtype, n_packs)
             self.loss = self._matrix(loss_name(split, size), LOSS_DTYPE, n_packs) if with_loss else None
@@ -250,7 +255,9 @@ class PackSplitWriter:
         """Write one CSR companion (`pack_offsets`, `seg_lens`, ...) with its fixed dtype."""
         name = companion_name(self.split, self.size, what)
         fault_point(f"pack.write.before:{name}")
-        arr = np.ascontiguousarray(values, dtype=COMPANIONS[what])
+        if what in PAIR_COMPANIONS and not self.with_pairs:
+            raise FormatError(f"{what} belongs to a preference split, {self.directory}, this is a bug")
+        arr = np.ascontiguousarray(values, dtype=ALL_COMPANIONS[what])
         tmp = self._temp(name)
         try:
             with open(tmp, "wb") as fh:
@@ -270,7 +277,7 @@ class PackSplitWriter:
             if isinstance(arr, np.memmap):
                 arr.flush()
         self.tokens = self.loss = None  # drop the maps before renaming
-        plain = file_names(self.split, self.size, self.with_loss)
+        plain = file_names(self.split, self.size, self.with_loss, None, self.with_pairs)
         missing = [n for n in plain if n not in self._temps]
         if missing:
             self.abort()
@@ -282,7 +289,7 @@ class PackSplitWriter:
                     os.fsync(fh.fileno())
                 digests[name] = sha256_file(self._temps[name])
             build = build_id(digests, salt)
-            final = file_names(self.split, self.size, self.with_loss, build)
+            final = file_names(self.split, self.size, self.with_loss, build, self.with_pairs)
             files: dict[str, dict[str, Any]] = {}
             for name, target in zip(plain, final, strict=True):
                 files[target] = {"bytes": self._temps[name].stat().st_size, "sha256": digests[name]}

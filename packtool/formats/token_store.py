@@ -38,6 +38,9 @@ BOUNDARIES = "tokens.boundaries"
 LOSS = "tokens.loss"
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
+#: the manifest key that makes a token store a preference store (documents 2i chosen, 2i+1 rejected)
+PREFERENCE = "preference"
+PREFERENCE_LAYOUT = "chosen,rejected"
 BOUNDARY_DTYPE = np.dtype("<i8")
 LOSS_DTYPE = np.dtype("u1")
 #: the only token dtypes, by their manifest name (little-endian on disk)
@@ -160,13 +163,14 @@ class TokenStoreWriter:
                 f.fh.close()
 
     def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Close the files, drop an all-ones loss file, write `manifest.json` with the hashes taken while writing."""
+        """Close the files, drop an all-ones loss file (a preference store keeps it: its readers find each pair's
+        prompt from it), write `manifest.json` with the hashes taken while writing."""
         fault_point("tokens.store:fsync")
         for f in self._files.values():
             f.fh.flush()
             os.fsync(f.fh.fileno())
         self.close()
-        if LOSS in self._files and self.n_target_tokens == self.n_tokens:
+        if LOSS in self._files and self.n_target_tokens == self.n_tokens and PREFERENCE not in manifest:
             (self.directory / LOSS).unlink()
             del self._files[LOSS]
         names = [TOKENS_BIN, BOUNDARIES] + [n for n in (LOSS, REJECTS) if n in self._files]
@@ -188,6 +192,13 @@ class TokenStoreWriter:
         fault_point("tokens.store:manifest-written")
         self.finished = full
         return full
+
+
+def preference_key(n_documents: int) -> dict[str, Any]:
+    """The manifest's `preference` value of a store of `n_documents` (chosen and rejected of each pair)."""
+    if n_documents % 2:
+        raise FormatError(f"a preference store of {n_documents} documents (an odd count), tokenize, this is a bug")
+    return {"pairs": n_documents // 2, "layout": PREFERENCE_LAYOUT}
 
 
 @contextlib.contextmanager
@@ -302,6 +313,33 @@ class TokenStore:
     @property
     def tokenizer_name(self) -> str:
         return str(self.manifest["tokenizer"]["name"])
+
+    @property
+    def preference_pairs(self) -> int | None:
+        """Pairs of a preference store (documents 2i chosen, 2i+1 rejected), None for any other store.
+
+        Decided ONLY from the manifest's top-level `preference` key; a key whose pair count disagrees with
+        `n_documents` (which must be twice it) is a FormatError, never a guess.
+        """
+        return preference_pairs(self.manifest, self.n_documents, self.path)
+
+
+def preference_pairs(manifest: dict[str, Any], n_documents: int | None = None, where: object = "") -> int | None:
+    """The `preference.pairs` count of a token store manifest (None: not a preference store)."""
+    pref = manifest.get("preference")
+    if pref is None:
+        return None
+    pairs = pref.get("pairs") if isinstance(pref, dict) else None
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 0:
+        raise FormatError(
+            f"manifest preference.pairs is {pairs!r}, expected a pair count >= 0, {where}, re-run `packtool tokenize`"
+        )
+    if n_documents is not None and n_documents != 2 * pairs:
+        raise FormatError(
+            f"manifest preference.pairs is {pairs} but the store holds {n_documents} documents (expected "
+            f"{2 * pairs}: chosen and rejected per pair), {where}, re-run `packtool tokenize`"
+        )
+    return pairs
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from packtool.attention import varlen_attention
 from packtool.choices import AttentionBackend
 from packtool.errors import ConfigError
-from packtool.hf import layout
+from packtool.hf import layout, shared_prompt
 from packtool.hf.features import refuse_call
 from packtool.hf.mask import SEGMENTS, WINDOW
 
@@ -52,6 +52,7 @@ def attention_forward(
     sinks = kwargs.get("sinks")
     if s_aux is None and isinstance(sinks, torch.Tensor) and sinks.numel() == heads:
         s_aux = kwargs.pop("sinks").reshape(heads)  # one sink logit per head, under another name
+    prefix = shared_prompt.pop(kwargs)  # a preference batch's keys; the shared-prompt layout (hf/shared_prompt.py)
     refuse_call(kwargs, heads)
     if heads % key.shape[1]:
         raise ConfigError(
@@ -68,7 +69,10 @@ def attention_forward(
             "use attn_implementation='sdpa' or 'eager' for this model"
         )
     blocks = None
-    if attention_mask is not None and attention_mask.dtype == SEGMENTS and attention_mask.ndim == 2:
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    if prefix is not None:
+        rows = shared_prompt.from_prefix(q, k, v, attention_mask, prefix, kwargs, causal)
+    elif attention_mask is not None and attention_mask.dtype == SEGMENTS and attention_mask.ndim == 2:
         rows, blocks = layout.from_segments(q, k, v, attention_mask, kwargs.get("position_ids"))
     elif attention_mask is not None:
         rows = layout.from_mask(q, k, v, attention_mask)
@@ -76,7 +80,6 @@ def attention_forward(
         rows = layout.from_cu(q, k, v, kwargs)
     else:
         rows = layout.from_positions(q, k, v, kwargs.get("position_ids"))
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     sliding_window = getattr(attention_mask, WINDOW, sliding_window)  # the mask's own window is eager's
     window = None
     if sliding_window is not None and 0 < int(sliding_window) < rows.max_k:
@@ -98,6 +101,7 @@ def attention_forward(
         cu_seqlens_k=None if rows.cu_k is rows.cu_q else rows.cu_k,
         max_seqlen_k=rows.max_k,
         window=None if window is None else (window, window),
+        shared_prompt=prefix is not None,
         **features,
     )
     if blocks is not None and causal:  # each block's queries see the rest of their block too

@@ -7,12 +7,15 @@ typer, tqdm or tokenizers, so a training job pays for torch and numpy only.
   `PackedCollator(cp_size=C, cp_rank=r)` for context parallelism;
 - documents: `DocumentDataset` + `PackedCollator(flatten=True)` (padding-free minibatches) or
   `PaddedCollator` (`[B, L]` + `attention_mask`), batched by `DynamicBatchSampler` under a token budget;
+- blends: `BlendedDataset([(store, weight), ...])` mixes pack stores at load time (exact counts, every
+  prefix within 2 samples of each store's share) under `PackedSampler`, resumable at any world size;
 - both samplers take `balance=CostModel(...)` so data-parallel ranks get equal work per step.
 """
 
 from __future__ import annotations
 
 from packtool.core.cost import CostModel
+from packtool.loader.blend import BlendedDataset
 from packtool.loader.collator import HF_KEYS, PackedCollator, validate_cu_seqlens
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.documents import DocumentDataset
@@ -22,6 +25,7 @@ from packtool.loader.padded import PaddedCollator
 from packtool.loader.sampler import PackedSampler, ResumableLoader
 
 __all__ = [
+    "BlendedDataset",
     "CostModel",
     "HF_KEYS",
     "IGNORE_INDEX",

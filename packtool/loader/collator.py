@@ -21,6 +21,14 @@ Keys emitted (filter them with `keys=`, e.g. `HF_KEYS` for `model(**batch)`):
   `cu_seqlens_local`; every `cu_seqlens*` key stays global and unsharded, `*_padded` always present,
   `n_target_tokens` counts the whole (unsharded) batch.
 
+A preference pack store adds, per `cu_seqlens` segment (global, padding segments included): `pair_ids`
+(int64, -1 for padding), `chosen` (bool) and `prefix_segment` (int64: the prompt segment a shared-prompt
+completion continues, -1 elsewhere). `keys=` keeps `pair_ids`/`chosen` whenever it keeps `cu_seq_lens_q`
+or `cu_seqlens` (what `packtool.loss.pair_logps` reads beside the logits), and a shared-prompt batch ALWAYS
+carries `prefix_segment`: without it its P/C/R segments would read as independent sequences.
+`cp_size > 1` and `seq_idx=True` are refused for a shared-prompt store (a completion's keys, or its
+state-space state, live in another segment).
+
 Items are packs (`PackedDataset`, equal length) or documents (`DocumentDataset`, any length:
 `flatten=True` gives the padding-free minibatch; `PaddedCollator` the padded one).
 """
@@ -42,6 +50,9 @@ from packtool.loader.kernels import IGNORE_INDEX, check_cu
 
 HF_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """The keys `transformers` models accept in `model(**batch)` for padding-free packed training."""
+
+PAIR_KEYS = ("pair_ids", "chosen", "prefix_segment")
+"""Per-segment keys of a preference batch (see the module docstring)."""
 
 
 def validate_cu_seqlens(cu: torch.Tensor, total_tokens: int, max_seqlen: int, name: str = "cu_seqlens") -> None:
@@ -125,6 +136,19 @@ class PackedCollator:
             raise ConfigError("cannot collate an empty batch, PackedCollator, use a batch size >= 1")
         stacked = getattr(items, "stacked", None)
         docs = getattr(items, "flat", None)
+        pairs = _pair_arrays(stacked, items, docs)
+        shared = pairs is not None and bool(pairs[3])
+        if shared and self.cp_size > 1:
+            raise ConfigError(
+                f"a shared-prompt preference batch cannot be split for context parallelism (cp_size={self.cp_size}), "
+                "PackedCollator, its completions attend a prompt held in another segment: pack without --share-prompt"
+            )
+        if shared and self.seq_idx:
+            raise ConfigError(
+                "seq_idx cannot describe a shared-prompt preference batch, PackedCollator(seq_idx=True), both "
+                "completions continue the prompt's state (a branch, not a sequence): pack without --share-prompt"
+            )
+        at: np.ndarray | None = None
         row_length = int(stacked["rows"].shape[2]) if stacked is not None else None
         if stacked is not None and self.pad_to_length is None:
             # PackedDataset.__getitems__ built rows and cu_seqlens already, in ONE buffer: no copy here
@@ -154,7 +178,7 @@ class PackedCollator:
             else:
                 ids, labels, pos, lens, real, counts, padded_keys, n_target = _from_items(items, self.flatten)
             if self.pad_to_length is not None:
-                ids, labels, pos, lens, real, counts = self._pad(ids, labels, pos, lens, real, counts)
+                ids, labels, pos, lens, real, counts, at = self._pad(ids, labels, pos, lens, real, counts)
             if self.flatten:
                 ids, labels, pos = ids.reshape(1, -1), labels.reshape(1, -1), pos.reshape(1, -1)
             total = ids.numel()
@@ -201,11 +225,18 @@ class PackedCollator:
         }
         if seq is not None:
             out["seq_idx"] = torch.from_numpy(seq)
+        if pairs is not None:
+            out.update(_pair_tensors(pairs, at, self.static_segments))
         if padded_keys:
             out["cu_seqlens_q_padded"] = cu_t
             out["cu_seqlens_kv_padded"] = cu_t
         if self.keys is not None:
-            out = {k: v for k, v in out.items() if k in self.keys}
+            keep = set(self.keys)
+            if pairs is not None and keep & {"cu_seq_lens_q", "cu_seqlens"}:
+                keep |= {"pair_ids", "chosen"}
+            if shared:
+                keep.add("prefix_segment")
+            out = {k: v for k, v in out.items() if k in keep}
         return out
 
     def _pad(
@@ -216,8 +247,9 @@ class PackedCollator:
         lens: np.ndarray,
         real: np.ndarray,
         counts: np.ndarray,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
-        """Append one padding segment per row (or one at the end of the flattened row)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Append one padding segment per row (or one at the end of the flattened row); also returns where
+        the padding segments went (`np.insert` positions, None when nothing was added)."""
         b, n = ids.shape
         have = b * n if self.flatten else n
         target = int(self.pad_to_length or 0)
@@ -228,7 +260,7 @@ class PackedCollator:
             )
         extra = target - have
         if extra == 0:
-            return ids, labels, pos, lens, real, counts
+            return ids, labels, pos, lens, real, counts, None
         rows = 1 if self.flatten else b
         shape = (1, b * n) if self.flatten else (b, n)
         ids, labels, pos = ids.reshape(shape), labels.reshape(shape), pos.reshape(shape)
@@ -239,7 +271,54 @@ class PackedCollator:
         lens = np.insert(lens, at, extra)
         real = np.insert(real, at, extra)
         counts = np.array([lens.size]) if self.flatten else counts + 1
-        return ids, labels, pos, lens, real, counts
+        return ids, labels, pos, lens, real, counts, at
+
+
+def _pair_arrays(
+    stacked: dict[str, Any] | None, items: Sequence[dict[str, Any]], docs: object
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """`(pair_ids, chosen, prefix_segment, shared)` over the batch's segments (global), or None (no pairs)."""
+    if stacked is not None:
+        if "pair_ids" not in stacked:
+            return None
+        return stacked["pair_ids"], stacked["chosen"], stacked["prefix_segment"], bool(stacked["shared_prompt"])
+    if docs is not None or not any("pair_ids" in it for it in items):
+        return None
+    if not all("pair_ids" in it for it in items):
+        raise ConfigError(
+            "some items carry pair_ids and some do not, PackedCollator, collate items of one preference pack store"
+        )
+    ids, chosen, prefix = [], [], []
+    base = 0
+    for it in items:  # per item, not per token
+        p = np.asarray(it["prefix_segment"], np.int64)
+        ids.append(np.asarray(it["pair_ids"], np.int64))
+        chosen.append(np.asarray(it["chosen"], bool))
+        prefix.append(np.where(p >= 0, p + base, -1))
+        base += p.size
+    pre = np.concatenate(prefix)
+    return np.concatenate(ids), np.concatenate(chosen), pre, bool(np.any(pre >= 0))
+
+
+def _pair_tensors(
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray, bool], at: np.ndarray | None, static: int | None
+) -> dict[str, torch.Tensor]:
+    """The pair keys as tensors, with `pad_to_length` segments inserted at `at` and static padding appended."""
+    pair_ids, chosen, prefix, _ = pairs
+    if at is not None:
+        shift = np.searchsorted(at, prefix, side="right")  # entries inserted before each prompt segment
+        prefix = np.where(prefix >= 0, prefix + shift, -1)
+        pair_ids, chosen, prefix = np.insert(pair_ids, at, -1), np.insert(chosen, at, False), np.insert(prefix, at, -1)
+    if static is not None and static > pair_ids.size:
+        extra = static - pair_ids.size
+        pair_ids = np.concatenate([pair_ids, np.full(extra, -1, np.int64)])
+        chosen = np.concatenate([chosen, np.zeros(extra, bool)])
+        prefix = np.concatenate([prefix, np.full(extra, -1, np.int64)])
+    return {
+        "pair_ids": torch.from_numpy(np.ascontiguousarray(pair_ids, np.int64)),
+        "chosen": torch.from_numpy(np.ascontiguousarray(chosen, bool)),
+        "prefix_segment": torch.from_numpy(np.ascontiguousarray(prefix, np.int64)),
+    }
 
 
 def _from_items(

@@ -8,6 +8,10 @@ The per-pack segment lists come from the CSR companions (`pack_offsets`, `seg_le
 over its rows (`kernels.fill_batch`, from `__getitems__`, which `torch.utils.data.DataLoader`
 calls with the batch's indices): a handful of Python calls per batch, none per token.
 
+A preference pack store's items also carry, per `cu_seqlens` segment, `pair_ids` (int64, -1 for
+padding), `chosen` (bool) and `prefix_segment` (int64: a shared-prompt completion's prompt segment,
+item-local; -1 elsewhere), and a shared-prompt store's completions continue their prompt's positions.
+
 The maps are opened lazily and re-opened when the process id changes, and `__getstate__`
 drops them, so DataLoader workers (fork or spawn) share the page cache instead of copying.
 """
@@ -26,9 +30,15 @@ from torch.utils.data import get_worker_info
 
 from packtool.errors import ConfigError, FormatError
 from packtool.formats.pack_store import (
+    ROLE_CHOSEN,
+    ROLE_CHOSEN_COMPLETION,
+    ROLE_NAMES,
+    ROLE_PROMPT,
+    ROLE_REJECTED_COMPLETION,
     PackSplit,
     find_pack_dir,
     metadata_for,
+    metadata_name,
     open_pack_split,
     parse_data_name,
     sizes_in,
@@ -81,8 +91,11 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
                     f"size={size} contradicts the file name {p.name}, {p}, drop size= or pass the matching file"
                 )
             size = file_size
-        self.directory = find_pack_dir(p)
-        sizes = sizes_in(self.directory)
+        if isinstance(size, int) and not isinstance(size, bool) and p.is_dir() and (p / metadata_name(size)).is_file():
+            self.directory, sizes = p, [int(size)]  # what the two scans below would conclude, without them
+        else:
+            self.directory = find_pack_dir(p)
+            sizes = sizes_in(self.directory)
         if size is None:
             if len(sizes) != 1:
                 found = ", ".join(map(str, sizes)) or "none"
@@ -100,17 +113,23 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         self._pid = -1
         self._store: PackSplit | None = None
         self._views: tuple[np.ndarray, ...] | None = None
+        self._pairs: PairViews | None = None
         self._pool: BufferPool | None = None
         store = self._open()  # validate now, in the parent, so errors surface before workers start
         self.n_packs = store.n_packs
         #: Megatron's *_padded cu_seqlens only make sense when --pad-multiple padded something
         self.has_segment_padding = bool(store.seg_pad.size and np.any(store.seg_pad))
+        #: a preference pack store: items carry pair_ids / chosen / prefix_segment
+        self.preference = store.preference is not None
+        #: pairs packed as [prompt][chosen completion][rejected completion] (`pack --share-prompt`)
+        self.shared_prompt = store.shared_prompt
 
     # -- process-local memory maps -------------------------------------------------------
     def _open(self) -> PackSplit:
         if self._store is None or self._pid != os.getpid():
             self._store = open_pack_split(self.directory, self.split, self.size)
             self._views = plain_views(self._store)
+            self._pairs = pair_views(self._store)
             self._pool = BufferPool()
             self._pid = os.getpid()
         return self._store
@@ -119,6 +138,7 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         state = self.__dict__.copy()
         state["_store"] = None  # never pickle the maps: each worker re-opens its own
         state["_views"] = None
+        state["_pairs"] = None
         state["_pool"] = None
         state["_pid"] = -1
         return state
@@ -136,13 +156,69 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __getitems__(self, indices: list[int]) -> PackedBatchItems:
         """Build several packs at once (vectorised over the batch); DataLoader calls this."""
         store = self._open()
-        stacked = build_batch(store, np.asarray(indices, dtype=np.int64), self._views, self._pool)
+        stacked = build_batch(store, np.asarray(indices, dtype=np.int64), self._views, self._pool, self._pairs)
         stacked["has_segment_padding"] = self.has_segment_padding
         return PackedBatchItems(stacked)
 
 
+class PairViews:
+    """A preference pack store's per-segment arrays, as the loader needs them (built once per process)."""
+
+    def __init__(self, store: PackSplit) -> None:
+        if store.seg_pair is None or store.seg_role is None:
+            raise FormatError(f"{store.split}_{store.size} is not a preference split, {store.directory}, this is a bug")
+        self.pair = np.asarray(store.seg_pair, np.int64)
+        self.role = np.asarray(store.seg_role, np.uint8)
+        self.shared = store.shared_prompt
+        lens = np.asarray(store.seg_lens, np.int64)
+        bad = ~np.isin(self.role, list(ROLE_NAMES))
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise FormatError(
+                f"segment {j} has role {int(self.role[j])}, expected one of {sorted(ROLE_NAMES)}, "
+                f"{store.directory / store.file_name('seg_role')}, run `packtool verify` and re-run `packtool pack`"
+            )
+        # a completion continues its prompt: 1 (chosen) or 2 (rejected) segments before it
+        back = np.where(self.role == ROLE_CHOSEN_COMPLETION, 1, np.where(self.role == ROLE_REJECTED_COMPLETION, 2, 0))
+        at = np.flatnonzero(back)
+        prompt = at - back[at]
+        if at.size and (
+            np.any(prompt < 0) or np.any(self.role[np.maximum(prompt, 0)] != ROLE_PROMPT) or not self.shared
+        ):
+            raise FormatError(
+                f"a completion segment does not follow its prompt segment, {store.directory / store.file_name('seg_role')}, "
+                "run `packtool verify` and re-run `packtool pack`"
+            )
+        self.back = back
+        self.pos0: np.ndarray | None = None
+        if self.shared:
+            self.pos0 = np.zeros(lens.size, np.int64)
+            self.pos0[at] = lens[prompt]
+
+    def keys(self, which: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`(pair_ids, chosen, prefix_segment)` of batch entries whose store segments are `which` (-1: padding);
+        `prefix_segment` indexes the entries themselves."""
+        real = which >= 0
+        w = np.where(real, which, 0)
+        pair = np.where(real, self.pair[w], -1)
+        role = np.where(real, self.role[w], 0)
+        chosen = (role == ROLE_CHOSEN) | (role == ROLE_CHOSEN_COMPLETION)
+        back = np.where(real, self.back[w], 0)
+        prefix = np.where(back > 0, np.arange(which.size, dtype=np.int64) - back, -1)
+        return pair.astype(np.int64), chosen, prefix.astype(np.int64)
+
+
+def pair_views(store: PackSplit) -> PairViews | None:
+    """`PairViews` of a preference pack store, None for a plain one."""
+    return PairViews(store) if store.seg_pair is not None else None
+
+
 def build_batch(
-    store: PackSplit, idx: np.ndarray, views: tuple[np.ndarray, ...] | None = None, pool: BufferPool | None = None
+    store: PackSplit,
+    idx: np.ndarray,
+    views: tuple[np.ndarray, ...] | None = None,
+    pool: BufferPool | None = None,
+    pairs: PairViews | None = None,
 ) -> dict[str, Any]:
     """Stacked arrays for the packs `idx`: `rows` `[3, B, N]` (ids, labels, positions) and segments.
 
@@ -167,17 +243,35 @@ def build_batch(
     buffer = pool.get(need) if pool is not None else np.empty(need, dtype=np.int64)
     rows = buffer[: 3 * b * n].reshape(3, b, n)
     cus = buffer[3 * b * n :].view(np.int32).reshape(2, -1)  # two rows of >= cap + 1 entries
-    seg = np.empty((4, cap), dtype=np.int64)  # lengths, real lengths, entries per pack, targets per pack
+    seg = np.empty((5, cap), dtype=np.int64)  # lengths, real lengths, entries per pack, targets per pack, source
     parallel = b > 1 and parallel_ok()
+    if pairs is None and store.seg_pair is not None:
+        pairs = pair_views(store)
     k, bad, longest, n_target_total = fill_batch(
-        tokens, loss, loss.size > 0, po, lens, pads, idx, rows, seg, cus, parallel
+        tokens,
+        loss,
+        loss.size > 0,
+        po,
+        lens,
+        pads,
+        idx,
+        rows,
+        seg,
+        cus,
+        parallel,
+        None if pairs is None else pairs.pos0,
     )
     if bad >= 0:
         raise FormatError(
             f"pack {int(idx[bad])} has inconsistent segment lengths (sum > {n}, negative, or padding > length), {store.directory}, re-run `packtool pack`"
         )
     # few Python objects per batch: per-segment arrays are sliced by whoever needs them (`segment_arrays`)
+    extra: dict[str, Any] = {}
+    if pairs is not None:
+        pair_ids, chosen, prefix = pairs.keys(seg[4, :k])
+        extra = {"pair_ids": pair_ids, "chosen": chosen, "prefix_segment": prefix, "shared_prompt": pairs.shared}
     return {
+        **extra,
         "buffer": buffer,
         "rows": rows,  # input_ids, labels, position_ids
         "segments": seg,
@@ -236,8 +330,17 @@ def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:
         np.cumsum(lens, out=cu[1:])
         cu_real = np.zeros(lens.size + 1, dtype=np.int32)
         np.cumsum(seg_real[a:c], out=cu_real[1:])
+        pair: dict[str, Any] = {}
+        if "pair_ids" in stacked:
+            prefix = stacked["prefix_segment"][a:c]
+            pair = {
+                "pair_ids": torch.from_numpy(stacked["pair_ids"][a:c]),
+                "chosen": torch.from_numpy(stacked["chosen"][a:c]),
+                "prefix_segment": torch.from_numpy(np.where(prefix >= 0, prefix - a, -1)),
+            }
         items.append(
             {
+                **pair,
                 "input_ids": ids[r],
                 "labels": labels[r],
                 "position_ids": pos[r],

@@ -31,10 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from packtool.core.balance import DEFAULT_WINDOW, balanced_order, check_balance, epoch_order
+from packtool.core.balance import DEFAULT_WINDOW, balanced_order, check_balance
+from packtool.core.blend import mix_int, permute
 from packtool.core.cost import CostModel
 from packtool.errors import ConfigError
 from packtool.formats.pack_store import open_pack_split
+from packtool.loader.blend import BlendedDataset
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.dynamic import DynamicBatchSampler
 
@@ -47,18 +49,35 @@ def _world() -> tuple[int, int]:
     return 1, 0
 
 
+LAZY_ABOVE = 1 << 26
+"""Plain datasets with more packs than this are shuffled by an on-the-fly seeded permutation (`blend.permute`)
+instead of `numpy`'s stored one (512 MiB of int64 at this size); the state names which (`order`)."""
+_CHUNK = 1 << 14  # indices computed per step of a lazy iteration
+
+
 class PackedSampler(torch.utils.data.Sampler[int]):
-    """Shards packs across ranks with a seeded per-epoch shuffle, and resumes mid-epoch.
+    """Shards packs across ranks with a seeded per-epoch shuffle, and resumes mid-epoch, at any world size.
 
     Like `DistributedSampler`: every rank draws the same permutation of `seed` and `epoch`,
     pads it (or with `drop_last`, cuts it) to a multiple of `num_replicas`, and takes every
     `num_replicas`-th index from `rank`. Unlike it, it remembers how many of this epoch's
     indices were consumed (`advance`) and starts after them on the next `__iter__`.
 
+    data: a `PackedDataset`, a `BlendedDataset`, anything sized, or a count. Over a `BlendedDataset`
+        the global order is the blend's own schedule (its seed, its interleave: `shuffle` is not
+        applied on top, which would break the blend's prefix bound) and the sampler yields the blend's
+        keys `epoch * len(blend) + position`, so DataLoader workers need no epoch sync. Over a blend, or
+        a plain dataset of more than `LAZY_ABOVE` packs, nothing per sample is stored: the indices are
+        computed chunk by chunk as the iteration goes (memory grows with the stores, not the samples).
+    Elastic resume: a state taken at world size W loads into a sampler of another world size W' and
+        continues from the same global sample (`base + consumed * W`) of the same epoch: 4 ranks that
+        consumed 37 indices each continue, at 2 ranks, at global sample 148.
+
     balance: a `CostModel` (or a `(per_token, per_token_sq)` pair); each global step's `num_replicas * micro_batches` packs are then dealt
         so that the ranks' costs are as equal as possible, moving packs only inside windows of
         `window` consecutive steps of the plain order (`packtool.core.balance`). Needs a
-        `PackedDataset` (its segment lengths price the packs). None: the plain order, unchanged.
+        `PackedDataset` or `BlendedDataset` (its segment lengths price the packs). None: the plain order,
+        unchanged. A balanced state moves to another world size only at a window boundary.
     micro_batches: packs each rank consumes per optimizer step (DataLoader `batch_size` x gradient
         accumulation steps): rank r's step t is its indices `[t * B, (t + 1) * B)`.
     window: steps per balancing window; a pack moves at most `window - 1` steps.
@@ -78,6 +97,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         window: int = DEFAULT_WINDOW,
     ) -> None:
         world, me = _world()
+        self.blend: BlendedDataset | None = data if isinstance(data, BlendedDataset) else None
         self.n = int(data) if isinstance(data, int) else len(data)
         self.num_replicas = world if num_replicas is None else int(num_replicas)
         self.rank = me if rank is None else int(rank)
@@ -92,44 +112,132 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             raise ConfigError(
                 f"{self.n} packs cannot feed {self.num_replicas} ranks with drop_last=True, PackedSampler, use drop_last=False"
             )
-        self.num_samples = self.n // self.num_replicas if drop_last else -(-self.n // self.num_replicas)
+        if self.blend is not None:
+            self.order_kind = "blend"
+        else:
+            self.order_kind = "feistel-v1" if shuffle and self.n > LAZY_ABOVE else "numpy"
+        self.lazy = self.order_kind != "numpy"
         self.epoch = 0
-        self.consumed = 0  # indices of this epoch already consumed by the training loop (this rank)
+        self.base = 0  # global position of this epoch where the current rank layout began (elastic resume)
+        self.consumed = 0  # indices of this epoch already consumed by the training loop (this rank), after base
         check_balance(self.num_replicas, micro_batches, window)
         self.balance = None if balance is None else CostModel.coerce(balance, "PackedSampler")
         self.micro_batches, self.window = int(micro_batches), int(window)
-        self.costs = None if self.balance is None else self.balance.packs(*_segments(data, self.n))
-        self._cache: tuple[int, np.ndarray] | None = None
+        self.costs: np.ndarray | None = None
+        self._table: tuple[np.ndarray, np.ndarray] | None = None
+        if self.balance is not None and self.blend is None:
+            if self.lazy:
+                self._table = _segments(data, self.n)  # memory maps: priced window by window
+            else:
+                self.costs = self.balance.packs(*_segments(data, self.n))
+        self._cache: tuple[tuple[int, int], np.ndarray] | None = None
+        self._perm: tuple[int, np.ndarray] | None = None
+
+    # -- the global order -------------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        """Indices of this rank in the current epoch (after `base`; `consumed` of them are done)."""
+        remaining = max(0, self.n - self.base)
+        return remaining // self.num_replicas if self.drop_last else -(-remaining // self.num_replicas)
+
+    def _values(self, epoch: int, pos: np.ndarray) -> np.ndarray:
+        """What the sampler yields at global positions `pos` of `epoch` (positions past n wrap: padding)."""
+        p = np.asarray(pos, np.int64) % self.n
+        if self.order_kind == "blend":
+            return epoch * self.n + p
+        if self.order_kind == "feistel-v1":
+            return permute(p, self.n, mix_int(self.seed, epoch, 0xFE15))
+        if not self.shuffle:
+            return p
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n))
+        return self._perm[1][p]
+
+    def _pack_costs(self, values: np.ndarray) -> np.ndarray:
+        assert self.balance is not None
+        if self.costs is not None:
+            return self.costs[values]
+        if self.blend is not None:
+            src, packs = self.blend.locate(values)
+            out = np.empty(values.size, np.float64)
+            for s in np.unique(src).tolist():
+                sel = np.flatnonzero(src == s)
+                out[sel] = _costs_of(self.balance, *self.blend.segment_table(s), packs[sel])
+            return out
+        assert self._table is not None
+        return _costs_of(self.balance, *self._table, values)
+
+    def _window(self, epoch: int, j: int) -> np.ndarray:
+        """Balanced window j (lazy path): its global order, every rank's indices interleaved."""
+        m = self.window * self.num_replicas * self.micro_batches
+        stop = min((j + 1) * m, self.num_samples * self.num_replicas)
+        vals = self._values(epoch, self.base + np.arange(j * m, stop, dtype=np.int64))
+        plan = balanced_order(
+            np.arange(vals.size, dtype=np.int64),
+            self._pack_costs(vals),
+            world=self.num_replicas,
+            micro_batches=self.micro_batches,
+            window=self.window,
+            seed=self.seed,
+            epoch=(epoch << 40) | j,
+        )
+        return vals[plan]
 
     def order(self, epoch: int | None = None) -> np.ndarray:
-        """The global order of `epoch` over all ranks (rank r's share is `order[r::num_replicas]`)."""
+        """The global order of `epoch` over all ranks (rank r's share is `order[r::num_replicas]`), from `base`.
+
+        Materialises the whole epoch: for a blend or a huge dataset, iterate instead."""
         e = self.epoch if epoch is None else int(epoch)
-        if self._cache is not None and self._cache[0] == e:
+        if self._cache is not None and self._cache[0] == (e, self.base):
             return self._cache[1]
-        order = epoch_order(
-            self.n, self.seed, e, shuffle=self.shuffle, world=self.num_replicas, drop_last=self.drop_last
-        )
-        if self.costs is not None:
-            order = balanced_order(
-                order,
-                self.costs,
-                world=self.num_replicas,
-                micro_batches=self.micro_batches,
-                window=self.window,
-                seed=self.seed,
-                epoch=e,
-            )
+        total = self.num_samples * self.num_replicas
+        if self.lazy and self.balance is not None:
+            m = self.window * self.num_replicas * self.micro_batches
+            parts = [self._window(e, j) for j in range(-(-total // m))]
+            order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        else:
+            order = self._values(e, self.base + np.arange(total, dtype=np.int64))
+            if self.balance is not None:
+                assert self.costs is not None
+                order = balanced_order(
+                    order,
+                    self.costs,
+                    world=self.num_replicas,
+                    micro_batches=self.micro_batches,
+                    window=self.window,
+                    seed=self.seed,
+                    epoch=e,
+                )
         order.flags.writeable = False  # cached: shared by every call for this epoch
-        self._cache = (e, order)
+        self._cache = ((e, self.base), order)
         return order
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's full index list for `epoch` (default: the current one)."""
-        return self.order(epoch)[self.rank :: self.num_replicas].copy()
+        if not self.lazy:
+            return self.order(epoch)[self.rank :: self.num_replicas].copy()
+        e = self.epoch if epoch is None else int(epoch)
+        parts = list(self._chunks(e, 0))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def _chunks(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        """This rank's indices `[start, num_samples)` of `epoch`, a chunk at a time (lazy path)."""
+        w, r, total = self.num_replicas, self.rank, self.num_samples
+        if self.balance is None:
+            for k in range(start, total, _CHUNK):
+                ks = np.arange(k, min(k + _CHUNK, total), dtype=np.int64)
+                yield self._values(epoch, self.base + r + ks * w)
+            return
+        per = self.window * self.micro_batches  # this rank's indices per window
+        for j in range(start // per, -(-total // per)):
+            mine = self._window(epoch, j)[r::w]
+            yield mine[max(0, start - j * per) :]
 
     def __iter__(self) -> Iterator[int]:
         start = self.consumed  # read NOW: DataLoader creates this iterator before any advance
-        return iter(self.indices()[start:].tolist())
+        if not self.lazy:
+            return iter(self.indices()[start:].tolist())
+        return (int(v) for chunk in self._chunks(self.epoch, start) for v in chunk.tolist())
 
     def __len__(self) -> int:
         return self.num_samples - self.consumed
@@ -143,6 +251,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         if epoch != self.epoch:
             self.epoch = int(epoch)
             self.consumed = 0
+            self.base = 0
 
     def advance(self, n: int) -> None:
         """Record that the training loop consumed `n` more indices of this epoch."""
@@ -152,40 +261,83 @@ class PackedSampler(torch.utils.data.Sampler[int]):
     def exhausted(self) -> bool:
         return self.consumed >= self.num_samples
 
+    @property
+    def global_sample(self) -> int:
+        """Samples of this epoch consumed over all ranks (where an elastic resume continues)."""
+        return self.base + self.consumed * self.num_replicas
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
             "consumed": self.consumed,
+            "base": self.base,
+            "global_sample": self.global_sample,
             "seed": self.seed,
             "n": self.n,
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "order": self.order_kind,
+            "blend": None if self.blend is None else self.blend.fingerprint,
             "balance": None if self.balance is None else self.balance.to_dict(),
             "micro_batches": self.micro_batches,
             "window": self.window,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at `state`; refuses a state taken with another dataset, seed or world size."""
+        """Resume at `state`: at the same world size exactly where it was, at another from the same global
+        sample; refuses a state taken with another dataset or blend, seed, order or balancing."""
         if state.get("version") != STATE_VERSION:
             raise ConfigError(
                 f"sampler state version {state.get('version')!r} is not {STATE_VERSION}, PackedSampler.load_state_dict, use a checkpoint from this packtool"
             )
         mine = self.state_dict()
-        keys = ["n", "seed", "num_replicas", "shuffle", "drop_last", "balance"]
+        theirs_blend = state.get("blend")
+        if theirs_blend != mine["blend"]:
+            what = f"blend {theirs_blend}" if theirs_blend else "a plain dataset"
+            here = f"blend {mine['blend']}" if mine["blend"] else "a plain dataset"
+            raise ConfigError(
+                f"sampler state is of {what} but this sampler reads {here}, PackedSampler.load_state_dict, resume with the same stores, weights, seed, split and size"
+            )
+        keys = ["n", "seed", "shuffle", "drop_last", "order", "balance"]
         if self.balance is not None:  # the plan depends on these only when balancing
             keys += ["micro_batches", "window"]
+        defaults = {"order": "numpy"}  # a state from before lazy orders
         for key in keys:
-            theirs = state.get(key)  # a state from before balancing has no `balance` (None: plain)
+            theirs = state.get(key, defaults.get(key))  # a state from before balancing has no `balance` (None: plain)
             if theirs != mine[key]:
                 raise ConfigError(
-                    f"sampler state has {key}={theirs!r} but this sampler has {mine[key]!r}, PackedSampler.load_state_dict, resume with the same dataset, seed, world size and balancing"
+                    f"sampler state has {key}={theirs!r} but this sampler has {mine[key]!r}, PackedSampler.load_state_dict, resume with the same dataset, seed and balancing"
                 )
+        world, consumed, base = int(state["num_replicas"]), int(state["consumed"]), int(state.get("base", 0))
+        if world != self.num_replicas and self.balance is not None and consumed % (self.window * self.micro_batches):
+            raise ConfigError(
+                f"a balanced state taken mid-window ({consumed} packs per rank, windows of {self.window * self.micro_batches}) "
+                f"cannot move from {world} to {self.num_replicas} ranks, PackedSampler.load_state_dict, "
+                f"resume at num_replicas={world} or from a checkpoint at a multiple of window*micro_batches"
+            )
         self.epoch = int(state["epoch"])
-        self.consumed = int(state["consumed"])
+        self._cache = None
+        if world == self.num_replicas:
+            self.base, self.consumed = base, consumed
+        else:  # elastic: the same global sample, dealt to the new ranks
+            self.base, self.consumed = base + consumed * world, 0
+
+
+def _costs_of(model: CostModel, pack_offsets: np.ndarray, seg_lens: np.ndarray, packs: np.ndarray) -> np.ndarray:
+    """Costs of the packs `packs` only, from the CSR segment table (the same sums as `CostModel.packs`)."""
+    packs = np.asarray(packs, np.int64)
+    po = np.asarray(pack_offsets)
+    starts, ends = po[packs].astype(np.int64), po[packs + 1].astype(np.int64)
+    counts = ends - starts
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    idx = np.arange(int(bounds[-1]), dtype=np.int64) + np.repeat(starts - bounds[:-1], counts)
+    lens = np.asarray(seg_lens)[idx].astype(np.int64)
+    c1 = np.concatenate(([0], np.cumsum(lens)))
+    c2 = np.concatenate(([0], np.cumsum(lens * lens)))
+    return model.combine(c1[bounds[1:]] - c1[bounds[:-1]], c2[bounds[1:]] - c2[bounds[:-1]])
 
 
 def _segments(data: Any, n: int) -> tuple[np.ndarray, np.ndarray]:

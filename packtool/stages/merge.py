@@ -21,7 +21,15 @@ from packtool.errors import ConfigError, FormatError, OutputExistsError
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import writing
 from packtool.formats.overwrite import check_replaceable
-from packtool.formats.token_store import MANIFEST, REJECTS, TokenStore, open_token_store, write_token_store
+from packtool.formats.token_store import (
+    MANIFEST,
+    PREFERENCE,
+    REJECTS,
+    TokenStore,
+    open_token_store,
+    preference_key,
+    write_token_store,
+)
 from packtool.progress import Progress
 
 #: documents copied per block while merging (memory stays flat whatever the shard size)
@@ -39,6 +47,7 @@ _PER_SHARD = {
     "rejected_by_reason",
     "build",
     "shard",
+    PREFERENCE,  # a preference store's pairs: summed
 }
 
 
@@ -75,6 +84,8 @@ def merge_shards(
     first = stores[0].manifest
     manifest = {k: v for k, v in first.items() if k not in _WRITER_KEYS}
     manifest.update(_summed_counts(stores, manifest))
+    if PREFERENCE in manifest:  # the pairs of every shard, not the first one's
+        manifest[PREFERENCE] = preference_key(sum(s.n_documents for s in stores))
     manifest["build"] = first["shard"]["build"]
     total = sum(s.n_tokens for s in stores)
     done = 0

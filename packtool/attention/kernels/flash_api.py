@@ -22,6 +22,7 @@ KEYWORDS = {
     "sinks": ("s_aux", "learnable_sink"),
     "dropout": ("dropout_p",),
     "varlen_kv": ("cu_seqlens_k",),
+    "shared_prompt": ("cu_seqlens_k",),
 }
 #: what a function taking **kwargs is assumed to accept (FA2's names)
 ASSUMED = frozenset({"window_size", "softcap", "dropout_p", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"})

@@ -29,6 +29,8 @@ FEATURES = {
     "softcap": "attention logit softcapping (config.attn_logit_softcapping: Gemma 2)",
     "sinks": "attention sinks (gpt-oss)",
     "dropout": "attention dropout (config.attention_dropout > 0 while training)",
+    "shared_prompt": "the shared-prompt layout (pack --share-prompt: a completion's queries against its prompt's "
+    "keys and its own, causal aligned to the bottom right)",
     "varlen_kv": "keys of other lengths than the queries (a KV cache while generating)",
 }
 
@@ -46,6 +48,7 @@ class Needs:
     sinks: bool = False
     dropout: bool = False
     varlen_kv: bool = False
+    shared_prompt: bool = False
 
     @classmethod
     def of(cls, q: torch.Tensor, **features: bool) -> Needs:
@@ -77,6 +80,7 @@ class Call:
     softcap: float | None = None
     sinks: torch.Tensor | None = None
     dropout: float = 0.0
+    shared_prompt: bool = False  # the keys are a shared-prompt layout's (causal from the bottom right is vital)
 
     def needs(self) -> Needs:
         return Needs.of(
@@ -87,6 +91,7 @@ class Call:
             sinks=self.sinks is not None,
             dropout=self.dropout > 0,
             varlen_kv=self.cu_k is not self.cu_q,
+            shared_prompt=self.shared_prompt,
         )
 
 

@@ -11,13 +11,14 @@ derives `cu_seq_lens_q/k` from the positions: the flattened `[1, B*N]` batch equ
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packtool.choices import ExportTarget
 from packtool.formats.exports import trl_name
-from packtool.formats.pack_store import PackSplit
+from packtool.formats.pack_store import PackSplit, preference_of
 from packtool.stages.export.blocks import PackBlock, stream_parquet
 from packtool.stages.export.config import Exporter, ExportJob, TokenizerIds
 
@@ -50,21 +51,51 @@ def columns(block: PackBlock) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     }
 
 
-def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
-    store = job.store
-    name = trl_name(store.split, store.size)
-    stream_parquet(job.staged.path(name), "trl", store, columns, job.progress)
-    data = job.directory / name
-    lines = [
-        f'TRL: train_dataset = datasets.load_dataset("parquet", data_files="{data}", split="train")',
+def sft_recipe(data: Path, size: int) -> list[str]:
+    """The lines `export --to trl` prints for TRL's `SFTTrainer` on `data` (rows of `size` tokens): the one place
+    the SFT recipe is written (docs/HF.md and docs/EXPORT.md show the same)."""
+    return [
+        f'TRL SFT: train_dataset = datasets.load_dataset("parquet", data_files="{data}", split="train")',
         "  SFTConfig(packing=False, padding_free=True, max_length=None, "
         'dataset_kwargs={"skip_prepare_dataset": True}, per_device_train_batch_size=B)',
-        f"  one row = one pack of {store.size} tokens: B rows give B*{store.size} tokens per device step",
+        "  on CPU add use_cpu=True, bf16=False (TRL turns bf16 on by default)",
+        f"  one row = one pack of {size} tokens: B rows give B*{size} tokens per device step",
         '  attention: import packtool.hf, then from_pretrained(..., attn_implementation="packtool") attends each '
         "sequence alone through varlen kernels on the cu_seq_lens TRL passes (flash-attn when installed, else "
         "torch's own on CUDA; no T*T mask); sdpa/eager keep sequences apart only with a T*T mask built from "
         "position_ids (SFTTrainer's use_cache=False)",
     ]
+
+
+def is_preference(metadata: dict[str, Any]) -> bool:
+    """A preference (DPO) pack store: its metadata line carries the `preference` record."""
+    return preference_of(metadata) is not None
+
+
+def dpo_recipe(directory: Any, size: int) -> list[str]:
+    """The TRL 1.16 DPOTrainer recipe for a preference pack store (docs/HF.md, "Preference pairs (DPO) on packs")."""
+    return [
+        "TRL DPO (preference pack store): import packtool.hf; from packtool.hf.dpo import PackedDPOTrainer, "
+        "PreferencePackCollator, packs_dataset",
+        f'  packs = packs_dataset("{directory}", size={size})  # a datasets.Dataset, one row per pack',
+        '  model / ref_model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="packtool") (two copies)',
+        "  PackedDPOTrainer(model=model, ref_model=ref_model, train_dataset=packs, "
+        "data_collator=PreferencePackCollator(), processing_class=tokenizer,",
+        "    args=DPOConfig(loss_type=..., remove_unused_columns=False, max_length=None, "
+        "per_device_train_batch_size=B))  # on CPU add bf16=False, use_cpu=True",
+        f"  one row = one pack of {size} tokens holding whole pairs; every TRL loss_type, exact to TRL's padded "
+        "DPOTrainer; precompute_ref_log_probs=True stores reference log-probs per pack in the dataset",
+        "  the parquet file is NOT for SFTTrainer: it would train on the rejected completions too",
+    ]
+
+
+def write(job: ExportJob) -> tuple[list[str], dict[str, Any]]:
+    store = job.store
+    name = trl_name(store.split, store.size)
+    stream_parquet(job.staged.path(name), "trl", store, columns, job.progress)
+    if is_preference(store.metadata):
+        return dpo_recipe(store.directory, store.size), {"tokens_per_row": store.size, "preference": True}
+    lines = sft_recipe(job.directory / name, store.size)
     return lines, {"tokens_per_row": store.size}
 
 

@@ -50,6 +50,9 @@ class PackConfig:
     fractional part adds a seeded subset (`packtool.core.mixture`). `STORE:WEIGHT` on the command line."""
     validation: float | None = None
     """Fraction of documents held out by a hash of their tokens into `validation_N` (same run, own line)."""
+    share_prompt: bool = False
+    """Preference stores only: hold each pair's prompt once, as segments [prompt][chosen completion][rejected
+    completion] (positions as each sequence alone); without it a pair is [chosen][rejected]."""
 
     def stores(self) -> list[tuple[Path, float]]:
         """(token store, weight) of every source, in the order given."""
@@ -99,6 +102,10 @@ class PackConfig:
         from packtool.exec import parse_executor
 
         parse_executor(self.executor, self.ray_address)
+        if not isinstance(self.share_prompt, bool):
+            raise UsageError(
+                f"share_prompt must be true or false, got {self.share_prompt!r}, pass --share-prompt or leave it out"
+            )
         return self
 
 

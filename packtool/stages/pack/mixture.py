@@ -39,31 +39,47 @@ class SplitSelection:
 
 
 def select_splits(
-    stores: StoreSet, weights: list[float], seed: int, validation: float | None, training_split: str = "training"
+    stores: StoreSet,
+    weights: list[float],
+    seed: int,
+    validation: float | None,
+    training_split: str = "training",
+    pairs: bool = False,
 ) -> list[SplitSelection]:
     """Training (weights applied) and, with `validation`, the held-out documents (each once).
 
     Held-out documents are removed before repetition, so no repeat of them reaches training.
+    `pairs` (preference stores): the unit is the pair (documents 2i, 2i+1, contiguous in tokens.bin): its
+    hash covers both sequences, it is repeated or held out whole, and `docs` lists chosen, rejected, ...
     """
     keys = [s.manifest_sha256 for s in stores.stores]
     threshold = validation_threshold(validation) if validation is not None else None
+    unit = 2 if pairs else 1
     held, eligible = [], []
     for i, store in enumerate(stores.stores):
-        local = np.arange(store.n_documents, dtype=np.int64)
+        local = np.arange(store.n_documents // unit, dtype=np.int64)
         if threshold is not None:
-            is_val = content_hashes(store.tokens, store.starts, store.lengths) < threshold
-            held.append(local[is_val] + int(stores.doc_offsets[i]))
+            starts, lengths = store.starts, store.lengths
+            if pairs:  # one span per pair: chosen then rejected
+                starts, lengths = starts[0::2], lengths[0::2] + lengths[1::2]
+            is_val = content_hashes(store.tokens, starts, lengths) < threshold
+            held.append(local[is_val] + int(stores.doc_offsets[i]) // unit)
             local = local[~is_val]
         eligible.append(local)
-    check_repetition([s.path for s in stores.stores], weights, [e.size for e in eligible])
+    check_repetition([s.path for s in stores.stores], weights, [e.size * unit for e in eligible])
     train = [
-        repeat_documents(local, weight, seed, keys[i], keys[:i].count(keys[i])) + int(stores.doc_offsets[i])
+        repeat_documents(local, weight, seed, keys[i], keys[:i].count(keys[i])) + int(stores.doc_offsets[i]) // unit
         for i, (local, weight) in enumerate(zip(eligible, weights, strict=True))
     ]
     empty = np.zeros(0, np.int64)
-    out = [SplitSelection(training_split, "training", np.concatenate(train) if train else empty)]
+
+    def docs_of(parts: list[np.ndarray]) -> np.ndarray:
+        units = np.concatenate(parts) if parts else empty
+        return np.stack([2 * units, 2 * units + 1], axis=1).reshape(-1) if pairs else units
+
+    out = [SplitSelection(training_split, "training", docs_of(train))]
     if threshold is not None:
-        out.append(SplitSelection("validation", "validation", np.concatenate(held) if held else empty))
+        out.append(SplitSelection("validation", "validation", docs_of(held)))
     return out
 
 

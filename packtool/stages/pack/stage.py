@@ -43,6 +43,17 @@ from packtool.stages.pack.mixture import (
     select_splits,
     source_records,
 )
+from packtool.stages.pack.pairs import (
+    as_segments,
+    check_pair_config,
+    global_scan,
+    is_preference,
+    pair_items,
+    pair_lower_bound,
+    plan_pair_layout,
+    preference_record,
+    selected_pairs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,14 +149,20 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
     with writing(directory), pack_dir_made(directory) as made, exclusive_output(made):  # one writer per directory
         _check_validation_owner(directory, config)
         stores = open_store_set([p for p, _ in specs], check_hashes=True)
+        preference = is_preference(stores)
+        check_pair_config(config, preference)
         selections: list[SplitSelection | None] = [None]
         if config.is_mixture:
             with signals_deferred():
                 selections = list(
-                    select_splits(stores, [w for _, w in specs], config.seed, config.validation, str(config.split))
+                    select_splits(
+                        stores, [w for _, w in specs], config.seed, config.validation, str(config.split), preference
+                    )
                 )
+        with signals_deferred():  # compiled: first target and common prefix of every pair, once for both splits
+            scan = global_scan(stores) if preference else None
         with contextlib.ExitStack() as stack:  # any failure aborts every writer: no split is committed
-            staged = [_write_split(config, stores, sel, progress, stack) for sel in selections]
+            staged = [_write_split(config, stores, sel, progress, stack, scan) for sel in selections]
             for writer, meta, salt in staged:
                 writer.commit(meta, salt, publish=False)
             records = publish_together([writer for writer, _, _ in staged], _stale_validation(directory, config))
@@ -192,25 +209,42 @@ def _write_split(
     selection: SplitSelection | None,
     progress: Progress | None,
     stack: contextlib.ExitStack,
+    scan: np.ndarray | None = None,
 ) -> tuple[PackSplitWriter, dict[str, Any], str | None]:
     """Segments -> layout -> matrices of one split (the stores' documents, or a selection of them), written
-    under temp names by a writer entered into `stack`; returns it with the split's metadata and build salt."""
+    under temp names by a writer entered into `stack`; returns it with the split's metadata and build salt.
+    `scan` (preference stores: `pairs.global_scan`) makes each pair one packing item."""
     directory = pack_dir(config.output, stores.first.tokenizer_name)
     store = stores.first
     split = str(config.split) if selection is None else selection.split
+    role: np.ndarray | None = None
     with signals_deferred():  # compiled planning: signals land after it, never in numba's return path
-        if selection is None:
+        if scan is not None:
+            docs = None if selection is None else selection.docs
+            items = pair_items(stores, selected_pairs(docs, stores.n_documents // 2), scan, config)
+            layout, role = plan_pair_layout(items, config)
+            lengths = stores.lengths if docs is None else stores.lengths[docs]
+            segments = as_segments(items, int(np.count_nonzero(lengths == 0)))
+        elif selection is None:
             segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
         else:
             docs, starts, lengths = selection.docs, stores.starts, stores.lengths
             segments = build_segments(starts[docs], lengths[docs], config.size, config.overlong, config.pad_multiple)
             segments = replace(segments, doc=docs[segments.doc])
-        layout = plan_layout(segments, config)
+        if role is None:
+            layout = plan_layout(segments, config)
     pad_id = pad_id_for(store)
     log.info("packing %d segments of %s into %d packs of %d", len(segments), split, layout.n_packs, config.size)
     writer = stack.enter_context(
         PackSplitWriter(
-            directory, split, config.size, store.dtype, layout.n_packs, stores.has_loss, n_segments=len(segments)
+            directory,
+            split,
+            config.size,
+            store.dtype,
+            layout.n_packs,
+            stores.has_loss,
+            n_segments=len(segments),
+            with_pairs=role is not None,
         )
     )
     _write_matrices(layout, stores, writer, config, pad_id, progress)
@@ -222,9 +256,15 @@ def _write_split(
         "seg_doc": layout.doc,
         "seg_src": layout.src,
     }
+    if role is not None:
+        companions["seg_pair"] = layout.doc // 2
+        companions["seg_role"] = role
     for what, values in companions.items():
         writer.write_companion(what, values)
     meta = _metadata(config, store, segments, layout, pad_id)
+    if role is not None:
+        meta["lower_bound_packs"] = pair_lower_bound(items, config)
+        meta["preference"] = preference_record(items, config)
     if selection is None:
         return writer, meta, None
     weights = [w for _, w in config.stores()]

@@ -21,7 +21,8 @@ import numpy as np
 
 from packtool.choices import Overlong, Split
 from packtool.core.batching import dynamic_waste
-from packtool.core.packing import ALGORITHMS, pack_lengths
+from packtool.core.packing import ALGORITHMS, lower_bound, pack_lengths
+from packtool.core.packing.pairs import pair_scan, shared_prompt_lengths
 from packtool.core.packing.segments import build_segments
 from packtool.errors import ConfigError, UsageError
 from packtool.formats.model_config import MAX_SIZE
@@ -29,6 +30,8 @@ from packtool.formats.pack_store import find_pack_dir, metadata_sources, open_pa
 from packtool.formats.token_store import MANIFEST, open_token_store
 from packtool.stages.pack.config import validate_pack_size
 from packtool.stages.stats.balance import cost_model, step_balance
+from packtool.stages.stats.blend import BlendStats, blend_stats, check_blend
+from packtool.stages.stats.explain import ROWS_NOTE, SORT_NOTE, WASTE_NOTE, Note, size_note, strategy_notes
 
 DEFAULT_SIZE = 4096
 DYNAMIC = "dynamic (padded)"
@@ -62,6 +65,8 @@ class StatsConfig:
     """A transformers config.json whose shape prices packs (`CostModel.from_config`), with `world_size`."""
     hidden_size: int | None = None
     """Or a hidden size h: 24·h² per token and 2·h·s² per segment (`CostModel.from_shape`)."""
+    blend: tuple[str, ...] | None = None
+    """Pack stores `STORE:W` blended at load time: report each store's share (`stages.stats.blend`); `path` unused."""
 
     def validate(self) -> StatsConfig:
         """Check every value before any work; returns self."""
@@ -81,6 +86,8 @@ class StatsConfig:
             raise UsageError("--model/--hidden-size price the steps of --world-size W, pass --world-size too")
         if self.world_size is not None:
             cost_model(self.model, self.hidden_size)  # a missing or unreadable config fails before any work
+        if self.blend is not None:
+            check_blend(self)
         return self
 
 
@@ -101,7 +108,11 @@ class TokenStoreStats:
     rows: dict[str, int]  # strategy -> sequences (rows of N or batch rows) it computes
     kind: str = "tokens"
     overlong_note: str = "documents longer than N are counted as their fragments of <= N tokens (pack --overlong split)"
+    preference: dict[str, Any] | None = None  # a preference store: pairs, pair-atomic packing, shared-prompt savings
     _doc_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    size_source: str = "given"  # "default": no --size, N is DEFAULT_SIZE (a token store does not know its packs)
+    notes: dict[str, str] = field(default_factory=dict)  # what `rows`, `waste` and `size` mean (explain.py)
+    strategies: dict[str, Note] = field(default_factory=dict)  # waste row -> what it keeps and gives up
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -132,6 +143,8 @@ class PackStoreStats:
     step_efficiency: dict[str, Any] | None = None  # with --world-size: plain vs balanced steps (balance.py)
     _step_eff: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     sources: list[dict[str, Any]] = field(default_factory=list)  # each source: path, weight, documents, tokens, share
+    _pack_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)  # for the plot
+    preference: dict[str, Any] | None = None  # a preference split: its metadata's pairs, layout, over-long pairs
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -202,8 +215,43 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         lengths={"p50": int(pct[0]), "p90": int(pct[1]), "p99": int(pct[2]), "max": int(doc_lengths.max(initial=0))},
         waste={k: _waste(total, v) for k, v in computed.items()},
         rows=rows,
+        preference=preference_stats(store, size, seed) if store.preference_pairs is not None else None,
         _doc_lengths=np.asarray(doc_lengths),
+        notes={"rows": ROWS_NOTE, "waste": WASTE_NOTE, "sorting": SORT_NOTE, "size": size_note(size, given=True)},
+        strategies=strategy_notes(list(rows)),
     )
+
+
+def preference_stats(store: Any, size: int, seed: int) -> dict[str, Any]:
+    """Pairs of a preference store packed pair-atomically (each pair one item, as `pack` does) at size N, in
+    both layouts, and what holding each prompt once saves. Over-long pairs are left out (as `--overlong drop`)."""
+    lengths = store.lengths
+    lc, lr = lengths[0::2], lengths[1::2]
+    scan = pair_scan(store.tokens, store.loss, store.starts, lengths)
+    prompt = shared_prompt_lengths(scan, lc, lr)
+    empty = (lc == 0) | (lr == 0)
+    layouts: dict[str, Any] = {}
+    for name, items in (("pairs", lc + lr), ("shared-prompt", lc + lr - prompt)):
+        fits = (items <= size) & ~empty
+        kept = items[fits]
+        packs = int(pack_lengths(kept, size, seed=seed)[0].size - 1) if kept.size else 0
+        layouts[name] = {
+            "items": int(kept.size),
+            "overlong_pairs": int(np.count_nonzero(~fits & ~empty)),
+            "tokens": int(kept.sum()),
+            "packs": packs,
+            "lower_bound": lower_bound(kept, size),
+            "waste": _waste(int(kept.sum()), packs * size),
+        }
+    both = int((lc + lr)[~empty].sum())
+    saved = int(prompt[~empty].sum())
+    return {
+        "pairs": int(lc.size),
+        "n_empty_pairs": int(np.count_nonzero(empty)),
+        "prompt_tokens_saved": saved,
+        "prompt_saved_share": saved / both if both else 0.0,
+        "layouts": layouts,
+    }
 
 
 def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats:
@@ -242,19 +290,26 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
         n_empty_documents=int(meta.get("n_empty_documents", 0)),
         _seg_lens=np.asarray(ps.seg_lens),
         sources=_sources(meta),
+        _pack_offsets=np.asarray(ps.pack_offsets),
+        preference=meta.get("preference") if isinstance(meta.get("preference"), dict) else None,
     )
 
 
-def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats:
+def compute_stats(config: StatsConfig) -> TokenStoreStats | PackStoreStats | BlendStats:
     """Statistics of a token store (detected by its manifest.json) or of a pack store."""
     config.validate()
+    if config.blend is not None:
+        return blend_stats(config.blend, config.seed, str(config.split), config.size)
     path = Path(config.path)
     if path.is_dir() and (path / MANIFEST).is_file():
         if config.world_size is not None:
             raise UsageError(
                 f"--world-size measures the steps of a pack store, {path} is a token store, pack it first and pass the pack store"
             )
-        return token_store_stats(path, config.size or DEFAULT_SIZE, config.batch_size, config.seed)
+        tokens = token_store_stats(path, config.size or DEFAULT_SIZE, config.batch_size, config.seed)
+        if config.size is None:  # say so: a store packed at 2048 was silently measured at 4096
+            tokens.size_source, tokens.notes["size"] = "default", size_note(tokens.size, given=False)
+        return tokens
     stats = pack_store_stats(path, config.size, str(config.split))
     if config.world_size is not None:
         model, name = cost_model(config.model, config.hidden_size)

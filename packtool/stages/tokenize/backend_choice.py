@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from packtool.choices import BackendName
 from packtool.core.encoding.backends import FAST_PACKAGE, Backend, FastBackend, HFBackend
+from packtool.core.encoding.pairs import PairTexts
 from packtool.errors import ConfigError, TokenizerError
 from packtool.stages.tokenize.engine.early import load_key, take_fast_load
 from packtool.stages.tokenize.inputs.chunk import Chunk
@@ -98,8 +99,9 @@ def input_sample(chunks: Sequence[Chunk], settings: ChunkSettings) -> list[str]:
             got = record.error if record.error is not None else extract(record.value, settings)
             if isinstance(got, str):
                 continue
-            out.append(got[0])
-            size += len(got[0])
+            texts = list(got) if isinstance(got, PairTexts) else [got[0]]  # a pair: all three texts
+            out.extend(texts)
+            size += sum(map(len, texts))
             if len(out) >= VERIFY_DOCS or size >= VERIFY_CHARS:
                 return out
     return out

@@ -22,6 +22,7 @@ import numpy as np
 
 from packtool.choices import OnError
 from packtool.core.encoding.encode import Spans, encode_batch
+from packtool.core.encoding.pairs import PairTexts, encode_pairs
 from packtool.errors import InputError
 from packtool.formats.token_store import parse_dtype
 from packtool.stages.tokenize.backend_choice import cached_backend
@@ -40,7 +41,7 @@ BATCH_DOCS = 8192
 #: takes 4 bytes a character)
 PRERENDER_BYTES = 32 << 20
 
-Got = tuple[str, Spans | None] | str  # (text, target spans) or the reason the record is bad
+Got = tuple[str, Spans | None] | PairTexts | str  # (text, target spans), a pair's texts, or why the record is bad
 _AHEAD: dict[tuple[Chunk, str], list[tuple[str, int | None, Got]]] = {}
 _AHEAD_LOCK = threading.Lock()
 
@@ -103,7 +104,7 @@ def prerender(chunks: Sequence[Chunk], settings: ChunkSettings, pending: Callabl
             records = list(chunk_records(chunk, settings))
         except Exception:  # the task reports it, with its own context
             break
-        held += sum(sys.getsizeof(got[0]) for _, _, got in records if not isinstance(got, str))
+        held += sum(_held(got) for _, _, got in records if not isinstance(got, str))
         with _AHEAD_LOCK:
             _AHEAD[(chunk, fingerprint)] = records
         taken.append((chunk, fingerprint))
@@ -114,6 +115,13 @@ def prerender(chunks: Sequence[Chunk], settings: ChunkSettings, pending: Callabl
                 _AHEAD.pop(key, None)
 
     return drop
+
+
+def _held(got: tuple[str, Spans | None] | PairTexts) -> int:
+    """Bytes of rendered text a prerendered record holds."""
+    if isinstance(got, PairTexts):
+        return sum(sys.getsizeof(text) for text in got)
+    return sys.getsizeof(got[0])
 
 
 def _take(chunk: Chunk, settings: ChunkSettings) -> list[tuple[str, int | None, Got]] | None:
@@ -133,11 +141,19 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
     result = ChunkResult(chunk.index, key, n_bytes=chunk.n_bytes)
     texts: list[str] = []
     spans: list[Spans | None] = []
+    pairs: list[PairTexts] = []  # a preference shape's records: two documents each (chosen, rejected)
     rejects: list[bytes] = []
     chars = 0
 
     def flush() -> None:
         nonlocal chars
+        if pairs:
+            pair_ids, pair_lengths, targets = encode_pairs(backend, pairs, settings.policy.add_special_tokens, dtype)
+            result.parts.append((pair_ids, pair_lengths, targets))
+            result.n_documents += int(pair_lengths.size)
+            result.n_tokens += int(pair_ids.size)
+            pairs.clear()
+            chars = 0
         if texts:
             ids, lengths, loss = encode_batch(tok, texts, spans if with_loss else None, settings.policy, dtype, backend)
             if ones:
@@ -176,6 +192,13 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
             counts[2] += 1
             kind = reason_kind(got)
             result.reasons[kind] = result.reasons.get(kind, 0) + 1
+            continue
+        if isinstance(got, PairTexts):  # one record, two documents (chosen, rejected): both or none
+            counts[1] += 2
+            pairs.append(got)
+            chars += len(got.prompt) + len(got.chosen) + len(got.rejected)
+            if chars >= BATCH_CHARS or len(pairs) * 3 >= BATCH_DOCS:
+                flush()
             continue
         counts[1] += 1
         texts.append(got[0])

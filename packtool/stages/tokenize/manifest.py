@@ -1,6 +1,6 @@
 """The token store manifest's keys that describe the run (the writer adds dtype, counts and file hashes):
 the tokenizer, BOS/EOS policy, record shape and fields, template, per-source counts, rejects by reason,
-backend and build id. A run that tokenized no document is an error here, before anything is committed.
+the `preference` key of a preference store (its pairs), backend and build id. A run that tokenized no document is an error here, before anything is committed.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 from packtool import __version__
 from packtool.errors import InputError
+from packtool.formats.token_store import preference_key
 from packtool.stages.tokenize.config import TokenizeConfig
 from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo
 from packtool.stages.tokenize.inputs.chunk import Chunk
@@ -88,6 +89,7 @@ def token_manifest(
             }
             for s in sources
         ],
+        **({"preference": preference_key(sum(c[1] for c in counts.values()))} if shape.spec.pairs else {}),
         "n_rejected": sum(c[2] for c in counts.values()),
         "rejected_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         "backend": backend,

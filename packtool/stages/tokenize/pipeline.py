@@ -88,7 +88,7 @@ def tokenize_corpus(
     cap_malloc_arenas()  # before the first thread: see packtool.exec.local
     with scoped_environ(worker_env(workers) if executor is None and config.executor == "local" else {}):
         fast = _preload_fast(config)
-        tokenizer = load_tokenizer(config.tokenizer)
+        tokenizer = load_tokenizer(config.tokenizer, show_progress=progress is not None)
         paths = expand_inputs(config.inputs)
         drops: list[Callable[[], None]] = []
         try:
@@ -131,11 +131,11 @@ def _tokenize(
     hashes = hash_sources(sources)
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     shape = resolve_shape(config, all_chunks)
-    needs_offsets = shape.loss  # target spans are character offsets: encoding needs them
+    needs_offsets = shape.loss and not shape.spec.pairs  # target spans are character offsets (pairs: tokens)
     settings = chunk_settings(config, info, output, shape)
 
     def meanwhile(pending: Callable[[], bool]) -> None:  # render chat-shaped chunks while the fast engine loads
-        if needs_offsets and executor is None and config.executor == "local":
+        if shape.spec.loss and executor is None and config.executor == "local":
             drops.append(prerender(chunks, settings, pending))
 
     choice = choose_backend(

@@ -3,26 +3,37 @@
 The run's shape (`settings.shape`, resolved once by `shape.py`) converts the record
 (`core.encoding.shapes`): into (text, spans) as it is (text: no spans, every token a target;
 prompt-completion: the completion's span), or into a `Conversation` that the chat template renders
-here, the target turns becoming the spans.
+here, the target turns becoming the spans, or into a preference `Pair` whose three texts are rendered
+here as TRL 1.16's `DPOTrainer` makes them (`PairTexts`: their targets are found on the tokens,
+`core.encoding.pairs`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 from packtool.choices import AssistantTurns
-from packtool.core.encoding.chat import ChatRecordError, ChatTemplate, load_chat_template, render_with_spans
+from packtool.core.encoding.chat import (
+    ChatRecordError,
+    ChatTemplate,
+    load_chat_template,
+    prepare,
+    render_with_spans,
+    validate_messages,
+)
 from packtool.core.encoding.encode import Spans
-from packtool.core.encoding.shapes.base import Conversation
+from packtool.core.encoding.pairs import PairTexts
+from packtool.core.encoding.shapes.base import Conversation, Pair
 from packtool.errors import ConfigError
 from packtool.stages.tokenize.engine.tokenizer import cached_tokenizer
 from packtool.stages.tokenize.inputs.record import PlainText
 from packtool.stages.tokenize.settings import ChunkSettings
 
 
-def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | str:
-    """One record -> (text, target spans or None for all-target), or the reason it is bad."""
+def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | PairTexts | str:
+    """One record -> (text, target spans or None for all-target), a pair's texts, or the reason it is bad."""
     spec, options = settings.reader
     if spec.documents and isinstance(value, PlainText):  # a .txt document; a JSON string record is not one
         return value, None
@@ -33,6 +44,8 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
         )
     try:
         got = spec.convert(value, options)
+        if isinstance(got, Pair):
+            return pair_texts(got, settings)
         if not isinstance(got, Conversation):
             return got
         return render_with_spans(
@@ -44,6 +57,26 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | s
         )
     except ChatRecordError as exc:
         return str(exc)
+
+
+def pair_texts(pair: Pair, settings: ChunkSettings) -> PairTexts:
+    """TRL 1.16 `DPOTrainer._prepare_dataset`'s texts of a pair. Standard: the EOS text appended to each
+    completion that does not already end with it, prompt + completion (tokenized with the tokenizer's
+    special tokens). Conversational: the prompt rendered with `add_generation_prompt=True`, prompt + chosen
+    and prompt + rejected rendered whole, with the record's `tools` (tokenized without special tokens, as
+    `apply_chat_template(tokenize=True)` does)."""
+    if not pair.conversational:
+        eos = settings.eos_token or ""  # a tokenizer without one is refused before the run (settings.py)
+        chosen = pair.chosen if pair.chosen.endswith(eos) else pair.chosen + eos
+        rejected = pair.rejected if pair.rejected.endswith(eos) else pair.rejected + eos
+        return PairTexts(pair.prompt, pair.prompt + chosen, pair.prompt + rejected)
+    template = chat_template(settings)
+    if pair.tools is not None:
+        template = replace(template, tools=pair.tools)
+    prompt = template.render(prepare(validate_messages(pair.prompt)), add_generation_prompt=True)
+    chosen = template.render(prepare(validate_messages(pair.prompt + pair.chosen)))
+    rejected = template.render(prepare(validate_messages(pair.prompt + pair.rejected)))
+    return PairTexts(prompt, chosen, rejected)
 
 
 def chat_template(settings: ChunkSettings) -> ChatTemplate:

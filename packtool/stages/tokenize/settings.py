@@ -9,11 +9,12 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
+from packtool.choices import AssistantTurns
 from packtool.core.encoding.encode import SpecialPolicy
-from packtool.core.encoding.shapes.base import ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.registry import shape_spec
+from packtool.core.encoding.shapes.base import ShapeFields, ShapeOptions, ShapeSpec, flag_of
+from packtool.core.encoding.shapes.registry import shape_flags, shape_spec
 from packtool.core.encoding.shapes.roles import parse_role_map
-from packtool.errors import ConfigError, FormatError
+from packtool.errors import ConfigError, FormatError, UsageError
 from packtool.formats.token_store import dtype_for_max_id, dtype_name
 from packtool.stages.tokenize.config import TokenizeConfig
 from packtool.stages.tokenize.engine.template import check_chat_template, read_chat_template
@@ -89,12 +90,18 @@ def chunk_settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, sh
     if config.chat_template is not None:
         template = read_chat_template(config.chat_template)
     if chat and template:
-        check_chat_template(template, config.chat_template or f"of tokenizer {info.name!r} (tokenizer_config.json)")
+        check_chat_template(
+            template, config.chat_template or f"of tokenizer {info.name!r} ({info.chat_template_source})"
+        )
     if chat and not template:
         raise ConfigError(
-            f"{shape.spec.name} records are rendered by a chat template but tokenizer {info.name!r} has none in "
-            "tokenizer_config.json, pass --chat-template FILE"
+            f"{shape.spec.name} records are rendered by a chat template but tokenizer {info.name!r} has none "
+            f"(neither chat_template.jinja nor tokenizer_config.json holds one), "
+            + (info.chat_template_note or "pass --chat-template FILE")
         )
+    policy = (
+        pair_policy(info, shape, config) if shape.spec.pairs else special_policy(info, chat, config.bos, config.eos)
+    )
     return ChunkSettings(
         tokenizer_path=info.path,
         tokenizer_sha256=info.sha256,
@@ -107,7 +114,7 @@ def chunk_settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, sh
         eos_token=info.eos_token,
         separator=config.separator,
         on_error=str(config.on_error),
-        policy=special_policy(info, chat, config.bos, config.eos),
+        policy=policy,
         dtype=dtype_name(dtype_for_max_id(info.max_id)),
         work_dir=str(work_dir_for(output)),
         max_record_bytes=config.max_record_bytes,
@@ -116,6 +123,50 @@ def chunk_settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, sh
         by_source=tuple(
             (path, one.format.value, one.spec.name, one.fields, one.spec.loss) for path, one in shape.sources
         ),
+    )
+
+
+def pair_policy(info: TokenizerInfo, shape: Shape, config: TokenizeConfig) -> SpecialPolicy:
+    """Preference pairs are tokenized as TRL 1.16's `DPOTrainer` does, nothing added or stripped by packtool:
+    standard records through the tokenizer with its special tokens (its post-processor's BOS), the EOS text
+    appended to each completion; conversational ones as `apply_chat_template(tokenize=True)`, no special
+    tokens beyond what the template writes. So --bos/--eos and --assistant-turns last do not apply."""
+    found = f"{shape.spec.name} records ({shape.where})"
+    reads = {flag_of(f) for f in shape.spec.fields} | ({"role_map"} if shape.spec.role_map else set())
+    for flag in shape_flags():  # `--format preference` reads six shapes: a flag for another one is no silent no-op
+        if getattr(config, flag) is not None and flag not in reads:
+            name = "--" + flag.replace("_", "-")
+            raise UsageError(f"{name} does not apply to {found}, leave {name} out")
+    for name, value in (("bos", config.bos), ("eos", config.eos)):
+        if value is not None:
+            flag = f"--{name}" if value else f"--no-{name}"
+            raise UsageError(
+                f"{flag} does not apply to preference pairs, {found}: their ids are TRL's DPOTrainer preprocessing "
+                f"(the tokenizer's own special tokens, EOS on standard completions), leave {flag} out"
+            )
+    if AssistantTurns(str(config.assistant_turns)) == AssistantTurns.LAST:
+        raise UsageError(
+            f"--assistant-turns last does not apply to preference pairs, {found}: the targets are TRL's completion, "
+            "leave --assistant-turns out"
+        )
+    if not shape.spec.chat and info.eos_token is None:
+        raise ConfigError(
+            f"standard preference records get the EOS text after each completion (TRL's DPOTrainer), but tokenizer "
+            f"{info.name!r} defines no eos_token ({found}), use a tokenizer that has one"
+        )
+    standard = not shape.spec.chat
+    post_bos, post_eos = info.post_bos and standard, info.post_eos and standard
+    by = "TRL's DPOTrainer preprocessing (EOS text after each completion)" if standard else None
+    return SpecialPolicy(
+        add_special_tokens=standard,
+        manifest={
+            "bos": {
+                "enabled": post_bos,
+                "id": info.bos_id if post_bos else None,
+                "by": "tokenizer post-processor" if post_bos else None,
+            },
+            "eos": {"enabled": standard or post_eos, "id": info.eos_id if standard or post_eos else None, "by": by},
+        },
     )
 
 

@@ -186,6 +186,12 @@ def _detect(config: TokenizeConfig, chunks: Sequence[Chunk]) -> Shape:
     shapes = {path: _detected(*choose(by_file[path].records, each[path])) for path in decided}  # a file that mixes
     first = shapes[decided[0]]
     for shape in shapes.values():
+        if shape.spec.pairs != first.spec.pairs:
+            pair, single = (first, shape) if first.spec.pairs else (shape, first)
+            raise ConfigError(
+                f"--format auto found {pair.name} records ({pair.where}) and {single.name} records ({single.where}): "
+                "a preference store holds pairs (chosen, rejected) and no single documents; tokenize them in two runs"
+            )
         if shape.spec.chat != first.spec.chat:
             chat, plain = (first, shape) if first.spec.chat else (shape, first)
             raise ConfigError(

@@ -152,7 +152,8 @@ def expected_occurrences(meta: dict[str, Any], stores: StoreSet) -> np.ndarray |
     weights = [float(r.get("weight", 1)) for r in metadata_sources(meta)]
     fraction = (mixture.get("validation") or {}).get("fraction")
     part = mixture.get("part", "training")
-    selections = select_splits(stores, weights, int(meta.get("seed", 0)), fraction, str(meta["split"]))
+    pairs = meta.get("preference") is not None  # a preference split holds pairs out and repeats them whole
+    selections = select_splits(stores, weights, int(meta.get("seed", 0)), fraction, str(meta["split"]), pairs)
     chosen = [s for s in selections if s.part == part]
     if not chosen:
         raise FormatError(f"metadata mixture part {part!r} is unknown, split {meta['split']!r}, re-run `packtool pack`")

@@ -18,6 +18,7 @@ from packtool.formats.pack_store import PackSplit, metadata_name
 from packtool.formats.store_set import StoreSet
 from packtool.formats.token_store import TOKEN_DTYPES, TokenStore
 from packtool.progress import Progress
+from packtool.stages.verify.pairs import check_pairs
 from packtool.stages.verify.tokens import BLOCK_TOKENS
 
 _REPACK = "re-run `packtool pack`"
@@ -305,11 +306,18 @@ def verify_pack_split(
             )
         if store.dtype != ps.tokens.dtype:
             raise _fail(ps, ps.file_name(), f"packs are {ps.tokens.dtype.name}, the source is {store.dtype.name}")
-        _check_coverage(ps, g, store, occurrences)
+        if ps.preference is None:
+            _check_coverage(ps, g, store, occurrences)
+    pairs = None
+    if ps.preference is not None:  # pairs: whole, in one pack, as often as they must be (replaces coverage)
+        pairs = check_pairs(ps, g.po, store, occurrences)
     rows = max(1, BLOCK_TOKENS // ps.size)
     for p0 in range(0, ps.n_packs, rows):
         p1 = min(ps.n_packs, p0 + rows)
         _check_block(ps, g, p0, p1, pad_id, store)
         if progress is not None:
             progress(p1 * ps.size, ps.n_packs * ps.size)
-    return f"{ps.split}_{ps.size}: {ps.n_packs} packs, {g.lens.size} segments, {int(g.real.sum())} tokens"
+    line = f"{ps.split}_{ps.size}: {ps.n_packs} packs, {g.lens.size} segments, {int(g.real.sum())} tokens"
+    if pairs is not None:
+        line += f", {pairs[0]} pairs ({pairs[1]}) each whole in one pack"
+    return line

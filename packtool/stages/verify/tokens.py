@@ -38,6 +38,7 @@ def verify_token_store(path: Path, progress: Progress | None = None) -> tuple[To
             f"manifest counts ({m['n_documents']} documents, {m['n_tokens']} tokens) differ from the files "
             f"({store.n_documents}, {store.n_tokens}), {root / MANIFEST}, {RETOK}"
         )
+    pairs = store.preference_pairs  # a preference store: 2 documents per pair, or a FormatError naming the mismatch
     bound = _id_bound(store)
     n, targets = store.n_tokens, 0
     for a in range(0, n, BLOCK_TOKENS):
@@ -67,4 +68,5 @@ def verify_token_store(path: Path, progress: Progress | None = None) -> tuple[To
             f"manifest n_target_tokens is {m.get('n_target_tokens')} but the loss mask holds {targets} targets, "
             f"{root / MANIFEST}, {RETOK}"
         )
-    return store, f"{store.n_documents} documents, {n} tokens ({store.dtype.name}, ids < {bound}), {targets} targets"
+    line = f"{store.n_documents} documents, {n} tokens ({store.dtype.name}, ids < {bound}), {targets} targets"
+    return store, line + (f", {pairs} preference pairs" if pairs is not None else "")

@@ -13,6 +13,11 @@ def alpaca_conversation(record: Any, fields: ShapeFields) -> Conversation:
     """One Alpaca record as messages (see the module docstring)."""
     record = as_object(record)
     output = text(required(record, fields.output, "the Alpaca record"), f"field {fields.output!r}")
+    return Conversation([*alpaca_prompt(record, fields), {"role": "assistant", "content": output}])
+
+
+def alpaca_prompt(record: dict[str, Any], fields: ShapeFields) -> list[dict[str, Any]]:
+    """An Alpaca record's messages before its answer: system, the `history` pairs, the user turn."""
     instruction = text(required(record, fields.instruction, "the Alpaca record"), f"field {fields.instruction!r}")
     given = optional(record, fields.input)
     query = "" if given is None else text(given, f"field {fields.input!r}")
@@ -26,8 +31,7 @@ def alpaca_conversation(record: Any, fields: ShapeFields) -> Conversation:
                 raise ShapeError(f"{fields.history}[{k}] is not a [user, assistant] pair of strings")
             messages += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
     user = "\n".join(part for part in (instruction, query) if part)
-    messages += [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
-    return Conversation(messages)
+    return [*messages, {"role": "user", "content": user}]
 
 
 def convert(record: Any, options: ShapeOptions) -> Conversation:

@@ -4,7 +4,10 @@ A converter turns one record into either
 - `Plain`: (text, target character spans or None when every token is a target), encoded as is; or
 - a `Conversation`: messages, the template's `tools=`, and per message whether it is a target; the
   chat path (`core.encoding.chat.render_with_spans`) renders it exactly as transformers'
-  `apply_chat_template` does and finds each target turn's span.
+  `apply_chat_template` does and finds each target turn's span;
+- a `Pair` (shapes whose spec says `pairs`): a preference record in TRL's terms, prompt, chosen and
+  rejected, which becomes TWO documents (chosen, then rejected) or none; the tokenize stage renders and
+  tokenizes it as TRL's `DPOTrainer` does (`stages/tokenize/records.py`, `core/encoding/pairs.py`).
 A record that does not have the shape raises `ShapeError` naming what is wrong (a per-record error:
 file:line, or a line of rejects.jsonl).
 """
@@ -86,6 +89,27 @@ class Conversation:
 
 
 @dataclass(frozen=True)
+class Pair:
+    """A preference record as TRL 1.16's `DPOTrainer` reads it once its prompt is extracted.
+
+    Standard: `prompt`, `chosen`, `rejected` are strings (the EOS text is appended to the completions
+    when rendered, as TRL does). Conversational: they are lists of messages (`chosen` / `rejected`
+    follow `prompt`), rendered by the chat template with `tools=`; the prompt alone with
+    `add_generation_prompt=True`. Each of the two sequences is prompt + completion; its targets start
+    where the tokenized prompt and the tokenized sequences diverge (`core.encoding.pairs`).
+    """
+
+    prompt: Any
+    chosen: Any
+    rejected: Any
+    tools: list[Any] | None = None
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.prompt, list)
+
+
+@dataclass(frozen=True)
 class Fit:
     """One record has a shape (what `--format auto` learns from it)."""
 
@@ -113,8 +137,8 @@ class ShapeSpec:
     fields: Mapping[str, str]
     """ShapeFields attribute -> default field name, for every field the shape reads: their flags
     (`flag_of`) apply to the shape, and the manifest's `fields` records them, in this order."""
-    convert: Callable[[Any, ShapeOptions], Conversation | Plain]
-    """One record -> a Conversation (`chat`) or (text, spans); ShapeError when it does not fit."""
+    convert: Callable[[Any, ShapeOptions], Conversation | Plain | Pair]
+    """One record -> a Conversation (`chat`), (text, spans), or a Pair (`pairs`); ShapeError when it does not fit."""
     detect: Callable[[Any, ShapeFields], Fit | None]
     """Whether one record has this shape, reading these field names (the defaults under `--format auto`)."""
     clues: tuple[str, ...]
@@ -133,6 +157,9 @@ class ShapeSpec:
     """Shapes this `--format` also reads, chosen by the first record (`detect` with the run's fields)."""
     recorded: tuple[str, ...] = ()
     """Other `TokenizeConfig` flags the manifest's `fields` records (text: `separator`)."""
+    pairs: bool = False
+    """A record is a preference pair (`convert` gives a `Pair`): two documents, chosen then rejected, with
+    TRL's ids and completion targets; the store is a preference store (docs/CHAT.md)."""
 
     def default_fields(self) -> ShapeFields:
         return ShapeFields(**self.fields)

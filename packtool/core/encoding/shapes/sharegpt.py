@@ -65,7 +65,12 @@ def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = 
     return Conversation(plain, tools_of(record, fields.tools), targets)
 
 
-def _turn(turn: Any, i: int, table: dict[str, str]) -> dict[str, Any]:
+def sharegpt_turn(turn: Any, i: int | str, table: dict[str, str]) -> dict[str, Any]:
+    """One `{from, value}` turn as a message (`i` names it in errors: its index, or a field name)."""
+    return _turn(turn, i, table)
+
+
+def _turn(turn: Any, i: int | str, table: dict[str, str]) -> dict[str, Any]:
     if not isinstance(turn, dict):
         raise ShapeError(f"turn {i} is not an object (got {type(turn).__name__})")
     if "from" not in turn:
@@ -87,7 +92,7 @@ def _turn(turn: Any, i: int, table: dict[str, str]) -> dict[str, Any]:
     return {"role": role, "content": value, **extra}
 
 
-def _tool_calls(value: str, i: int) -> list[dict[str, Any]]:
+def _tool_calls(value: str, i: int | str) -> list[dict[str, Any]]:
     """A function_call turn's JSON: one `{name, arguments}` object (or a list of them) -> transformers' tool_calls."""
     try:
         parsed = jsontext.loads(value)

@@ -1,4 +1,5 @@
-"""`--tokenizer SPEC` -> the tokenizer.json file: a file, a model directory, or `org/name` in the local hub cache.
+"""`--tokenizer SPEC` -> the tokenizer.json file: a file, a model directory, or `org/name` in the local hub cache
+(not there: NotCachedError, which `load_tokenizer` answers by downloading it, `download.py`).
 
 Light on purpose (no numpy, no `tokenizers`): a run looks its tokenizer up before it imports anything
 heavy, to start loading the fast engine at once (`early.py`).
@@ -14,6 +15,25 @@ from packtool.formats.hub_cache import hub_cache_dir, resolve_snapshot
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+#: where transformers 5 saves a tokenizer's chat template (`save_pretrained`), named ones in the folder beside it
+CHAT_TEMPLATE_JINJA = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+#: a processor's legacy template file: AutoProcessor reads it, AutoTokenizer does not
+CHAT_TEMPLATE_JSON = "chat_template.json"
+
+
+def fetch_command(name: str) -> str:
+    """The `hf` command (huggingface_hub's current CLI) that fetches what packtool reads of a tokenizer repo."""
+    return f'hf download {name} --include "*.json" --include "*.jinja"'
+
+
+class NotCachedError(TokenizerError):
+    """`--tokenizer ORG/NAME` is not in the local hub cache: `load_tokenizer` downloads it, a lookup does not."""
+
+
+def is_hub_name(spec: str) -> bool:
+    """`org/name`, not a path (`./x`, `/x`, `~/x`): what `--tokenizer` looks up in the hub cache (and fetches)."""
+    return spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
 
 
 def resolve_hub_name(name: str) -> Path | None:
@@ -21,11 +41,20 @@ def resolve_hub_name(name: str) -> Path | None:
     return resolve_snapshot(name, TOKENIZER_JSON)
 
 
+def file_name(path: Path) -> str:
+    """The name a tokenizer file gives its stores (when its config has no hub name): a `tokenizer.json` is its
+    model folder's, as `--tokenizer DIR` names it; any other file (`models/qwen-tiny.json`) its own stem."""
+    resolved = path.resolve()
+    if resolved.name == TOKENIZER_JSON or not resolved.stem:
+        return resolved.parent.name
+    return resolved.stem
+
+
 def locate(spec: str) -> tuple[Path, str]:
     """Turn the --tokenizer argument into (tokenizer.json path, manifest name)."""
     path = Path(spec).expanduser()
     if path.is_file():
-        return path, path.resolve().parent.name
+        return path, file_name(path)
     if path.is_dir():
         if not (path / TOKENIZER_JSON).is_file():
             raise TokenizerError(
@@ -33,14 +62,13 @@ def locate(spec: str) -> tuple[Path, str]:
                 "save it with tokenizer.save_pretrained(DIR) or pass the tokenizer.json path"
             )
         return path / TOKENIZER_JSON, path.resolve().name
-    looks_like_hub = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
-    if looks_like_hub:
+    if is_hub_name(spec):
         snapshot = resolve_hub_name(spec)
         if snapshot is not None:
             return snapshot / TOKENIZER_JSON, spec
-        raise TokenizerError(
+        raise NotCachedError(
             f"tokenizer {spec!r} is not a path and not in the local Hugging Face cache ({hub_cache_dir()}), "
-            f"download it first (huggingface-cli download {spec} tokenizer.json tokenizer_config.json) or set HF_HUB_CACHE"
+            f"download it first ({fetch_command(spec)}) or set HF_HUB_CACHE"
         )
     raise TokenizerError(
         f"tokenizer {spec!r} does not exist, expected a tokenizer.json, a model directory or a cached hub name (org/name)"

@@ -1,8 +1,10 @@
 """Find and load a tokenizer: a `tokenizer.json`, a model directory, or a cached hub name.
 
-Hub names are resolved in the local Hugging Face cache only (`HF_HUB_CACHE`, else
-`HF_HOME/hub`, else `~/.cache/huggingface/hub`, layout `models--org--name/snapshots/<rev>/`,
-revision from `refs/main`), so tokenizing never needs the network nor `huggingface_hub`.
+Hub names are resolved in the local Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
+`~/.cache/huggingface/hub`, layout `models--org--name/snapshots/<rev>/`, revision from `refs/main`); a name
+not there is downloaded into it with huggingface_hub (`download.py`), so a cached tokenizer never needs the
+network. The chat template is read where transformers 5 saves it (`chat_template.jinja`) or, in older
+folders, from `tokenizer_config.json`.
 Special tokens come from `tokenizer_config.json` (then `special_tokens_map.json`); they may
 be plain strings or `{"content": ...}` dicts, as transformers writes them.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +24,19 @@ from packtool.formats import jsontext
 from packtool.formats.files import sha256_file
 from packtool.formats.sidefiles import SideFileError, read_side_file
 from packtool.stages.tokenize.engine.locate import (
+    CHAT_TEMPLATE_DIR,
+    CHAT_TEMPLATE_JINJA,
+    CHAT_TEMPLATE_JSON,
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
+    NotCachedError,
+    fetch_command,
+    is_hub_name,
     locate,
     resolve_hub_name,
 )
+from packtool.stages.tokenize.engine.template import TEMPLATE_BYTES
 
 __all__ = ["TOKENIZER_JSON", "TokenizerInfo", "load_tokenizer", "locate", "resolve_hub_name"]
 
@@ -49,6 +58,10 @@ class TokenizerInfo:
     chat_template: str | None
     post_bos: bool  # the tokenizer's own post-processor prepends BOS
     post_eos: bool  # ... and appends EOS
+    #: where the template was read (`chat_template.jinja`, `tokenizer_config.json`), or looked for
+    chat_template_source: str = TOKENIZER_CONFIG
+    #: why there is no template although a file suggests one ("" when nothing does)
+    chat_template_note: str = ""
 
     def manifest(self) -> dict[str, Any]:
         """The manifest's `tokenizer` entry."""
@@ -111,16 +124,21 @@ def _config_name(config: dict[str, Any]) -> str | None:
     return value
 
 
-def _chat_template(config: dict[str, Any], path: Path) -> str | None:
+def _config_template(config: dict[str, Any], path: Path) -> str | dict[str, str] | None:
+    """`chat_template` of tokenizer_config.json: one template, or named ones (`[{"name", "template"}, ...]`)."""
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        named: dict[str, str] = {
+            t["name"]: t["template"]
+            for t in template
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+        }
         if len(named) != len(template):
             raise TokenizerError(
                 f"chat_template in {path.name} is a list whose entries are not all {{name, template}} objects, "
                 f"{path}, fix the file"
             )
-        template = named.get("default")
+        return named
     if template is None or isinstance(template, str):
         return template
     raise TokenizerError(
@@ -129,10 +147,85 @@ def _chat_template(config: dict[str, Any], path: Path) -> str | None:
     )
 
 
-def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
-    """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour."""
+def _template_text(path: Path) -> str:
+    """A template file beside the tokenizer (UTF-8 Jinja, read whole as transformers does)."""
     try:
-        return _load_tokenizer(spec)
+        return read_side_file(path, TEMPLATE_BYTES).decode("utf-8")
+    except SideFileError as exc:
+        raise TokenizerError(f"{path.name} is not read: {exc}, {path}, fix or remove the file") from None
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"{path.name} is not UTF-8 text (byte {exc.start}), {path}, save it as UTF-8") from exc
+
+
+def _file_templates(folder: Path) -> dict[str, str]:
+    """The template files transformers 5 writes: `chat_template.jinja` ("default") and
+    `additional_chat_templates/NAME.jinja` (NAME), as `PreTrainedTokenizerBase._from_pretrained` reads them."""
+    templates: dict[str, str] = {}
+    jinja = folder / CHAT_TEMPLATE_JINJA
+    if jinja.exists():
+        templates["default"] = _template_text(jinja)
+    extra = folder / CHAT_TEMPLATE_DIR
+    if extra.is_dir():
+        for file in sorted(extra.glob("*.jinja")):
+            templates[file.name.removesuffix(".jinja")] = _template_text(file)
+    return templates
+
+
+@dataclass(frozen=True)
+class _Template:
+    text: str | None
+    source: str  # the file it was read from, relative to the tokenizer's folder
+    note: str = ""  # why there is none, when a file suggests there might be one
+
+
+def _chat_template(folder: Path, config: dict[str, Any], config_path: Path) -> _Template:
+    """The tokenizer's default chat template where transformers 5.23's AutoTokenizer finds it.
+
+    Template files (`chat_template.jinja`, `additional_chat_templates/*.jinja`), when any exists, replace
+    tokenizer_config.json's `chat_template` whole; of named templates, the one named "default" is used, as
+    `apply_chat_template` does without a name. A processor's `chat_template.json` is not the tokenizer's
+    (AutoTokenizer never reads it, and its template may expect content parts, not text): refused by name."""
+    files = _file_templates(folder)
+    if files:
+        if "default" in files:
+            return _Template(files["default"], CHAT_TEMPLATE_JINJA)
+        names = ", ".join(sorted(files))
+        return _Template(
+            None,
+            f"{CHAT_TEMPLATE_DIR}/",
+            f"{CHAT_TEMPLATE_DIR}/ holds named templates ({names}) but there is no {CHAT_TEMPLATE_JINJA}: "
+            f"pass one with --chat-template {folder / CHAT_TEMPLATE_DIR}/NAME.jinja",
+        )
+    template = _config_template(config, config_path)
+    if isinstance(template, dict):
+        if "default" in template:
+            return _Template(template["default"], TOKENIZER_CONFIG)
+        names = ", ".join(sorted(template))
+        return _Template(
+            None,
+            TOKENIZER_CONFIG,
+            f"{TOKENIZER_CONFIG} names templates ({names}) but none is 'default': save the one to use "
+            "to a file and pass --chat-template FILE",
+        )
+    if template is not None:
+        return _Template(template, TOKENIZER_CONFIG)
+    if (folder / CHAT_TEMPLATE_JSON).exists():
+        return _Template(
+            None,
+            TOKENIZER_CONFIG,
+            f"{CHAT_TEMPLATE_JSON} is a processor's template, which AutoTokenizer does not read: if it renders "
+            "text messages, save its chat_template to a .jinja file and pass --chat-template FILE",
+        )
+    return _Template(None, TOKENIZER_CONFIG)
+
+
+def load_tokenizer(spec: str, show_progress: bool = False) -> tuple[Tokenizer, TokenizerInfo]:
+    """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour.
+
+    A hub name (`org/name`) not in the local cache is downloaded into it first (`download.py`; huggingface_hub's
+    progress bars with `show_progress`)."""
+    try:
+        return _load_tokenizer(spec, show_progress)
     except OSError as exc:  # a directory on the way that cannot be searched, an unreadable file
         where = exc.filename if exc.filename is not None else spec
         raise TokenizerError(
@@ -140,8 +233,13 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
         ) from exc
 
 
-def _load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
-    json_path, name = locate(spec)
+def _load_tokenizer(spec: str, show_progress: bool) -> tuple[Tokenizer, TokenizerInfo]:
+    try:
+        json_path, name = locate(spec)
+    except NotCachedError:
+        from packtool.stages.tokenize.engine.download import download_tokenizer
+
+        json_path, name = download_tokenizer(spec, show_progress) / TOKENIZER_JSON, spec
     try:
         tok = Tokenizer.from_file(str(json_path))
     except Exception as exc:  # the Rust side raises a plain Exception
@@ -164,6 +262,13 @@ def _load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
             raise TokenizerError(
                 f"{key}_token {text!r} from {TOKENIZER_CONFIG} is not in the vocabulary, {json_path.parent}, fix the config"
             )
+    template = _chat_template(json_path.parent, config, config_path)
+    if template.text is None and not template.note and is_hub_name(spec) and not Path(spec).exists():
+        # a snapshot fetched file by file (the old hint named tokenizer.json and tokenizer_config.json only)
+        template = replace(
+            template,
+            note=f"if the repo has one, fetch it into the cache ({fetch_command(spec)}), else pass --chat-template FILE",
+        )
     max_id = _max_id(tok)
     with_special = tok.encode("a", add_special_tokens=True).ids
     plain = tok.encode("a", add_special_tokens=False).ids
@@ -180,9 +285,11 @@ def _load_tokenizer(spec: str) -> tuple[Tokenizer, TokenizerInfo]:
         pad_id=ids["pad"],
         bos_token=tokens["bos"],
         eos_token=tokens["eos"],
-        chat_template=_chat_template(config, config_path),
+        chat_template=template.text,
         post_bos=post_bos,
         post_eos=post_eos,
+        chat_template_source=template.source,
+        chat_template_note=template.note,
     )
     return tok, info
 
