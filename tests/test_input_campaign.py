@@ -325,3 +325,13 @@ def test_a_column_name_with_a_space_is_named_in_the_error(tmp_path: Path, bpe_to
     path.write_text("id, text\n1, hello\n")
     line = cli_error(*_args(path, bpe_tokenizer_dir, tmp_path / "o"))
     assert "missing field 'text' (the record has ' text'" in line and "space.csv:2" in line, line
+
+
+def test_auto_refuses_preference_pairs_beside_single_documents(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """A preference file (chosen, rejected) beside a prompt-completion file: pairs and documents, one store."""
+    pc = write_jsonl(tmp_path / "a.jsonl", [{"prompt": "q?", "completion": " a"}] * 3)
+    pref = write_jsonl(tmp_path / "b.jsonl", [{"prompt": "q?", "chosen": " good", "rejected": " bad"}] * 3)
+    line = cli_error("tokenize", str(pc), str(pref), "--tokenizer", str(bpe_tokenizer_dir), "--output",
+                     str(tmp_path / "o"), "--format", "auto")
+    assert "records (" in line and "preference store holds pairs" in line and "two runs" in line, line
+    assert not (tmp_path / "o").exists()
