@@ -94,10 +94,12 @@ def test_the_same_records_give_the_bytes_of_jsonl(tmp_path: Path, bpe_tokenizer_
 
 
 def test_a_lone_carriage_return_ends_a_row_as_csv_reads_it(tmp_path: Path) -> None:
-    path = _write(tmp_path / "cr.csv", b'x,y\ra,b\rc,"d\re"\n')
-    _, chunks = plan_chunks([path], 1)
-    assert [(r.line, r.value) for c in chunks for r in read_chunk(c)] == [(1, {"x": "a", "y": "b"}),
-                                                                          (1, {"x": "c", "y": "d\re"})]
+    """Classic Mac OS line ends: a lone \r ends a row and a line (it was one row, every record on line 1)."""
+    path = _write(tmp_path / "cr.csv", b'x,y\ra,b\rc,"d\re"\nf,g\r\nh,i\r')
+    for chunk_bytes in (1, 7, 1000):
+        _, chunks = plan_chunks([path], chunk_bytes)
+        assert [(r.line, r.value) for c in chunks for r in read_chunk(c)] == [
+            (2, {"x": "a", "y": "b"}), (3, {"x": "c", "y": "d\re"}), (5, {"x": "f", "y": "g"}), (6, {"x": "h", "y": "i"})]
 
 
 def test_a_cell_is_its_text_and_holds_json_only_when_it_is_an_array_or_object(tmp_path: Path) -> None:
@@ -191,7 +193,7 @@ def test_header_problems_are_file_errors_and_a_bom_is_not_a_field(tmp_path: Path
     dup = _write(tmp_path / "dup.csv", b"text,id,text\na,1,b\n")
     assert "the header names field 'text' twice" in cli_error("tokenize", str(dup), *base)
     bad = _write(tmp_path / "bad.csv", b"te\xffxt\na\n")
-    assert "the header row cannot name the fields (invalid UTF-8)" in cli_error("tokenize", str(bad), *base)
+    assert "the file is not UTF-8 text: byte 0xff at byte 2" in cli_error("tokenize", str(bad), *base)
     only = _write(tmp_path / "only.csv", b"text\n")
     assert "no documents to tokenize" in cli_error("tokenize", str(only), *base)
     records = [{"text": t} for t in _texts(12, seed=3)]
@@ -225,15 +227,15 @@ _CELL = st.text(alphabet=st.sampled_from('ab ",\t\n\ré'), max_size=8)
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.lists(_CELL, min_size=3, max_size=3), max_size=10), tsv=st.booleans(),
-       newline=st.sampled_from(["\n", "\r\n"]), block=st.integers(1, 40), chunk_bytes=st.integers(1, 120))
+       newline=st.sampled_from(["\n", "\r\n", "\r"]), block=st.integers(1, 40), chunk_bytes=st.integers(1, 120))
 def test_rows_equal_csv_dictreader_for_any_blocks_and_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              rows: list[list[str]], tsv: bool, newline: str,
                                                              block: int, chunk_bytes: int) -> None:
     """Quotes, delimiters and newlines anywhere in cells, cut by any block and chunk boundary: the rows `csv`
     reads from the whole file, never a cut inside a quoted cell."""
     delimiter = "\t" if tsv else ","
-    if newline == "\n":  # csv.writer then leaves a lone \r unquoted, which ends a row when read: not 3 cells
-        rows = [[c.replace("\r", "r") for c in row] for row in rows]
+    if newline != "\r\n":  # csv.writer then leaves a lone \r or \n unquoted, which ends a row: not 3 cells
+        rows = [[c.replace("\r", "r").replace("\n", "n") for c in row] for row in rows]
     data = _csv_bytes(["x", "y", "z"], rows, delimiter, newline)
     path = _write(tmp_path / ("p.tsv" if tsv else "p.csv"), data)
     want = list(csv.DictReader(io.StringIO(data.decode(), newline=""), delimiter=delimiter))
@@ -244,7 +246,8 @@ def test_rows_equal_csv_dictreader_for_any_blocks_and_chunks(tmp_path: Path, mon
     records = [r for c in chunks for r in read_chunk(c)]
     assert [r.error for r in records] == [None] * len(want)
     assert [r.value for r in records] == want
-    header_lines = _csv_bytes(["x", "y", "z"], [], delimiter, newline).count(b"\n")
-    sizes = [_csv_bytes(["x", "y", "z"], [row], delimiter, newline).count(b"\n") - header_lines for row in rows]
+    breaks = lambda b: len(b.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")) - 1  # noqa: E731
+    header_lines = breaks(_csv_bytes(["x", "y", "z"], [], delimiter, newline))
+    sizes = [breaks(_csv_bytes(["x", "y", "z"], [row], delimiter, newline)) - header_lines for row in rows]
     starts = [1 + header_lines + sum(sizes[:i]) for i in range(len(rows))]  # the physical line each row starts on
     assert [r.line for r in records] == starts

@@ -106,7 +106,9 @@ def test_bad_bytes_become_error_records(tmp_path: Path) -> None:
     _, chunks = plan_chunks(expand_inputs([str(tmp_path)]), 1 << 20)
     records = [r for c in chunks for r in read_chunk(c)]
     assert [(Path(r.source).name, r.line, r.error) for r in records][1:] == [
-        ("a.jsonl", 2, records[1].error), ("a.jsonl", 3, "invalid UTF-8"), ("b.txt", 2, "invalid UTF-8")]
+        ("a.jsonl", 2, records[1].error), ("a.jsonl", 3, "invalid UTF-8"),
+        ("b.txt", 2, "invalid UTF-8 (byte 0xff at byte 9 of the document; the file is not UTF-8 text: re-encode it as "
+                     "UTF-8, e.g. iconv -f latin1 -t utf-8)")]
     assert records[1].error.startswith("malformed JSON")
 
 

@@ -180,7 +180,10 @@ def check_fields(raw: dict[str, Any], path: Path, aliases: dict[str, str]) -> No
 def code_note(source: ModelSource, model_class: type | None) -> str | None:
     """Whose code was audited, when config.json's `auto_map` names the model's own code."""
     auto_map = source.raw.get("auto_map")
-    own = [str(auto_map[k]) for k in CODE_KEYS if isinstance(auto_map, dict) and isinstance(auto_map.get(k), str)]
+    if not isinstance(auto_map, dict):
+        return None
+    # the config's and every model class's code (`AutoModel`, `AutoModelForCausalLM`, ...); not a tokenizer's
+    own = [str(v) for k, v in auto_map.items() if isinstance(v, str) and (k in CODE_KEYS or k.startswith("AutoModel"))]
     if not own:
         return None
     named = f"the model's own code ({', '.join(own)}, named by auto_map)"
@@ -188,6 +191,9 @@ def code_note(source: ModelSource, model_class: type | None) -> str | None:
         return f"{named} {'could not be built' if source.trust_remote_code else 'was NOT used'}; no model was built"
     if model_class.__module__.startswith("transformers_modules"):
         return f"the model's own code was audited ({', '.join(own)}, from disk)"
+    if source.trust_remote_code:  # allowed, yet transformers' class ran: say so, and why when it is known
+        why = "" if "AutoModelForCausalLM" in auto_map else "it names no AutoModelForCausalLM, so "
+        return f"{named} was NOT used: {why}transformers' built-in {model_class.__name__} was audited"
     return (
         f"{named} was NOT used: transformers' built-in {model_class.__name__} was audited instead; "
         "pass --trust-remote-code to audit the model's own code (read from disk only)"

@@ -19,6 +19,8 @@ def tokenize_line(result: Any) -> str:
     default = default_field(str(shape.get("name")), "messages")
     under = f" (turns under {field!r})" if default and field != default else ""
     detected = f"detected format {shape['name']}{under}, " if shape.get("detected") else ""
+    if shape.get("shapes"):  # --format auto read each file as its own records decided
+        detected = f"detected formats {', '.join(shape['shapes'])} (per file: see the manifest's sources), "
     reasons = m.get("rejected_by_reason") or {}
     shown = [f"{n} {kind}" for kind, n in list(reasons.items())[:4]] + (["..."] if len(reasons) > 4 else [])
     why = f" ({'; '.join(shown)}; see rejects.jsonl)" if reasons else ""

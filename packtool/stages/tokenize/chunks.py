@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from packtool.choices import OnError
 from packtool.core.encoding.encode import Spans, encode_batch
 from packtool.core.encoding.pairs import PairTexts, encode_pairs
@@ -78,6 +80,7 @@ def reason_kind(reason: str) -> str:
 
 def chunk_records(chunk: Chunk, settings: ChunkSettings) -> Iterator[tuple[str, int | None, Got]]:
     """(source, line, text and spans or the reason) of every record of `chunk`, in order."""
+    settings = settings.for_chunk(chunk)  # its file's shape, when `--format auto` found several
     for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
         yield record.source, record.line, record.error if record.error is not None else extract(record.value, settings)
 
@@ -130,7 +133,8 @@ def _take(chunk: Chunk, settings: ChunkSettings) -> list[tuple[str, int | None, 
 
 def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResult:
     """Tokenize every record of `chunk`; raise InputError on a bad record in fail mode."""
-    with_loss = settings.loss
+    with_loss = settings.for_chunk(chunk).loss
+    ones = settings.loss and not with_loss  # a text file in a store with tokens.loss: every token a target
     tok = cached_tokenizer(settings.tokenizer_path, settings.tokenizer_sha256) if settings.backend != "fast" else None
     backend = cached_backend(settings.backend, settings.tokenizer_path, settings.tokenizer_sha256, tok)
     dtype = parse_dtype(settings.dtype, "chunk settings")
@@ -152,6 +156,8 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
             chars = 0
         if texts:
             ids, lengths, loss = encode_batch(tok, texts, spans if with_loss else None, settings.policy, dtype, backend)
+            if ones:
+                loss = np.ones(ids.size, np.uint8)
             result.parts.append((ids, lengths, loss))
             result.n_documents += int(lengths.size)
             result.n_tokens += int(ids.size)
@@ -172,7 +178,12 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
                     f"bad record: {got}" + (f" (record {line_no} {reader.record_label}, 0-based)" if indexed else ""),
                     source,
                     line_no,
-                    hint="fix the record, or pass --on-error skip to log it in rejects.jsonl and go on",
+                    hint=(
+                        "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                        if got == "invalid UTF-8"
+                        else "fix the record"
+                    )
+                    + ", or pass --on-error skip to log it in rejects.jsonl and go on",
                 )
             line = {"source": source, "line": line_no, "reason": got}  # SPEC's keys for every input
             if indexed:  # e.g. a .json array: `line` is the element's 0-based index, as in its `file:N` errors

@@ -52,6 +52,7 @@ def token_manifest(
             ", ".join(s.path for s in sources[:3]),
             hint="check the inputs and --field / --format",
         )
+    own = dict(shape.sources)  # per file, when --format auto found several shapes
     for path, (records, _, _) in counts.items():
         if records == 0 and config.num_shards == 1:  # a shard reads only part of the inputs
             log.warning("input %s holds no records", path)
@@ -60,7 +61,11 @@ def token_manifest(
         "tokenizer": info.manifest(),
         **settings.policy.manifest,
         "input_format": settings.format,
-        "input_shape": {"name": shape.name, "detected": shape.detected},
+        "input_shape": {
+            "name": shape.name,
+            "detected": shape.detected,
+            **({"shapes": list(dict.fromkeys(one.name for one in shape.all()))} if shape.sources else {}),
+        },
         "fields": shape.manifest_fields(config, settings.role_map),
         "chat_template_sha256": hashlib.sha256(settings.chat_template.encode()).hexdigest()
         if settings.chat_template
@@ -72,6 +77,15 @@ def token_manifest(
                 "records": counts[s.path][0],
                 "documents": counts[s.path][1],
                 "rejected": counts[s.path][2],
+                **(
+                    {
+                        "input_format": own[s.path].format.value,
+                        "input_shape": own[s.path].name,
+                        "fields": own[s.path].manifest_fields(config, settings.role_map),
+                    }
+                    if s.path in own
+                    else {}
+                ),
             }
             for s in sources
         ],

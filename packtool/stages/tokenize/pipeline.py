@@ -131,7 +131,7 @@ def _tokenize(
     hashes = hash_sources(sources)
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     shape = resolve_shape(config, all_chunks)
-    needs_offsets = shape.spec.loss and not shape.spec.pairs  # target spans are character offsets (pairs: tokens)
+    needs_offsets = shape.loss and not shape.spec.pairs  # target spans are character offsets (pairs: tokens)
     settings = chunk_settings(config, info, output, shape)
 
     def meanwhile(pending: Callable[[], bool]) -> None:  # render chat-shaped chunks while the fast engine loads

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -14,11 +14,12 @@ from packtool.core.encoding.encode import SpecialPolicy
 from packtool.core.encoding.shapes.base import ShapeFields, ShapeOptions, ShapeSpec, flag_of
 from packtool.core.encoding.shapes.registry import shape_flags, shape_spec
 from packtool.core.encoding.shapes.roles import parse_role_map
-from packtool.errors import ConfigError, UsageError
+from packtool.errors import ConfigError, FormatError, UsageError
 from packtool.formats.token_store import dtype_for_max_id, dtype_name
 from packtool.stages.tokenize.config import TokenizeConfig
 from packtool.stages.tokenize.engine.template import check_chat_template, read_chat_template
 from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo
+from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.record import DEFAULT_MAX_RECORD_BYTES
 from packtool.stages.tokenize.journal import work_dir_for
 from packtool.stages.tokenize.shape import Shape
@@ -47,6 +48,24 @@ class ChunkSettings:
     assistant_turns: str = "all"  # chat shapes: "all" or "last" assistant turns are targets
     role_map: tuple[tuple[str, str], ...] = ()  # --role-map pairs, for the shapes that read them
     loss: bool = True  # some tokens are not targets (every shape but text): the store has tokens.loss
+    #: `--format auto` that found several shapes: (path, format, shape, fields, loss) of every input file; a
+    #: chunk reads its file's (`for_chunk`). Empty when one shape reads every file (the fields above).
+    by_source: tuple[tuple[str, str, str, ShapeFields, bool], ...] = ()
+
+    @cached_property
+    def _by_path(self) -> dict[str, tuple[str, str, ShapeFields, bool]]:
+        return {path: (fmt, shape, fields, loss) for path, fmt, shape, fields, loss in self.by_source}
+
+    def for_chunk(self, chunk: Chunk) -> ChunkSettings:
+        """The settings that read `chunk`: these, or its file's shape when the run's files have several (its
+        `loss` then says whether that shape has targets; the store's is this run's `loss`)."""
+        if not self.by_source:
+            return self
+        got = {self._by_path[path] for path in chunk.paths}
+        if len(got) != 1:  # only .txt files share a chunk, and every one is text
+            raise FormatError(f"chunk {chunk.index} joins files of {len(got)} record shapes, this is a bug")
+        fmt, shape, fields, loss = got.pop()
+        return replace(self, format=fmt, shape=shape, fields=fields, loss=loss, by_source=())
 
     @cached_property
     def reader(self) -> tuple[ShapeSpec, ShapeOptions]:
@@ -59,6 +78,8 @@ class ChunkSettings:
         for key in ("work_dir", "threads", "tokenizer_path", "backend"):
             data.pop(key)
         data["policy"].pop("manifest")
+        if not self.by_source:  # the fingerprint of a run of one shape is what it was before per-file shapes
+            data.pop("by_source")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -98,7 +119,10 @@ def chunk_settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, sh
         work_dir=str(work_dir_for(output)),
         max_record_bytes=config.max_record_bytes,
         role_map=parse_role_map(config.role_map) if config.role_map else (),
-        loss=shape.spec.loss,
+        loss=shape.loss,
+        by_source=tuple(
+            (path, one.format.value, one.spec.name, one.fields, one.spec.loss) for path, one in shape.sources
+        ),
     )
 
 

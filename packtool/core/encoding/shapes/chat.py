@@ -3,6 +3,11 @@
 Roles are renamed by `--role-map` when one is given (a role the map does not name is kept), and the
 record's top-level `tools` go to the template as `tools=` (TRL and OpenAI's fine-tuning files put
 them there). Every assistant turn is a target.
+
+A record that carries what only OpenAI's format defines (a message `weight`, the legacy `functions`,
+`function_call` or `function` role) is read as `--format openai` reads it (`openai.py`), after the role
+map: a `"weight": 0` turn is context, and functions are tools. A template never sees those keys, so
+they are never dropped in silence, whichever shape `--format auto` took from the first records.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from typing import Any
 
 from packtool.core.encoding.shapes.base import Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
 from packtool.core.encoding.shapes.fields import conversation_field, get_field, structured, tools_of
+from packtool.core.encoding.shapes.openai import no_record_weight, openai_conversation, openai_keys
 from packtool.core.encoding.shapes.roles import role_key, role_table
 
 
 def convert(record: Any, options: ShapeOptions) -> Conversation:
+    no_record_weight(record)
     messages, reason = get_field(record, options.fields.messages)
     if reason is not None:
         raise ShapeError(reason)
@@ -22,6 +29,8 @@ def convert(record: Any, options: ShapeOptions) -> Conversation:
     if options.role_map and isinstance(messages, list):
         table = role_table(options.role_map, {})
         messages = [_renamed(m, table) for m in messages]
+    if openai_keys(record, messages):
+        return openai_conversation(record, messages, options.fields.tools)
     return Conversation(messages, tools_of(record, options.fields.tools) if isinstance(record, dict) else None)
 
 

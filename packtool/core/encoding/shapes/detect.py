@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from packtool.core.encoding.shapes.base import Sample, ShapeFields, ShapeSpec
@@ -37,18 +38,25 @@ class Candidate:
         return ShapeFields(**{**self.spec.fields, **dict(self.fields)})
 
 
+@cache
+def _shapes() -> tuple[tuple[str, ShapeSpec, ShapeFields], ...]:
+    """(format, spec, default fields) of every shape, highest rank first (asked once per process)."""
+    ranked = sorted(every_shape(), key=lambda fs: -fs[1].rank)
+    return tuple((fmt, spec, spec.default_fields()) for fmt, spec in ranked)
+
+
 def fits(record: Any, document: bool = False) -> list[tuple[Candidate, bool]]:
     """(shape, exact) of every shape the record has, highest rank first."""
     out = []
-    for fmt, spec in every_shape():
+    for fmt, spec, defaults in _shapes():
         if document:
             if spec.documents:
                 out.append((Candidate(fmt, spec.name, spec), True))
             continue
-        fit = spec.detect(record, spec.default_fields())
+        fit = spec.detect(record, defaults)
         if fit is not None:
             out.append((Candidate(fmt, spec.name, spec, fit.fields), fit.exact))
-    return sorted(out, key=lambda c: -c[0].spec.rank)
+    return out
 
 
 def _own(found: list[tuple[Candidate, bool]]) -> Candidate | None:
@@ -61,15 +69,25 @@ def detect_shape(record: Any) -> str | None:
     return None if own is None else own.label
 
 
-def choose(samples: Sequence[Sample]) -> tuple[Candidate, Sample]:
-    """The shape of the sampled records and the first record of it (see the module docstring); ConfigError
-    when no record shows a shape, or two records accept no common shape."""
+Decided = list[tuple[Sample, list[tuple[Candidate, bool]], Candidate]]
+
+
+def decide(samples: Sequence[Sample]) -> Decided:
+    """(sample, the shapes it has, its own) of each sampled record that has a shape."""
     decided = []
     for sample in samples:
         found = fits(sample.record, sample.document)
         own = _own(found)
         if own is not None:
             decided.append((sample, found, own))
+    return decided
+
+
+def choose(samples: Sequence[Sample], decided: Decided | None = None) -> tuple[Candidate, Sample]:
+    """The shape of the sampled records and the first record of it (see the module docstring); ConfigError
+    when no record shows a shape, or two records accept no common shape. `decided`: `decide(samples)`, when
+    known."""
+    decided = decide(samples) if decided is None else decided
     if not decided:
         raise ConfigError(_no_shape(samples))
     ranked = sorted(dict.fromkeys(own for _, _, own in decided), key=lambda c: -c.spec.rank)

@@ -1,6 +1,11 @@
 """Reading a record's fields: dotted paths, required and optional values, and the parts several shapes share
 (the top-level `tools` and `system` prompt, where a conversation's turns are).
 
+One rule names a field in every input (jsonl, CSV, parquet, Arrow): a name is the record's key of that
+name when the record has one, literally, dots and all (`meta.text`, the column `pandas.json_normalize`
+writes); otherwise each dot steps into an object (`meta.text`: the key `text` of the object `meta`). A
+record holding both a `meta.text` key and a `meta` object reads the `meta.text` key.
+
 A null counts as absent wherever a field is optional: Arrow and parquet tables give every row every
 column, and `datasets` gives every turn every key of any turn.
 """
@@ -46,7 +51,7 @@ def plain_text(value: str) -> str:
 
 def get_field(value: Any, dotted: str) -> tuple[Any, str | None]:
     """Walk a dotted path (`a.b.c`) through nested dicts: (value, None) or (None, reason)."""
-    if type(value) is dict and dotted in value and "." not in dotted:  # the common case: no split
+    if isinstance(value, dict) and dotted in value:  # the common case, and a literal `a.b` key (see above)
         return value[dotted], None
     current = value
     for depth, key in enumerate(dotted.split(".")):
@@ -55,9 +60,19 @@ def get_field(value: Any, dotted: str) -> tuple[Any, str | None]:
             where = ".".join(dotted.split(".")[:depth]) or "record"
             return None, f"{where} is not an object (got {type(current).__name__}), cannot read field {dotted!r}"
         if key not in current:
-            return None, f"missing field {dotted!r}"
+            return None, f"missing field {dotted!r}{_near(current, key)}"
         current = current[key]
     return current, None
+
+
+def _near(record: dict[Any, Any], key: str) -> str:
+    """` (the record has ' text' ...)` when a key differs from `key` only by surrounding space or case (a CSV
+    header written `id, text`), else nothing; a bounded look (a record may have 100,000 keys)."""
+    if len(record) > 10_000:
+        return ""
+    want = key.strip().casefold()
+    close = [k for k in record if isinstance(k, str) and k != key and k.strip().casefold() == want]
+    return f" (the record has {close[0]!r}: names match exactly, spaces and case included)" if close else ""
 
 
 def get_text_field(value: Any, dotted: str) -> tuple[str | None, str | None]:
@@ -71,7 +86,9 @@ def get_text_field(value: Any, dotted: str) -> tuple[str | None, str | None]:
 
 
 def lookup(record: Any, dotted: str) -> Any:
-    """A (dotted) field of a record, or MISSING."""
+    """A (dotted) field of a record, or MISSING (a literal key first, as `get_field`)."""
+    if isinstance(record, dict) and dotted in record:
+        return record[dotted]
     current = record
     for depth, key in enumerate(dotted.split(".")):
         current = structured(current) if depth else current  # a dotted path reaches into a JSON cell

@@ -2,7 +2,9 @@
 `--role-map`), matched whatever their case and surrounding space (`Human`, `GPT`: exports in the wild
 have them). A `function_call` turn is an assistant message whose `tool_calls` come from its JSON value;
 a top-level `system` string is the first message; top-level `tools` go to the template as `tools=`.
-A turn's extra keys stay on its message; every problem (unknown role, missing or non-string `value`,
+A turn's `weight` is read as OpenAI's (`openai.py`), never ignored: a `gpt` turn of weight 0 is context,
+not a target; a weight on another turn, or not 0 or 1, is a bad record. A turn's other keys stay
+on its message; every problem (unknown role, missing or non-string `value`,
 unparseable `function_call`, empty conversation) is a `ShapeError` naming the turn.
 """
 
@@ -22,6 +24,7 @@ from packtool.core.encoding.shapes.fields import (
     text,
     tools_of,
 )
+from packtool.core.encoding.shapes.openai import no_record_weight, weighed
 from packtool.core.encoding.shapes.roles import RoleMap, role_key, role_table
 from packtool.formats import jsontext
 
@@ -47,6 +50,7 @@ DEFAULT_ROLE_MAP: Mapping[str, str] = {
 def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = ()) -> Conversation:
     """One ShareGPT record as messages (see the module docstring)."""
     record = as_object(record)
+    no_record_weight(record)
     turns = structured(required(record, fields.messages, "the record"))
     if not isinstance(turns, list):
         raise ShapeError(f"field {fields.messages!r} is not a list of turns (got {type(turns).__name__})")
@@ -54,9 +58,11 @@ def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = 
         raise ShapeError(f"empty conversation (field {fields.messages!r} holds no turns)")
     table = role_table(role_map, DEFAULT_ROLE_MAP)
     messages = system_of(record, fields.system)
+    first = len(messages)
     for i, turn in enumerate(turns):
         messages.append(_turn(turn, i, table))
-    return Conversation(messages, tools_of(record, fields.tools))
+    plain, targets = weighed(messages, lambda i: f"turn {i - first}")
+    return Conversation(plain, tools_of(record, fields.tools), targets)
 
 
 def sharegpt_turn(turn: Any, i: int | str, table: dict[str, str]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ and binary values in every layout Arrow has (plain, large, view, dictionary, run
 in lists, maps and structs), measured with numpy on the columns before the row becomes Python objects,
 and held to `--max-record-bytes`. A JSON extension value (`arrow.json`, what `datasets`' json loader
 writes for records whose keys or types differ) becomes the value it holds, as in the jsonl the dataset
-came from.
+came from. A schema naming a column (or a struct's field) twice is a file error: a row as a dict would
+keep only one of them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packtool.errors import InputError
 from packtool.stages.tokenize.inputs.record import RawRecord, too_long_reason
 
 
@@ -28,6 +30,7 @@ def batch_records(path: str, batch: Any, row: int, limit: int) -> Iterator[RawRe
     Shared by the parquet and Arrow readers, so both turn the same columns into the same values. A JSON
     extension value (`arrow.json`: what `datasets` writes for records whose keys or types differ) becomes
     the value it holds, as in the jsonl the dataset came from; one that does not parse is a bad record."""
+    _check_names(path, batch.schema)
     sizes = _row_bytes(batch)
     decode = _decoder(batch.schema)
     over = sizes > limit
@@ -45,6 +48,34 @@ def batch_records(path: str, batch: Any, row: int, limit: int) -> Iterator[RawRe
                 except orjson.JSONDecodeError as exc:
                     yield RawRecord(path, row, error=f"malformed JSON in an arrow.json value ({exc})")
         row += 1
+
+
+def _check_names(path: str, schema: Any) -> None:
+    """InputError when a column, or a field of a struct at any depth, is named twice (pyarrow allows it)."""
+    twice = _twice([f.name for f in schema], "column")
+    stack = [(f.name, f.type) for f in schema]
+    while twice is None and stack:
+        name, kind = stack.pop()
+        if pa.types.is_struct(kind):
+            twice = _twice([kind.field(i).name for i in range(kind.num_fields)], f"field of struct {name!r}")
+            stack.extend((f"{name}.{kind.field(i).name}", kind.field(i).type) for i in range(kind.num_fields))
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            stack.append((name, kind.value_type))
+    if twice is not None:
+        raise InputError(
+            f"the table's schema names {twice} twice (a record holds one value per name)",
+            path,
+            hint="rename one of the two (e.g. table.rename_columns) and write the file again",
+        )
+
+
+def _twice(names: list[str], what: str) -> str | None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return f"column {name!r}" if what == "column" else f"the field {name!r} of {what.removeprefix('field of ')}"
+        seen.add(name)
+    return None
 
 
 Decode = Callable[[Any], Any]

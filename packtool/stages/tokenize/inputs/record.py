@@ -30,5 +30,14 @@ class PlainText(str):
     """A `.txt` document: the only record that is a bare string (a JSON string record is a bad record)."""
 
 
+def not_utf8_reason(data: bytes, at: int, what: str) -> str:
+    """Why a record's bytes are not text: the byte that is not UTF-8 (its offset in `what`: the row, the
+    document) and the fix, re-encoding the file (latin-1 and Windows' cp1252 are the usual encodings)."""
+    return (
+        f"invalid UTF-8 (byte 0x{data[at]:02x} at byte {at} of the {what}; the file is not UTF-8 text: "
+        "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8)"
+    )
+
+
 def too_long_reason(n_bytes: int, limit: int) -> str:
     return f"record is {n_bytes} bytes, over --max-record-bytes {limit} (raise the limit to accept it)"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from functools import cache
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ from packtool.core.encoding.shapes.fields import JsonText
 from packtool.errors import InputError
 from packtool.formats.oserrors import reading
 from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, Span, whole_file
-from packtool.stages.tokenize.inputs.record import BOM, RawRecord, too_long_reason
+from packtool.stages.tokenize.inputs.record import BOM, RawRecord, not_utf8_reason, too_long_reason
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,6 +48,20 @@ _QUOTED = 2  # ... inside a quoted cell (0: at a cell's start, 1: in an unquoted
 #: `csv`'s cap on a cell (128 KiB by default) is raised once to this: a row is already capped by --max-record-bytes
 _FIELD_LIMIT = (1 << 31) - 1
 _JSON_START = re.compile(r"\s*[\[{]")
+_NOT_UTF8 = "invalid UTF-8"
+#: the fix for a file in another encoding (latin-1 and cp1252 are the usual ones: Excel's "CSV" on Windows)
+_ENCODING_HINT = (
+    "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8.csv), or export it as 'CSV UTF-8'"
+)
+_SNIFF_BYTES = 1 << 20
+#: files often named .csv that are not text: (first bytes, what it is, the fix)
+_MAGIC = (
+    (b"PK\x03\x04", "a zip archive (an Excel .xlsx workbook?)", "save it as 'CSV UTF-8' (or unzip it)"),
+    (b"\x1f\x8b", "gzip-compressed", "name it .csv.gz (or .tsv.gz) so it is decompressed"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "name it .csv.zst (or .tsv.zst) so it is decompressed"),
+    (b"PAR1", "a parquet file", "name it .parquet"),
+    (b"\xd0\xcf\x11\xe0", "an old Excel .xls workbook", "save it as 'CSV UTF-8'"),
+)
 
 
 class CsvReader(ReaderDefaults):
@@ -66,7 +81,9 @@ class CsvReader(ReaderDefaults):
 
         path = chunk.paths[0]
         header = None if chunk.start == 0 else _header(path, self.delimiter, limit)
-        rows = _rows(path, blocks(path, self.compression, chunk.start, chunk.end), self.delimiter, limit)
+        rows = _rows(
+            path, blocks(path, self.compression, chunk.start, chunk.end), self.delimiter, limit, self.compression
+        )
         yield from _records(path, rows, self.delimiter, header, chunk.first_line, limit)
 
 
@@ -93,12 +110,16 @@ class _TsvZst(_Tsv):
 READERS = (CsvReader(), _Gz(), _Zst(), _Tsv(), _TsvGz(), _TsvZst())
 
 
-def _scan(buf: np.ndarray, delimiter: int, state: np.ndarray, ends: np.ndarray) -> int:  # pragma: no cover - numba
-    """Walk `buf` as `csv` parses it; write the positions of the newlines that end a row into `ends`.
+def _scan(
+    buf: np.ndarray, delimiter: int, state: np.ndarray, ends: np.ndarray, at_end: int
+) -> int:  # pragma: no cover - numba
+    """Walk `buf` as `csv` parses it; write the positions of the line ends that end a row into `ends`: a `\n`
+    (`\r\n`'s `\n`), or a lone `\r` (classic Mac OS line ends, which `csv` reads as row ends too).
 
     Returns how many were written (`ends` is as long as `buf`: never full). `state[_STATE]` carries where
     a row stands across blocks: at a cell's start, in an unquoted cell, in a quoted one, or just after a
-    quote inside a quoted one (the cell ends, or `""` is a quote)."""
+    quote inside a quoted one (the cell ends, or `""` is a quote). A block never ends with a `\r` unless
+    `at_end` (`_row_ends` holds it back), so whether a `\n` follows it is always known."""
     s = state[_STATE]
     n = 0
     i = 0
@@ -121,7 +142,12 @@ def _scan(buf: np.ndarray, delimiter: int, state: np.ndarray, ends: np.ndarray) 
             ends[n] = i
             n += 1
             s = 0
-        elif c == 13 or c == delimiter:  # a cell ends (\r: a line end too; \r\n's \n then ends the row)
+        elif c == 13:  # a line end outside quotes: \r\n's \n ends the row, a lone \r ends it here
+            if i + 1 == size or buf[i + 1] != 10:
+                ends[n] = i
+                n += 1
+            s = 0
+        elif c == delimiter:  # a cell ends
             s = 0
         elif s == 0:
             s = 2 if c == 34 else 1
@@ -133,7 +159,7 @@ def _scan(buf: np.ndarray, delimiter: int, state: np.ndarray, ends: np.ndarray) 
 
 
 @cache
-def _kernel() -> Callable[[np.ndarray, int, np.ndarray, np.ndarray], int]:
+def _kernel() -> Callable[[np.ndarray, int, np.ndarray, np.ndarray, int], int]:
     """`_scan` compiled on first use: numba's import is paid only by runs that read CSV or TSV."""
     from numba import njit
 
@@ -141,15 +167,34 @@ def _kernel() -> Callable[[np.ndarray, int, np.ndarray, np.ndarray], int]:
 
 
 def _row_ends(blocks: Iterator[bytes], delimiter: str, state: np.ndarray) -> Iterator[tuple[bytes, np.ndarray]]:
-    """(block, positions of its row-ending newlines) for each block; `state` carries the scanner across them."""
+    """(block, positions of its row-ending line ends) for each block; `state` carries the scanner across them.
+
+    A block's last `\r` is held back to start the next one (a `\r\n` is never cut), so the blocks yielded
+    may differ by that byte from the ones read; they hold the same bytes in the same order."""
     import numpy as np
 
     scan = _kernel()
+    carry = b""
     for block in blocks:
-        buf = np.frombuffer(block, np.uint8)
-        ends = np.empty(buf.size, np.int64)
-        n = scan(buf, ord(delimiter), state, ends)
-        yield block, ends[:n]
+        if carry:
+            block = carry + block
+        block, carry = (block[:-1], b"\r") if block.endswith(b"\r") else (block, b"")
+        if block:
+            buf = np.frombuffer(block, np.uint8)
+            ends = np.empty(buf.size, np.int64)
+            n = scan(buf, ord(delimiter), state, ends, 0)
+            yield block, ends[:n]
+    if carry:
+        ends = np.empty(1, np.int64)
+        n = scan(np.frombuffer(carry, np.uint8), ord(delimiter), state, ends, 1)
+        yield carry, ends[:n]
+
+
+def _breaks(data: bytes, start: int = 0, end: int | None = None) -> int:
+    """Line breaks in `data[start:end]`: `\n`, `\r\n` and a lone `\r` each count one (as editors number lines)."""
+    n = data.count(b"\n", start, end)
+    cr = data.count(b"\r", start, end)
+    return n + cr - data.count(b"\r\n", start, end) if cr else n
 
 
 def _new_state() -> np.ndarray:
@@ -173,14 +218,15 @@ def _plan(path: str, chunk_bytes: int, delimiter: str) -> Plan:
             k = int(np.searchsorted(ends, target - 1 - offset)) if ends.size else 0
             while k < ends.size:
                 cut = offset + int(ends[k]) + 1
-                starts.append((cut, lines + block.count(b"\n", 0, int(ends[k]) + 1) + 1))
+                starts.append((cut, lines + _breaks(block, 0, int(ends[k]) + 1) + 1))
                 target = max(target + chunk_bytes, cut + chunk_bytes)
                 k = int(np.searchsorted(ends, target - 1 - offset))
             if ends.size:
-                row_line = lines + block.count(b"\n", 0, int(ends[-1]) + 1) + 1
-            lines += block.count(b"\n")
+                row_line = lines + _breaks(block, 0, int(ends[-1]) + 1) + 1
+            lines += _breaks(block)
             offset += len(block)
     if int(state[_STATE]) == _QUOTED:
+        _check_encoding(path, "")
         raise InputError(_UNCLOSED, path, row_line, hint=_HINT)
     if len(starts) > 1 and starts[-1][0] >= offset:
         starts.pop()  # the last cut sits at end of file
@@ -189,7 +235,7 @@ def _plan(path: str, chunk_bytes: int, delimiter: str) -> Plan:
 
 
 def _rows(
-    path: str, blocks: Iterator[bytes], delimiter: str, limit: int
+    path: str, blocks: Iterator[bytes], delimiter: str, limit: int, compression: str = ""
 ) -> Generator[list[bytes | TooLong], None, None]:
     """The rows of a block stream, a batch per block, each row without its newline, or a `TooLong` for one over
     `limit` bytes (never held: its bytes are dropped as they come). What follows the last row end is the last
@@ -205,19 +251,21 @@ def _rows(
         prev = 0
         for end in ends.tolist():
             piece = block[prev:end]
+            if block[end] == 10 and piece.endswith(b"\r"):  # \r\n: the row ends at its \r
+                piece = piece[:-1]
             if dropping:
-                batch.append(TooLong(dropped + len(piece), dropped_nl + piece.count(b"\n")))
+                batch.append(TooLong(dropped + len(piece), dropped_nl + _breaks(piece)))
             elif held + len(piece) > limit:
-                batch.append(TooLong(held + len(piece), sum(p.count(b"\n") for p in parts) + piece.count(b"\n")))
+                batch.append(TooLong(held + len(piece), sum(_breaks(p) for p in parts) + _breaks(piece)))
             else:
                 batch.append(b"".join((*parts, piece)) if parts else piece)
             parts, held, dropping, prev = [], 0, False, end + 1
         tail = block[prev:]
         if dropping:
-            dropped, dropped_nl = dropped + len(tail), dropped_nl + tail.count(b"\n")
+            dropped, dropped_nl = dropped + len(tail), dropped_nl + _breaks(tail)
         elif held + len(tail) > limit:  # drop the row as it comes: never more than `limit` bytes held
             dropping, dropped = True, held + len(tail)
-            dropped_nl = sum(p.count(b"\n") for p in parts) + tail.count(b"\n")
+            dropped_nl = sum(_breaks(p) for p in parts) + _breaks(tail)
             parts, held = [], 0
         else:
             parts.append(tail)
@@ -225,6 +273,7 @@ def _rows(
         if batch:
             yield batch
     if int(state[_STATE]) == _QUOTED:
+        _check_encoding(path, compression)
         raise InputError("a quoted cell is not closed: the file ends inside its last row", path, hint=_HINT)
     if dropping:
         yield [TooLong(dropped, dropped_nl)]
@@ -246,7 +295,7 @@ def _header(path: str, delimiter: str, limit: int) -> list[str]:
             for row in batch:
                 for start, got, _ in next(_parsed(path, iter([[row]]), delimiter, line)):
                     return _header_row(got, path, start)
-                line += (row.count(b"\n") if isinstance(row, bytes) else row.newlines) + 1
+                line += (_breaks(row) if isinstance(row, bytes) else row.newlines) + 1
     finally:
         rows.close()
     raise InputError("the file holds no header row naming the fields", path, hint=_HINT)
@@ -254,11 +303,18 @@ def _header(path: str, delimiter: str, limit: int) -> list[str]:
 
 def _header_row(got: list[str] | str | TooLong, path: str, line: int) -> list[str]:
     """The field names of the header row; a header that cannot name the fields is a file-level error."""
+    if isinstance(got, str) and got.startswith(_NOT_UTF8):
+        _check_encoding(path, "")
+        raise InputError(
+            f"the header row is not UTF-8 text ({got.split('(', 1)[1].split(';')[0]})", path, line, hint=_ENCODING_HINT
+        )
     if isinstance(got, str):
         raise InputError(f"the header row cannot name the fields ({got})", path, line, hint=_HINT)
     if not isinstance(got, list):
         raise InputError(f"the header row is over --max-record-bytes ({got.n_bytes} bytes)", path, line, hint=_HINT)
-    twice = sorted({c for c in got if got.count(c) > 1})
+    if any("\0" in name for name in got):  # `csv` reads NUL bytes: a binary file's first bytes as names
+        _check_encoding(path, "")
+    twice = sorted(name for name, n in Counter(got).items() if n > 1)  # linear: a table may have 100k columns
     if twice:
         raise InputError(
             f"the header names field {twice[0]!r} twice", path, line, hint="give every column its own name"
@@ -288,13 +344,13 @@ def _parsed(path: str, batches: Iterator[list[bytes | TooLong]], delimiter: str,
                 line += row.newlines + 1
                 got.append((start, row, False))
                 continue
-            line += row.count(b"\n") + 1
+            line += _breaks(row) + 1
             if start == 1:
                 row = row.removeprefix(BOM)  # a UTF-8 byte order mark starts the file, not the header
             try:
-                text = row.decode("utf-8").removesuffix("\r")
+                text = row.decode("utf-8")
             except UnicodeDecodeError as exc:
-                got.append((start + row.count(b"\n", 0, exc.start), "invalid UTF-8", False))
+                got.append((start + _breaks(row, 0, exc.start), not_utf8_reason(row, exc.start, "row"), False))
                 continue
             maybe_json = "[" in text or "{" in text
             if "\r" in text:
@@ -321,6 +377,70 @@ def _parsed(path: str, batches: Iterator[list[bytes | TooLong]], delimiter: str,
             else:
                 out.append((start, item, False))
         yield out
+
+
+def _check_encoding(path: str, compression: str) -> None:
+    """Before blaming a file's quoting or header: an InputError when its first MiB is not UTF-8 text (binary
+    data holding a NUL byte, or text in another encoding), naming the first byte that is not and the fix."""
+    found = _first_non_text(path, compression)
+    if found is None:
+        return
+    at, byte, head = found
+    for magic, what, fix in _MAGIC:
+        if head.startswith(magic):
+            raise InputError(f"the file is not CSV text: it is {what}", path, hint=fix)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or _utf16_looking(head):  # Excel's "Unicode text"
+        raise InputError(
+            "the file is UTF-16 text, not UTF-8",
+            path,
+            hint="re-encode it as UTF-8 (e.g. iconv -f utf-16 -t utf-8 FILE > FILE.utf8.csv)",
+        )
+    controls = sum(1 for c in head if c < 32 and c not in (9, 10, 13))  # latin-1 text has none
+    if byte == 0 or controls * 16 > len(head):
+        shown = "a NUL byte" if byte == 0 else f"byte 0x{byte:02x}"
+        raise InputError(
+            f"the file is not CSV text: it holds {shown} at byte {at} and looks binary",
+            path,
+            hint="pass a CSV or TSV file of UTF-8 text",
+        )
+    raise InputError(
+        f"the file is not UTF-8 text: byte 0x{byte:02x} at byte {at} is not UTF-8", path, hint=_ENCODING_HINT
+    )
+
+
+def _utf16_looking(head: bytes) -> bool:
+    """UTF-16 without a byte order mark: ASCII text with a NUL byte beside every character."""
+    pairs = head[: len(head) & ~1][:256]
+    return len(pairs) >= 8 and (pairs[0::2].count(0) == len(pairs) // 2) != (pairs[1::2].count(0) == len(pairs) // 2)
+
+
+def _first_non_text(path: str, compression: str) -> tuple[int, int, bytes] | None:
+    """(offset, byte, the file's first bytes) of the first NUL or non-UTF-8 byte in the first MiB of the
+    (decompressed) file, or None (also when it cannot be read: the caller's error stands)."""
+    import codecs
+
+    from packtool.stages.tokenize.inputs.streams import blocks
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    seen = 0
+    head = b""
+    try:
+        for block in blocks(path, compression):
+            block = block[: _SNIFF_BYTES - seen]
+            head = head or block[:256]
+            nul = block.find(b"\0")
+            try:
+                decoder.decode(block[:nul] if nul >= 0 else block)
+            except UnicodeDecodeError as exc:
+                return seen + exc.start, block[exc.start], head
+            if nul >= 0:
+                return seen + nul, 0, head
+            seen += len(block)
+            if seen >= _SNIFF_BYTES:
+                return None
+    except (InputError, OSError):
+        return None
+    return None
 
 
 def _read_alone(text: str, delimiter: str) -> list[list[str]] | str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from packtool.formats.oserrors import reading
 from packtool.stages.tokenize.inputs.readers.base import Numbering, Plan, ReaderDefaults, whole_file
-from packtool.stages.tokenize.inputs.record import BOM, PlainText, RawRecord, too_long_reason
+from packtool.stages.tokenize.inputs.record import BOM, PlainText, RawRecord, not_utf8_reason, too_long_reason
 
 if TYPE_CHECKING:
     from packtool.stages.tokenize.inputs.chunk import Chunk
@@ -68,4 +68,6 @@ def _record(path: str, line: int, data: bytes, strip_bom: bool) -> RawRecord:
     try:
         return RawRecord(path, line, PlainText(data.decode("utf-8")))
     except UnicodeDecodeError as exc:
-        return RawRecord(path, line + data.count(b"\n", 0, exc.start), error="invalid UTF-8")
+        return RawRecord(
+            path, line + data.count(b"\n", 0, exc.start), error=not_utf8_reason(data, exc.start, "document")
+        )
