@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole pipeline on the shipped sample (data/sample), run by `make demo`.
 # tokenize (chat, text, prompt-completion, ShareGPT, Alpaca) -> pack (two sizes, a mixture with a
-# validation split) -> stats (+ plot, step balance) -> verify -> 3 training steps on CPU -> audit of a
+# validation split) -> stats (+ plot, step balance) -> verify -> 3 training steps on CPU -> DPO pairs packed with a
+# shared prompt and 3 DPO steps -> audit of a
 # model config, then the same pipeline again from one config file (`packtool run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +48,13 @@ $PT verify "$OUT/packs/mix" --source "$OUT/tokens/text" --source "$OUT/tokens/sh
 
 step "train: 3 steps of a tiny model on the chat packs (CPU, varlen attention fallback)"
 $PY scripts/train_plain.py "$OUT/packs/chat" --steps 3 --batch-size 2
+
+step "preference pairs (DPO): TRL conversational pairs, each pair in one pack, its prompt held once"
+$PT tokenize data/sample/preference.jsonl --format auto --tokenizer "$TOK" --output "$OUT/tokens/pairs"
+$PT pack "$OUT/tokens/pairs" --size 2048 --share-prompt --output "$OUT/packs/pairs"
+$PT verify "$OUT/packs/pairs" --source "$OUT/tokens/pairs"
+$PT export "$OUT/packs/pairs" --to trl --output "$OUT/export/trl-dpo"
+$PY scripts/train_dpo.py "$OUT/packs/pairs" --steps 3
 
 step "audit: is packing exact on a Llama-shaped model? (config only, tiny random weights, CPU)"
 $PY -c "from transformers import LlamaConfig; LlamaConfig().save_pretrained('$OUT/llama')"

@@ -15,6 +15,8 @@ Outputs (all committed, `make demo` never regenerates them):
   tokenizer/               byte-level BPE, vocab 8192, trained on all of the above
   sharegpt.jsonl           the first 8 chats as ShareGPT {"system", "conversations": [{from, value}]}
   alpaca.jsonl             the first 8 chats as Alpaca (system, history), 8 prompt-completions with `input`
+  preference.jsonl         64 DPO pairs (TRL conversational, explicit prompt): a chat's last answer is chosen,
+                           an unhelpful deflection rejected
 
 Run: python scripts/make_sample_data.py [--out data/sample]
 """
@@ -305,6 +307,26 @@ def shape_samples(out: Path, n: int = 8) -> None:
     write_jsonl(out / "alpaca.jsonl", alpaca)
 
 
+REFUSALS = (
+    "I am not sure. Please look it up in the documentation.",
+    "That is outside what I can answer here.",
+    "It depends; try it and see what happens.",
+    "I would rather not guess about that.",
+)
+
+
+def preference_samples(out: Path, n: int = 64) -> None:
+    """preference.jsonl: TRL conversational preference records with an explicit prompt, from the first `n` chats:
+    the prompt is the chat up to its last answer, `chosen` that answer, `rejected` an unhelpful deflection
+    (one of four, in turn): a consistent contrast, so a few DPO steps on it raise the reward margin."""
+    chats = [json.loads(line)["messages"] for line in (out / "chat.jsonl").read_text("utf-8").splitlines()[:n]]
+    rows = []
+    for i, messages in enumerate(chats):
+        rejected = [{"role": "assistant", "content": REFUSALS[i % len(REFUSALS)]}]
+        rows.append({"prompt": messages[:-1], "chosen": [messages[-1]], "rejected": rejected})
+    write_jsonl(out / "preference.jsonl", rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "data" / "sample")
@@ -325,6 +347,7 @@ def main() -> None:
     train_tokenizer(corpus_texts(out), out / "tokenizer")
     (out / "tokenizer" / "README.md").write_text(TOKENIZER_README, encoding="utf-8")
     shape_samples(out)
+    preference_samples(out)
     print(f"{len(entries)} docstrings from {len(MODULES)} modules -> {out}")
 
 

@@ -99,7 +99,7 @@ def test_the_fix_names_the_closest_choice_option_and_command() -> None:
     _check(*cli("stat", "x"), ["no such command 'stat'", "did you mean stats?"])
     _check(*cli("tokenize", "in.jsonl", "--output", "out"), ["missing option --tokenizer TOKENIZER"])
     _check(*cli(*base, "--workers", "0"), ["--workers must be >= 1, got '0'"])
-    _check(*cli("stats", "a", "b"), ["unexpected extra argument b", "packtool stats [OPTIONS] PATH"])
+    _check(*cli("verify", "a", "b"), ["unexpected extra argument b", "packtool verify [OPTIONS] PATH"])
 
 
 def test_help_still_exits_0_on_stdout() -> None:

@@ -144,3 +144,23 @@ def test_script_rebuilds_the_committed_sample_byte_for_byte(tmp_path: Path) -> N
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == committed
     for rel in committed:
         assert (tmp_path / rel).read_bytes() == (SAMPLE / rel).read_bytes(), rel
+
+
+def test_preference_sample_tokenizes_packs_with_a_shared_prompt_and_verifies(tmp_path: Path) -> None:
+    """data/sample/preference.jsonl (what `make demo` trains DPO on): TRL conversational pairs, found by --format
+    auto, every pair packed whole with its prompt held once, verified against its token store."""
+    from tests.support import cli
+
+    rows = _rows("preference.jsonl")
+    assert len(rows) == 64 and all(set(r) == {"prompt", "chosen", "rejected"} for r in rows)
+    assert all(r["chosen"] != r["rejected"] and r["prompt"][-1]["role"] == "user" for r in rows)
+    tok, packs = tmp_path / "tok", tmp_path / "packs"
+    code, out, err = cli("tokenize", str(SAMPLE / "preference.jsonl"), "--format", "auto", "--tokenizer",
+                         str(SAMPLE / "tokenizer"), "--output", str(tok), "--quiet")
+    assert code == 0, err
+    assert "conversational-preference" in out and "128 documents" in out
+    code, out, err = cli("pack", str(tok), "--size", "2048", "--share-prompt", "--output", str(packs), "--quiet")
+    assert code == 0, err
+    assert "64 of 64 pairs packed whole (shared-prompt)" in out
+    code, out, err = cli("verify", str(packs), "--source", str(tok))
+    assert code == 0 and "64 pairs (shared-prompt) each whole in one pack" in out, err

@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from packtool.choices import InputFormat
+from packtool.core.encoding.shapes.registry import family
 from packtool.core.mixture import check_weight
 from packtool.errors import ConfigError, UsageError
 from packtool.stages.export import ExportConfig, refuse_layout
@@ -237,7 +239,9 @@ def _check_pair_export(
 ) -> None:
     """An export of the preference packs this step writes, to a target that cannot hold them, is refused now,
     not after tokenize and pack ran (`export_store` refuses it again from the pack metadata)."""
-    if tokenize is None or pack is None or own_path or str(tokenize.format) != "preference":
+    if tokenize is None or pack is None or own_path or tokenize.format == InputFormat.AUTO:
+        return  # auto: the shape is known once records are read (`export_store` refuses it then)
+    if not any(spec.pairs for spec in family(str(tokenize.format))):
         return
     if Path(tokenize.output) in [p for p, _ in pack.stores()]:
         layout = "shared-prompt" if pack.share_prompt else "pairs"
