@@ -52,15 +52,8 @@ __all__ = ["BlendedDataset", "BlendPlan", "Interleave", "parse_source", "permute
 
 
 class BlendedDataset(BlendPlan):
-    """A seeded, exact, prefix-balanced blend of pack stores (module docstring); `ds[g]` is a pack item.
-
-    sources: `[(store, weight), ...]` or `["STORE:W", ...]`; a store is what `PackedDataset` takes (a
-        pack ROOT, a `packed/{tokenizer}` directory or a `{split}_{N}.npy` file).
-    seed: the blend's seed (store orders, fractional subsets, interleave coins).
-    split, size: the split and pack size of every store (size may be left out when the first store
-        holds one size).
-    max_open: how many stores keep their memory maps open at once (least recently used closed first);
-        default `default_max_open()`: a sixteenth of the file-descriptor limit, 16 to 4,096.
+    """A seeded, exact, prefix-balanced blend of pack stores (module docstring); `ds[g]` is a pack item:
+    the store's own `PackedDataset` item plus `source` and `source_index`. The arguments are `BlendPlan`'s.
     """
 
     def __init__(
