@@ -48,6 +48,7 @@ HEAD_STATE_VERSION = 2
 is written as version 2, so a packtool that cannot rebuild that window refuses it rather than skipping packs."""
 _HEAD_TAG = (1 << 40) - 1  # the head window's plan seed is (epoch << 40) | _HEAD_TAG: never a regular window's index
 _NONE = np.zeros(0, np.int64)
+_NO_COST = np.zeros(0, np.float64)
 
 
 def _world() -> tuple[int, int]:
@@ -144,7 +145,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         self._perm: tuple[int, np.ndarray] | None = None
         self.head: dict[str, Any] | None = None  # the layout whose interrupted window this one starts with
         self.pre: int | None = None  # samples consumed before this layout began (None: `base`)
-        self._head_cache: tuple[int, np.ndarray] | None = None
+        self._head_cache: tuple[int, np.ndarray, np.ndarray] | None = None
 
     # -- the global order -------------------------------------------------------------------
     @property
@@ -163,11 +164,16 @@ class PackedSampler(torch.utils.data.Sampler[int]):
     # one window of H0 / (W·B) steps; the regular windows of K steps follow from plain position `rb`.
     def _head(self, epoch: int) -> np.ndarray:
         """The head positions R of `epoch` (empty without a head), recomputed from `self.head` once per epoch."""
+        return self._head_priced(epoch)[0]
+
+    def _head_priced(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """`(R, costs of R)`: a resume prices the interrupted window once and reuses its costs here."""
         if self.head is None:
-            return _NONE
+            return _NONE, _NO_COST
         if self._head_cache is None or self._head_cache[0] != epoch:
-            self._head_cache = (epoch, self._layout(self.head)._cut(epoch)[0])
-        return self._head_cache[1]
+            rest, costs, _ = self._layout(self.head)._cut(epoch)
+            self._head_cache = (epoch, rest, costs)
+        return self._head_cache[1], self._head_cache[2]
 
     def _layout(self, state: dict[str, Any]) -> PackedSampler:
         """This sampler at the layout `state` describes (world size, base, consumed, head), as rank 0."""
@@ -188,57 +194,63 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         h0 = min(total, -(-h // step) * step)
         return h, h0, self.base + max(0, h0 - h), total
 
-    def _head_window(self, epoch: int) -> np.ndarray:
-        """The head window's plain positions in balanced order."""
+    def _head_window(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The head window's plain positions in balanced order, and their costs."""
         h, h0, _, _ = self._span(epoch)
-        pos = np.concatenate([self._head(epoch)[:h0], self.base + np.arange(max(0, h0 - h), dtype=np.int64)])
+        head, head_costs = self._head_priced(epoch)
+        fill = self.base + np.arange(max(0, h0 - h), dtype=np.int64)
+        pos = np.concatenate([head[:h0], fill])
+        costs = np.concatenate([head_costs[:h0], self._pack_costs(self._values(epoch, fill))])
         plan = balanced_order(
             np.arange(pos.size, dtype=np.int64),
-            self._pack_costs(self._values(epoch, pos)),
+            costs,
             world=self.num_replicas,
             micro_batches=self.micro_batches,
             window=max(1, -(-h0 // (self.num_replicas * self.micro_batches))),
             seed=self.seed,
             epoch=(epoch << 40) | _HEAD_TAG,
         )
-        return pos[plan]
+        return pos[plan], costs[plan]
 
-    def _regular(self, epoch: int) -> np.ndarray:
-        """All regular windows' plain positions in balanced order (stored path: one plan for the epoch)."""
+    def _regular(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """All regular windows' plain positions in balanced order, and their costs (stored path: one plan)."""
         assert self.costs is not None
         _, h0, rb, total = self._span(epoch)
         pos = rb + np.arange(total - h0, dtype=np.int64)
+        costs = self.costs[self._values(epoch, pos)]
         plan = balanced_order(
             np.arange(pos.size, dtype=np.int64),
-            self.costs[self._values(epoch, pos)],
+            costs,
             world=self.num_replicas,
             micro_batches=self.micro_batches,
             window=self.window,
             seed=self.seed,
             epoch=epoch,
         )
-        return pos[plan]
+        return pos[plan], costs[plan]
 
-    def _cut(self, epoch: int) -> tuple[np.ndarray, int]:
+    def _cut(self, epoch: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Where this layout stops after `consumed` indices per rank: the plain positions of the interrupted
-        window not consumed yet (real ones, sorted) and the plain position where that window ends."""
+        window not consumed yet (real ones, sorted), their costs, and the plain position where that window ends."""
         w, c = self.num_replicas, self.consumed
         h, h0, rb, total = self._span(epoch)
         hp = h0 // w
         if c < hp:
-            plan, o, z = self._head_window(epoch), c, h0
+            (plan, costs), o, z = self._head_window(epoch), c, h0
         else:
             per = self.window * self.micro_batches
             j, o = divmod(c - hp, per)
             if o == 0:  # a window boundary: nothing of window j was consumed
-                return _NONE, self.base + max(0, min(h0 + j * per * w, total) - h)
+                return _NONE, _NO_COST, self.base + max(0, min(h0 + j * per * w, total) - h)
             z = min(h0 + (j + 1) * per * w, total)
             if self.lazy:
-                plan = self._window_positions(epoch, j)
+                plan, costs = self._window_positions(epoch, j)
             else:
-                plan = self._regular(epoch)[j * per * w : (j + 1) * per * w]
-        rest = plan[o * w :]
-        return np.sort(rest[rest < self.n]), self.base + max(0, z - h)
+                plan, costs = (x[j * per * w : (j + 1) * per * w] for x in self._regular(epoch))
+        rest, costs = plan[o * w :], costs[o * w :]
+        real = rest < self.n
+        by_pos = np.argsort(rest[real], kind="stable")
+        return rest[real][by_pos], costs[real][by_pos], self.base + max(0, z - h)
 
     def _values(self, epoch: int, pos: np.ndarray) -> np.ndarray:
         """What the sampler yields at global positions `pos` of `epoch` (positions past n wrap: padding)."""
@@ -269,23 +281,24 @@ class PackedSampler(torch.utils.data.Sampler[int]):
 
     def _window(self, epoch: int, j: int) -> np.ndarray:
         """Balanced regular window j (lazy path): its global order, every rank's indices interleaved."""
-        return self._values(epoch, self._window_positions(epoch, j))
+        return self._values(epoch, self._window_positions(epoch, j)[0])
 
-    def _window_positions(self, epoch: int, j: int) -> np.ndarray:
-        """Regular window j's plain positions in balanced order (lazy path)."""
+    def _window_positions(self, epoch: int, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Regular window j's plain positions in balanced order, and their costs (lazy path)."""
         m = self.window * self.num_replicas * self.micro_batches
         _, h0, rb, total = self._span(epoch)
         pos = rb + np.arange(j * m, min((j + 1) * m, total - h0), dtype=np.int64)
+        costs = self._pack_costs(self._values(epoch, pos))
         plan = balanced_order(
             np.arange(pos.size, dtype=np.int64),
-            self._pack_costs(self._values(epoch, pos)),
+            costs,
             world=self.num_replicas,
             micro_batches=self.micro_batches,
             window=self.window,
             seed=self.seed,
             epoch=(epoch << 40) | j,
         )
-        return pos[plan]
+        return pos[plan], costs[plan]
 
     def order(self, epoch: int | None = None) -> np.ndarray:
         """The global order of `epoch` over all ranks (rank r's share is `order[r::num_replicas]`), from `base`.
@@ -297,12 +310,12 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         total = self.num_samples * self.num_replicas
         if self.balance is not None:
             _, h0, _, total = self._span(e)
-            parts = [self._values(e, self._head_window(e))] if h0 else []
+            parts = [self._values(e, self._head_window(e)[0])] if h0 else []
             if self.lazy:
                 m = self.window * self.num_replicas * self.micro_batches
                 parts += [self._window(e, j) for j in range(-(-(total - h0) // m))]
             else:
-                parts.append(self._values(e, self._regular(e)))
+                parts.append(self._values(e, self._regular(e)[0]))
             order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         else:
             order = self._values(e, self.base + np.arange(total, dtype=np.int64))
@@ -329,7 +342,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         _, h0, _, _ = self._span(epoch)
         hp = h0 // w  # this rank's indices in the head window
         if start < hp:
-            yield self._values(epoch, self._head_window(epoch)[r::w][start:])
+            yield self._values(epoch, self._head_window(epoch)[0][r::w][start:])
         start, total = max(0, start - hp), total - hp
         per = self.window * self.micro_batches  # this rank's indices per window
         for j in range(start // per, -(-total // per)):
@@ -424,8 +437,8 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         pre = None if head is None else int(state["global_sample"]) - consumed * world
         known = None
         if head is not None:  # the interrupted window, recomputed here, must be the one the state was taken in
-            known = self._layout(head)._cut(epoch)[0]
-            if self._digest(epoch, known) != head.get("digest"):
+            known = self._layout(head)._cut(epoch)[:2]
+            if self._digest(*known) != head.get("digest"):
                 raise ConfigError(
                     "sampler state's interrupted window holds other packs or costs here, PackedSampler.load_state_dict, "
                     "resume with the same dataset, cost model and packtool version"
@@ -437,7 +450,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         else:  # elastic mid-window: the interrupted window's packs not consumed yet become this layout's head
             prev = self._layout({"num_replicas": world, "base": base, "consumed": consumed, "head": head})
             prev.epoch = epoch
-            rest, end = prev._cut(epoch)
+            rest, rest_costs, end = prev._cut(epoch)
             _, h0, rb, _ = prev._span(epoch)
             hp = h0 // world
             if rest.size == 0:  # a window boundary: exactly the plain elastic resume
@@ -447,18 +460,19 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             else:  # inside a regular window: it depends on where the regular windows start, nothing before
                 head = {"num_replicas": world, "base": rb, "consumed": consumed - hp, "head": None}
             if head is not None:
-                head["digest"] = self._digest(epoch, rest)
-            pre, known = (None, None) if head is None else (prev.global_sample, rest)
+                head["digest"] = self._digest(rest, rest_costs)
+            pre, known = (None, None) if head is None else (prev.global_sample, (rest, rest_costs))
             base, consumed = end, 0
         self.epoch, self.base, self.consumed, self.head, self.pre = epoch, base, consumed, head, pre
         self._cache = None
-        self._head_cache = None if known is None else (epoch, known)
+        self._head_cache = None if known is None else (epoch, *known)
 
-    def _digest(self, epoch: int, positions: np.ndarray) -> str:
+    def _digest(self, positions: np.ndarray, costs: np.ndarray) -> str:
         """A fingerprint of head positions and their pack costs: a state's head is rebuilt from a few ints, and
-        this proves the rebuild found the same packs (same dataset, cost model and plan)."""
+        this proves the rebuild found the same packs (same dataset, cost model and plan; a blend's identity is
+        its fingerprint, checked before)."""
         h = hashlib.blake2b(np.ascontiguousarray(positions, np.int64).tobytes(), digest_size=8)
-        h.update(np.ascontiguousarray(self._pack_costs(self._values(epoch, positions)), np.float64).tobytes())
+        h.update(np.ascontiguousarray(costs, np.float64).tobytes())
         return h.hexdigest()
 
 
