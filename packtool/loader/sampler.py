@@ -461,7 +461,8 @@ class PackedSampler(torch.utils.data.Sampler[int]):
                 head = {"num_replicas": world, "base": rb, "consumed": consumed - hp, "head": None}
             if head is not None:
                 head["digest"] = self._digest(rest, rest_costs)
-            pre, known = (None, None) if head is None else (prev.global_sample, (rest, rest_costs))
+            taken = int(state.get("global_sample", base + consumed * world))  # all layouts before, with this one
+            pre, known = (None, None) if head is None else (taken, (rest, rest_costs))
             base, consumed = end, 0
         self.epoch, self.base, self.consumed, self.head, self.pre = epoch, base, consumed, head, pre
         self._cache = None
