@@ -450,6 +450,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         else:  # elastic mid-window: the interrupted window's packs not consumed yet become this layout's head
             prev = self._layout({"num_replicas": world, "base": base, "consumed": consumed, "head": head})
             prev.epoch = epoch
+            prev._head_cache = None if known is None else (epoch, *known)  # rebuilt once, above
             rest, rest_costs, end = prev._cut(epoch)
             _, h0, rb, _ = prev._span(epoch)
             hp = h0 // world
