@@ -14,6 +14,9 @@ Measured (wall time with `time.perf_counter`, memory as the growth of this proce
             batch's stores);
   index     `index(start, start + 10^6)` at sample 9 x 10^8 (the schedule of a range, no pack read);
   prefix    `prefix_counts(9 x 10^8)` (every store's count in the prefix, closed form).
+  balanced  with --balance H: the same elastic resume of a balanced sampler (`CostModel.from_shape(H)`,
+            micro_batches=1, default window), at a window boundary and 37 steps into a window (each on a
+            fresh blend: both price a window from the stores' segment tables first).
 Megatron's published figures are printed beside (cited, not re-measured here).
 
     python scripts/bench_blend.py [--stores 10000] [--samples 1000000000] [--size 16] [--work /tmp/bench_blend]
@@ -22,6 +25,7 @@ Megatron's published figures are printed beside (cited, not re-measured here).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -100,6 +104,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=16)
     ap.add_argument("--world", type=int, default=1000)
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_blend"))
+    ap.add_argument("--balance", type=int, default=0, help="hidden size of a CostModel: also time a balanced resume")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     per_store = args.samples // args.stores  # samples per store at weight 1, on average
@@ -180,6 +185,25 @@ def main() -> None:
     dev = np.abs(counts - at * ds.counts / len(ds)).max()
     print(f"index: {src.size} samples at {at} in {index_s:.3f} s ({index_s * 1e9 / src.size:.0f} ns per sample)")
     print(f"prefix_counts({at}): {prefix_s:.3f} s, largest deviation from a store's share {dev:.3f} samples")
+    if args.balance:
+        from packtool import CostModel
+
+        kw = {"balance": CostModel.from_shape(args.balance), "micro_batches": 1}
+        boundary = at // old_world // 128 * 128  # indices per rank at a window boundary (default window)
+        for label, c in (("at a window boundary", boundary), ("mid-window (37 steps in)", boundary + 37)):
+            fresh = BlendedDataset(sources, seed=0, size=args.size)
+            old = PackedSampler(fresh, num_replicas=old_world, rank=0, **kw)
+            old.advance(c)
+            grown, t = rss(), time.perf_counter()
+            balanced = PackedSampler(fresh, num_replicas=args.world, rank=7, **kw)
+            balanced.load_state_dict(old.state_dict())
+            next(iter(balanced))
+            print(
+                f"balanced resume {label}: {old_world} -> {args.world} ranks at global sample {c * old_world}, "
+                f"first index in {time.perf_counter() - t:.2f} s, +{(rss() - grown) / 2**20:.0f} MiB resident, "
+                f"state of {len(json.dumps(balanced.state_dict()))} bytes"
+            )
+            del fresh, old, balanced
     total_mb = (rss() - before) / 2**20
     print(f"resident growth after all of the above: +{total_mb:.0f} MiB")
     print(

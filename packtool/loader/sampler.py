@@ -25,6 +25,8 @@ each rank computes the same plan alone. `balance=None` is the plain sampler, ind
 
 from __future__ import annotations
 
+import copy
+import hashlib
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -41,6 +43,12 @@ from packtool.loader.dataset import PackedDataset
 from packtool.loader.dynamic import DynamicBatchSampler
 
 STATE_VERSION = 1
+HEAD_STATE_VERSION = 2
+"""A state whose layout starts with the rest of an interrupted window (`head`: a balanced elastic resume mid-window)
+is written as version 2, so a packtool that cannot rebuild that window refuses it rather than skipping packs."""
+_HEAD_TAG = (1 << 40) - 1  # the head window's plan seed is (epoch << 40) | _HEAD_TAG: never a regular window's index
+_NONE = np.zeros(0, np.int64)
+_NO_COST = np.zeros(0, np.float64)
 
 
 def _world() -> tuple[int, int]:
@@ -77,7 +85,9 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         so that the ranks' costs are as equal as possible, moving packs only inside windows of
         `window` consecutive steps of the plain order (`packtool.core.balance`). Needs a
         `PackedDataset` or `BlendedDataset` (its segment lengths price the packs). None: the plain order,
-        unchanged. A balanced state moves to another world size only at a window boundary.
+        unchanged. A balanced state moves to another world size at any step: mid-window, the packs of the
+        interrupted window not yet consumed (recomputed from the state) are re-dealt, balanced, over the new ranks
+        as the first window (the head), then the following windows come as the new world size deals them.
     micro_batches: packs each rank consumes per optimizer step (DataLoader `batch_size` x gradient
         accumulation steps): rank r's step t is its indices `[t * B, (t + 1) * B)`.
     window: steps per balancing window; a pack moves at most `window - 1` steps.
@@ -133,13 +143,114 @@ class PackedSampler(torch.utils.data.Sampler[int]):
                 self.costs = self.balance.packs(*_segments(data, self.n))
         self._cache: tuple[tuple[int, int], np.ndarray] | None = None
         self._perm: tuple[int, np.ndarray] | None = None
+        self.head: dict[str, Any] | None = None  # the layout whose interrupted window this one starts with
+        self.pre: int | None = None  # samples consumed before this layout began (None: `base`)
+        self._head_cache: tuple[int, np.ndarray, np.ndarray] | None = None
 
     # -- the global order -------------------------------------------------------------------
     @property
     def num_samples(self) -> int:
         """Indices of this rank in the current epoch (after `base`; `consumed` of them are done)."""
-        remaining = max(0, self.n - self.base)
+        return self._count(self._head(self.epoch).size)
+
+    def _count(self, h: int) -> int:
+        remaining = h + max(0, self.n - self.base)
         return remaining // self.num_replicas if self.drop_last else -(-remaining // self.num_replicas)
+
+    # -- elastic resume mid-window: the layout starts with the rest of an interrupted window ----------
+    # The global sequence of a layout is its head positions R (sorted plain positions, all < n), then the plain
+    # positions base, base + 1, ... (padded by wrap-around or cut to a multiple of W, as always). The head
+    # window is its first H0 = ceil(|R| / (W·B))·W·B entries (R and the next few plain positions), balanced as
+    # one window of H0 / (W·B) steps; the regular windows of K steps follow from plain position `rb`.
+    def _head(self, epoch: int) -> np.ndarray:
+        """The head positions R of `epoch` (empty without a head), recomputed from `self.head` once per epoch."""
+        return self._head_priced(epoch)[0]
+
+    def _head_priced(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """`(R, costs of R)`: a resume prices the interrupted window once and reuses its costs here."""
+        if self.head is None:
+            return _NONE, _NO_COST
+        if self._head_cache is None or self._head_cache[0] != epoch:
+            rest, costs, _ = self._layout(self.head)._cut(epoch)
+            self._head_cache = (epoch, rest, costs)
+        return self._head_cache[1], self._head_cache[2]
+
+    def _layout(self, state: dict[str, Any]) -> PackedSampler:
+        """This sampler at the layout `state` describes (world size, base, consumed, head), as rank 0."""
+        s = copy.copy(self)
+        s.num_replicas, s.rank = int(state["num_replicas"]), 0
+        s.base, s.consumed, s.head = int(state["base"]), int(state["consumed"]), state.get("head")
+        s._cache = s._head_cache = None
+        return s
+
+    def _span(self, epoch: int) -> tuple[int, int, int, int]:
+        """`(h, h0, rb, total)`: head positions, head-window length (global indices `[0, h0)`), the plain
+        position where the regular windows start, and the layout's global length."""
+        h = self._head(epoch).size
+        total = self._count(h) * self.num_replicas
+        if h == 0:
+            return 0, 0, self.base, total
+        step = self.num_replicas * self.micro_batches
+        h0 = min(total, -(-h // step) * step)
+        return h, h0, self.base + max(0, h0 - h), total
+
+    def _head_window(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The head window's plain positions in balanced order, and their costs."""
+        h, h0, _, _ = self._span(epoch)
+        head, head_costs = self._head_priced(epoch)
+        fill = self.base + np.arange(max(0, h0 - h), dtype=np.int64)
+        pos = np.concatenate([head[:h0], fill])
+        costs = np.concatenate([head_costs[:h0], self._pack_costs(self._values(epoch, fill))])
+        plan = balanced_order(
+            np.arange(pos.size, dtype=np.int64),
+            costs,
+            world=self.num_replicas,
+            micro_batches=self.micro_batches,
+            window=max(1, -(-h0 // (self.num_replicas * self.micro_batches))),
+            seed=self.seed,
+            epoch=(epoch << 40) | _HEAD_TAG,
+        )
+        return pos[plan], costs[plan]
+
+    def _regular(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """All regular windows' plain positions in balanced order, and their costs (stored path: one plan)."""
+        assert self.costs is not None
+        _, h0, rb, total = self._span(epoch)
+        pos = rb + np.arange(total - h0, dtype=np.int64)
+        costs = self.costs[self._values(epoch, pos)]
+        plan = balanced_order(
+            np.arange(pos.size, dtype=np.int64),
+            costs,
+            world=self.num_replicas,
+            micro_batches=self.micro_batches,
+            window=self.window,
+            seed=self.seed,
+            epoch=epoch,
+        )
+        return pos[plan], costs[plan]
+
+    def _cut(self, epoch: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Where this layout stops after `consumed` indices per rank: the plain positions of the interrupted
+        window not consumed yet (real ones, sorted), their costs, and the plain position where that window ends."""
+        w, c = self.num_replicas, self.consumed
+        h, h0, rb, total = self._span(epoch)
+        hp = h0 // w
+        if c < hp:
+            (plan, costs), o, z = self._head_window(epoch), c, h0
+        else:
+            per = self.window * self.micro_batches
+            j, o = divmod(c - hp, per)
+            if o == 0:  # a window boundary: nothing of window j was consumed
+                return _NONE, _NO_COST, self.base + max(0, min(h0 + j * per * w, total) - h)
+            z = min(h0 + (j + 1) * per * w, total)
+            if self.lazy:
+                plan, costs = self._window_positions(epoch, j)
+            else:
+                plan, costs = (x[j * per * w : (j + 1) * per * w] for x in self._regular(epoch))
+        rest, costs = plan[o * w :], costs[o * w :]
+        real = rest < self.n
+        by_pos = np.argsort(rest[real], kind="stable")
+        return rest[real][by_pos], costs[real][by_pos], self.base + max(0, z - h)
 
     def _values(self, epoch: int, pos: np.ndarray) -> np.ndarray:
         """What the sampler yields at global positions `pos` of `epoch` (positions past n wrap: padding)."""
@@ -169,20 +280,25 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         return _costs_of(self.balance, *self._table, values)
 
     def _window(self, epoch: int, j: int) -> np.ndarray:
-        """Balanced window j (lazy path): its global order, every rank's indices interleaved."""
+        """Balanced regular window j (lazy path): its global order, every rank's indices interleaved."""
+        return self._values(epoch, self._window_positions(epoch, j)[0])
+
+    def _window_positions(self, epoch: int, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Regular window j's plain positions in balanced order, and their costs (lazy path)."""
         m = self.window * self.num_replicas * self.micro_batches
-        stop = min((j + 1) * m, self.num_samples * self.num_replicas)
-        vals = self._values(epoch, self.base + np.arange(j * m, stop, dtype=np.int64))
+        _, h0, rb, total = self._span(epoch)
+        pos = rb + np.arange(j * m, min((j + 1) * m, total - h0), dtype=np.int64)
+        costs = self._pack_costs(self._values(epoch, pos))
         plan = balanced_order(
-            np.arange(vals.size, dtype=np.int64),
-            self._pack_costs(vals),
+            np.arange(pos.size, dtype=np.int64),
+            costs,
             world=self.num_replicas,
             micro_batches=self.micro_batches,
             window=self.window,
             seed=self.seed,
             epoch=(epoch << 40) | j,
         )
-        return vals[plan]
+        return pos[plan], costs[plan]
 
     def order(self, epoch: int | None = None) -> np.ndarray:
         """The global order of `epoch` over all ranks (rank r's share is `order[r::num_replicas]`), from `base`.
@@ -192,23 +308,17 @@ class PackedSampler(torch.utils.data.Sampler[int]):
         if self._cache is not None and self._cache[0] == (e, self.base):
             return self._cache[1]
         total = self.num_samples * self.num_replicas
-        if self.lazy and self.balance is not None:
-            m = self.window * self.num_replicas * self.micro_batches
-            parts = [self._window(e, j) for j in range(-(-total // m))]
+        if self.balance is not None:
+            _, h0, _, total = self._span(e)
+            parts = [self._values(e, self._head_window(e)[0])] if h0 else []
+            if self.lazy:
+                m = self.window * self.num_replicas * self.micro_batches
+                parts += [self._window(e, j) for j in range(-(-(total - h0) // m))]
+            else:
+                parts.append(self._values(e, self._regular(e)[0]))
             order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         else:
             order = self._values(e, self.base + np.arange(total, dtype=np.int64))
-            if self.balance is not None:
-                assert self.costs is not None
-                order = balanced_order(
-                    order,
-                    self.costs,
-                    world=self.num_replicas,
-                    micro_batches=self.micro_batches,
-                    window=self.window,
-                    seed=self.seed,
-                    epoch=e,
-                )
         order.flags.writeable = False  # cached: shared by every call for this epoch
         self._cache = ((e, self.base), order)
         return order
@@ -229,6 +339,11 @@ class PackedSampler(torch.utils.data.Sampler[int]):
                 ks = np.arange(k, min(k + _CHUNK, total), dtype=np.int64)
                 yield self._values(epoch, self.base + r + ks * w)
             return
+        _, h0, _, _ = self._span(epoch)
+        hp = h0 // w  # this rank's indices in the head window
+        if start < hp:
+            yield self._values(epoch, self._head_window(epoch)[0][r::w][start:])
+        start, total = max(0, start - hp), total - hp
         per = self.window * self.micro_batches  # this rank's indices per window
         for j in range(start // per, -(-total // per)):
             mine = self._window(epoch, j)[r::w]
@@ -253,6 +368,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             self.epoch = int(epoch)
             self.consumed = 0
             self.base = 0
+            self.head, self.pre, self._head_cache = None, None, None
 
     def advance(self, n: int) -> None:
         """Record that the training loop consumed `n` more indices of this epoch."""
@@ -265,11 +381,11 @@ class PackedSampler(torch.utils.data.Sampler[int]):
     @property
     def global_sample(self) -> int:
         """Samples of this epoch consumed over all ranks (where an elastic resume continues)."""
-        return self.base + self.consumed * self.num_replicas
+        return (self.base if self.pre is None else self.pre) + self.consumed * self.num_replicas
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
+        state = {
+            "version": STATE_VERSION if self.head is None else HEAD_STATE_VERSION,
             "epoch": self.epoch,
             "consumed": self.consumed,
             "base": self.base,
@@ -286,13 +402,16 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             "micro_batches": self.micro_batches,
             "window": self.window,
         }
+        if self.head is not None:  # O(resumes in a row mid-head-window): a few ints each, never positions
+            state["head"] = copy.deepcopy(self.head)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state`: at the same world size exactly where it was, at another from the same global
         sample; refuses a state taken with another dataset or blend, seed, order or balancing."""
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") not in (STATE_VERSION, HEAD_STATE_VERSION):
             raise ConfigError(
-                f"sampler state version {state.get('version')!r} is not {STATE_VERSION}, PackedSampler.load_state_dict, use a checkpoint from this packtool"
+                f"sampler state version {state.get('version')!r} is not {STATE_VERSION} or {HEAD_STATE_VERSION}, PackedSampler.load_state_dict, use a checkpoint from this packtool"
             )
         mine = self.state_dict()
         theirs_blend = state.get("blend")
@@ -313,18 +432,65 @@ class PackedSampler(torch.utils.data.Sampler[int]):
                     f"sampler state has {key}={theirs!r} but this sampler has {mine[key]!r}, PackedSampler.load_state_dict, resume with the same dataset, seed and balancing"
                 )
         world, consumed, base = int(state["num_replicas"]), int(state["consumed"]), int(state.get("base", 0))
-        if world != self.num_replicas and self.balance is not None and consumed % (self.window * self.micro_batches):
-            raise ConfigError(
-                f"a balanced state taken mid-window ({consumed} packs per rank, windows of {self.window * self.micro_batches}) "
-                f"cannot move from {world} to {self.num_replicas} ranks, PackedSampler.load_state_dict, "
-                f"resume at num_replicas={world} or from a checkpoint at a multiple of window*micro_batches"
-            )
-        self.epoch = int(state["epoch"])
+        epoch, head = int(state["epoch"]), state.get("head")
+        _check_head(head, self.balance is not None)
+        pre = None if head is None else int(state["global_sample"]) - consumed * world
+        known = None
+        if head is not None:  # the interrupted window, recomputed here, must be the one the state was taken in
+            known = self._layout(head)._cut(epoch)[:2]
+            if self._digest(*known) != head.get("digest"):
+                raise ConfigError(
+                    "sampler state's interrupted window holds other packs or costs here, PackedSampler.load_state_dict, "
+                    "resume with the same dataset, cost model and packtool version"
+                )
+        if world == self.num_replicas or consumed == 0:  # where it was (consumed 0: its head re-dealt at this size)
+            pass
+        elif self.balance is None:  # elastic: the same global sample, dealt to the new ranks
+            base, consumed = base + consumed * world, 0
+        else:  # elastic mid-window: the interrupted window's packs not consumed yet become this layout's head
+            prev = self._layout({"num_replicas": world, "base": base, "consumed": consumed, "head": head})
+            prev.epoch = epoch
+            prev._head_cache = None if known is None else (epoch, *known)  # rebuilt once, above
+            rest, rest_costs, end = prev._cut(epoch)
+            _, h0, rb, _ = prev._span(epoch)
+            hp = h0 // world
+            if rest.size == 0:  # a window boundary: exactly the plain elastic resume
+                head = None
+            elif consumed < hp:  # inside the head window: that window depends on the head before it
+                head = {"num_replicas": world, "base": base, "consumed": consumed, "head": head}
+            else:  # inside a regular window: it depends on where the regular windows start, nothing before
+                head = {"num_replicas": world, "base": rb, "consumed": consumed - hp, "head": None}
+            if head is not None:
+                head["digest"] = self._digest(rest, rest_costs)
+            taken = int(state.get("global_sample", base + consumed * world))  # all layouts before, with this one
+            pre, known = (None, None) if head is None else (taken, (rest, rest_costs))
+            base, consumed = end, 0
+        self.epoch, self.base, self.consumed, self.head, self.pre = epoch, base, consumed, head, pre
         self._cache = None
-        if world == self.num_replicas:
-            self.base, self.consumed = base, consumed
-        else:  # elastic: the same global sample, dealt to the new ranks
-            self.base, self.consumed = base + consumed * world, 0
+        self._head_cache = None if known is None else (epoch, *known)
+
+    def _digest(self, positions: np.ndarray, costs: np.ndarray) -> str:
+        """A fingerprint of head positions and their pack costs: a state's head is rebuilt from a few ints, and
+        this proves the rebuild found the same packs (same dataset, cost model and plan; a blend's identity is
+        its fingerprint, checked before)."""
+        h = hashlib.blake2b(np.ascontiguousarray(positions, np.int64).tobytes(), digest_size=8)
+        h.update(np.ascontiguousarray(costs, np.float64).tobytes())
+        return h.hexdigest()
+
+
+def _check_head(head: Any, balanced: bool) -> None:
+    """Refuse a `head` (an interrupted layout: world size, base, consumed, its own head) that is not one."""
+    while head is not None:
+        ok = balanced and isinstance(head, dict) and set(head) <= {"num_replicas", "base", "consumed", "head", "digest"}
+        ok = ok and all(
+            isinstance(head.get(k), int) and not isinstance(head.get(k), bool) and head[k] >= (k == "num_replicas")
+            for k in ("num_replicas", "base", "consumed")
+        )
+        if not ok:
+            raise ConfigError(
+                f"sampler state has a malformed head {head!r}, PackedSampler.load_state_dict, resume from the state the sampler wrote"
+            )
+        head = head.get("head")
 
 
 def _costs_of(
