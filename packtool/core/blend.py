@@ -224,22 +224,21 @@ class BlendPlan:
         self.directories: list[Path] = dirs
         self.n_packs = np.array(n_packs, np.int64)
         whole = {w: math.floor(Fraction(repr(w))) for w in set(self.weights)}  # core.mixture's exact rules
-        self.full_passes = np.array([whole[w] for w in self.weights], np.int64)
-        self.partial = np.array(
-            [fractional_count(w, n) if w != whole[w] else 0 for w, n in zip(self.weights, n_packs, strict=True)],
-            np.int64,
-        )
-        self.counts = self.full_passes * self.n_packs + self.partial
-
-        self.total = int(self.counts.sum())
-        if self.total == 0:
+        passes = [whole[w] for w in self.weights]  # Python ints: a weight of 1e300 may not wrap
+        partial = [fractional_count(w, n) if w != whole[w] else 0 for w, n in zip(self.weights, n_packs, strict=True)]
+        total = sum(k * n + m for k, n, m in zip(passes, n_packs, partial, strict=True))
+        if total == 0:
             raise ConfigError(
                 "the blend has no samples (every store is empty or its weight rounds to 0 packs), BlendedDataset, raise a weight or add packs"
             )
-        if self.total >= MAX_SAMPLES:
+        if total >= MAX_SAMPLES:
             raise ConfigError(
-                f"the blend holds {self.total} samples per epoch, over the exact limit 2**52, BlendedDataset, lower the weights"
+                f"the blend holds {total if total < 10**18 else f'{float(total):.3g}'} samples per epoch, over the exact limit 2**52, BlendedDataset, lower the weights"
             )
+        self.full_passes = np.array([min(k, MAX_SAMPLES) for k in passes], np.int64)  # (an empty store's k)
+        self.partial = np.array(partial, np.int64)
+        self.counts = self.full_passes * self.n_packs + self.partial
+        self.total = int(total)
         seen: dict[str, int] = {}
         digests, reps = [], []
         for d, build in zip(dirs, builds, strict=True):
