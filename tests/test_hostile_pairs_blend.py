@@ -363,3 +363,18 @@ def test_spawned_dataloader_workers_read_a_shared_prompt_store(tmp_path: Path) -
     for key in ("input_ids", "pair_ids", "chosen", "prefix_segment", "cu_seqlens"):
         assert torch.equal(torch.as_tensor(got[key]), torch.as_tensor(want[key])), key
 
+
+
+def test_blend_index_refuses_keys_outside_int64_and_non_integers(stores: list[Path]) -> None:
+    """FIXED: index(0, 2, epoch=2**62) and ds[2**63] raised OverflowError, index(0, 3, epoch=-1) an IndexError
+    about key -7, and index(0.5, 2) silently read index(0, 2); now one-line ConfigErrors (IndexError for a key)."""
+    ds = BlendedDataset([(stores[0], 1)])
+    for args, message in (((0, 2, 2**62), "outside the keys 0 .. 2\\*\\*63-1"), ((2**64, 2**64 + 1), "outside the keys"),
+                          ((0, 3, -1), "pass an epoch >= 0"), ((0.5, 2), "index start 0.5 is not an integer"),
+                          ((0, 2, 1.5), "index epoch 1.5 is not an integer")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            ds.index(*args)
+    with pytest.raises(IndexError, match="outside 0 .. 2\\*\\*63-1"):
+        ds[2**63]
+    assert ds.index(np.int64(0), np.int64(3), np.int64(1))[1].tolist() == ds.index(len(ds), len(ds) + 3)[1].tolist()
+    assert ds.index(2**63 - 2, 2**63 - 1)[0].tolist() == [0]

@@ -51,6 +51,9 @@ _ROUNDS = 6
 _MASK64 = (1 << 64) - 1
 
 
+_MAX_KEY = 2**63 - 1  # keys are int64
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on a uint64 array (wrapping arithmetic)."""
     with np.errstate(over="ignore"):
@@ -320,17 +323,30 @@ class BlendPlan:
     def index(self, start: int, stop: int, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`(source, source_index)` of keys `range(start, stop)` (plus `epoch·len(self)` when given),
         as two int64 arrays; reads no pack."""
+        for name, value in (("start", start), ("stop", stop), ("epoch", 0 if epoch is None else epoch)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ConfigError(
+                    f"index {name} {value!r} is not an integer, BlendedDataset.index, pass integer start, stop (and epoch)"
+                )
         start, stop = int(start), int(stop)
         if start < 0 or stop < start:
             raise ConfigError(
                 f"index range {start}..{stop} is not a non-negative range, BlendedDataset.index, pass 0 <= start <= stop"
             )
         offset = 0 if epoch is None else int(epoch) * self.total
+        if offset < 0 or stop + offset > _MAX_KEY:
+            raise ConfigError(
+                f"index range {start}..{stop} of epoch {epoch} is outside the keys 0 .. 2**63-1, BlendedDataset.index, "
+                "pass an epoch >= 0 and keys below 2**63"
+            )
         return self.locate(np.arange(start + offset, stop + offset, dtype=np.int64))
 
-    def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def locate(self, keys: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """`(source, source_index)` of each key `epoch·T + t` (any order, any epochs)."""
-        keys = np.asarray(keys, np.int64).reshape(-1)
+        try:
+            keys = np.asarray(keys, np.int64).reshape(-1)
+        except OverflowError:
+            raise IndexError("a blend key is outside 0 .. 2**63-1") from None
         if keys.size and int(keys.min()) < 0:
             raise IndexError(f"blend key {int(keys.min())} is negative")
         src = np.empty(keys.size, np.int64)
