@@ -378,3 +378,35 @@ def test_blend_index_refuses_keys_outside_int64_and_non_integers(stores: list[Pa
         ds[2**63]
     assert ds.index(np.int64(0), np.int64(3), np.int64(1))[1].tolist() == ds.index(len(ds), len(ds) + 3)[1].tolist()
     assert ds.index(2**63 - 2, 2**63 - 1)[0].tolist() == [0]
+
+
+def test_packed_dpo_trainer_refuses_shared_packs_under_another_attention(tmp_path: Path) -> None:
+    """FIXED: PackedDPOTrainer on shared-prompt packs with an sdpa (or eager) model trained on a wrong loss
+    without a word (0.6419 instead of 0.6479 here: the rejected completion never saw its prompt). Each forward
+    now checks that a packtool layer attended with the pack's prefix_segment. Needs TRL: runs in the interop venv
+    (`.venv-interop/bin/python -m pytest tests/test_hostile_pairs_blend.py`), skipped elsewhere."""
+    pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    import tests.interop.test_trl_dpo as recipe
+    from packtool.hf.dpo import PackedDPOTrainer, PreferencePackCollator
+
+    tok = recipe.tokenizer(tmp_path / "tok")
+    pairs = make_pairs(0, 4, recipe.VOCAB)
+    losses = {}
+    for shared in (False, True):
+        for attn in ("sdpa", "packtool"):
+            policy, ref = recipe.model(0), recipe.model(1)
+            policy.set_attn_implementation(attn)
+            ref.set_attn_implementation(attn)
+            packs = [recipe.item(pairs[:2], shared, 0), recipe.item(pairs[2:], shared, 2)]
+            trainer = PackedDPOTrainer(model=policy, ref_model=ref, args=recipe.config(tmp_path / f"{shared}{attn}", 2,
+                                       remove_unused_columns=False), train_dataset=datasets.Dataset.from_list(packs),
+                                       data_collator=PreferencePackCollator(), processing_class=tok)  # fmt: skip
+            inputs = next(iter(trainer.get_train_dataloader()))
+            if shared and attn == "sdpa":
+                with pytest.raises(ConfigError, match="no attn_implementation='packtool' layer attended"):
+                    trainer.compute_loss(trainer.model, inputs)
+                continue
+            losses[shared, attn] = float(trainer.compute_loss(trainer.model, inputs))
+    assert losses[True, "packtool"] == pytest.approx(losses[False, "packtool"], rel=1e-9)
+    assert losses[False, "sdpa"] == pytest.approx(losses[False, "packtool"], rel=1e-9)  # pairs: positions suffice
