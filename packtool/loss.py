@@ -207,7 +207,8 @@ class PairLogps:
     """Per pair of a batch (in order of first appearance): the summed target log-probs of each sequence.
 
     `chosen` / `rejected` are TRL's `logps` (sum over the completion tokens, EOS included);
-    `chosen_tokens` / `rejected_tokens` count the tokens summed.
+    `chosen_tokens` / `rejected_tokens` count the tokens summed. A pair that occurs twice in the batch
+    (a mixture weight above 1 repeats it) is two entries with the same `pair_ids` value.
     """
 
     pair_ids: torch.Tensor
@@ -354,6 +355,26 @@ def pair_logps(
     return _pairs(logp, targets, batch)
 
 
+def pair_groups(pair_ids: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(pair id of each group, group of each sequence)` for the sequences of a batch (segment order, padding and
+    prompts left out): a group is one OCCURRENCE of a pair, its k-th chosen with its k-th rejected sequence, so
+    a pair a mixture weight repeats (in one pack, or in two packs of one batch) is two pairs, as in the
+    unpacked dataset. Groups are numbered by their pair id, then occurrence."""
+    k = pair_ids.numel()
+    dev = pair_ids.device
+    key = pair_ids.to(torch.int64) * 2 + chosen.to(torch.int64)
+    order = torch.argsort(key, stable=True)
+    ordered = key.index_select(0, order)
+    pos = torch.arange(k, device=dev)
+    new = torch.ones(k, dtype=torch.bool, device=dev)
+    new[1:] = ordered[1:] != ordered[:-1]
+    group_start = torch.cummax(torch.where(new, pos, torch.zeros_like(pos)), 0).values if k else pos
+    occurrence = torch.empty_like(pos)
+    occurrence[order] = pos - group_start
+    uniq, inverse = torch.unique(torch.stack([pair_ids.to(torch.int64), occurrence], 1), dim=0, return_inverse=True)
+    return uniq[:, 0], inverse.reshape(-1)
+
+
 def _pairs(logp: torch.Tensor, targets: PairTargets, batch: dict[str, Any]) -> PairLogps:
     """Per-target log-probs -> per-pair sums (index_add over segments, then over pairs)."""
     dev = logp.device
@@ -371,8 +392,7 @@ def _pairs(logp: torch.Tensor, targets: PairTargets, batch: dict[str, Any]) -> P
         )
     real = (pair_ids >= 0) & ~targets.prompt.to(dev)
     idx = real.nonzero().reshape(-1)
-    ids = pair_ids.index_select(0, idx)
-    uniq, inverse = torch.unique(ids, return_inverse=True)
+    uniq, inverse = pair_groups(pair_ids.index_select(0, idx), chosen.index_select(0, idx))
     first = torch.full((uniq.numel(),), n, dtype=torch.int64, device=dev).scatter_reduce(0, inverse, idx, reduce="amin")
     order = torch.argsort(first)
     rank = torch.empty_like(order)

@@ -21,7 +21,7 @@ from support import cli, cli_error, write_jsonl, write_pack_store, zipf_docs
 from packtool.errors import ConfigError, FormatError
 from packtool.formats.pack_store import metadata_for, write_metadata_line
 from packtool.formats.token_store import open_token_store
-from packtool.loader import BlendedDataset, PackedCollator, PackedDataset, PackedSampler
+from packtool.loader import HF_KEYS, BlendedDataset, PackedCollator, PackedDataset, PackedSampler
 from packtool.loss import count_targets, packed_cross_entropy, pair_logps
 
 transformers = pytest.importorskip("transformers")
@@ -410,3 +410,43 @@ def test_packed_dpo_trainer_refuses_shared_packs_under_another_attention(tmp_pat
             losses[shared, attn] = float(trainer.compute_loss(trainer.model, inputs))
     assert losses[True, "packtool"] == pytest.approx(losses[False, "packtool"], rel=1e-9)
     assert losses[False, "sdpa"] == pytest.approx(losses[False, "packtool"], rel=1e-9)  # pairs: positions suffice
+    # FIXED: a batch holding a pair twice (a mixture weight above 1) was refused; each occurrence is a pair
+    for shared in (False, True):
+        policy, ref = recipe.model(0), recipe.model(1)
+        policy.set_attn_implementation("packtool")
+        ref.set_attn_implementation("packtool")
+        twice = [recipe.item(pairs, shared, 0), recipe.item(pairs, shared, 0)]
+        trainer = PackedDPOTrainer(model=policy, ref_model=ref, args=recipe.config(tmp_path / f"twice{shared}", 2,
+                                   remove_unused_columns=False), train_dataset=datasets.Dataset.from_list(twice),
+                                   data_collator=PreferencePackCollator(), processing_class=tok)  # fmt: skip
+        inputs = next(iter(trainer.get_train_dataloader()))
+        assert float(trainer.compute_loss(trainer.model, inputs)) == pytest.approx(losses[False, "packtool"], rel=1e-9)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["pairs", "shared_prompt"])
+def test_a_pair_repeated_by_a_mixture_weight_is_two_pairs(tmp_path: Path, shared: bool) -> None:
+    """FIXED: `pack STORE:2` (or any weight above 1) puts a pair twice in one pack or one batch, and pair_logps
+    refused every such batch ("do not have exactly one chosen and one rejected"). Each occurrence is now a pair
+    of its own (its k-th chosen with its k-th rejected), equal to each sequence alone."""
+    rng = np.random.default_rng(3)
+    pairs = [(rng.integers(3, VOCAB, 4), rng.integers(3, VOCAB, 3), rng.integers(3, VOCAB, 2)) for _ in range(3)]
+    store = write_pref_store(tmp_path / "st", pairs, vocab=VOCAB)
+    flags = ["--share-prompt"] if shared else []
+    code, _, err = cli("pack", f"{store}:2", "--size", "64", "--output", str(tmp_path / "o"), "-q", *flags)
+    assert code == 0, err
+    ds = PackedDataset(tmp_path / "o", size=64)
+    b = PackedCollator(flatten=True, keys=HF_KEYS)([ds[i] for i in range(len(ds))])
+    ids = b["pair_ids"][b["pair_ids"] >= 0]
+    assert int((ids == 0).sum()) == (6 if shared else 4)  # pair 0 twice: [P][C][R] or [C][R] each time
+    model = tiny("packtool")
+    got = pair_logps(model(**no_labels(b)).logits, b)
+    assert sorted(got.pair_ids.tolist()) == [0, 0, 1, 1, 2, 2]
+    ref = tiny("eager")
+    for k, pid in enumerate(got.pair_ids.tolist()):
+        p, c, r = (x.tolist() for x in pairs[pid])
+        for seq, want_tokens, value in ((c, got.chosen_tokens[k], got.chosen[k]), (r, got.rejected_tokens[k],
+                                                                                   got.rejected[k])):  # fmt: skip
+            full = torch.tensor([p + seq])
+            logp = torch.log_softmax(ref(input_ids=full).logits[0, :-1], -1).gather(1, full[0, 1:, None])[:, 0]
+            assert int(want_tokens) == len(seq)
+            assert math.isclose(float(value), float(logp[len(p) - 1 :].sum().detach()), rel_tol=1e-6)

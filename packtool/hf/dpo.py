@@ -38,7 +38,7 @@ from trl import DPOTrainer
 
 from packtool.errors import ConfigError
 from packtool.hf.shared_prompt import KEY, SEEN
-from packtool.loss import IGNORE_INDEX, PairTargets, pair_targets
+from packtool.loss import IGNORE_INDEX, PairTargets, pair_groups, pair_targets
 
 #: the keys a pack row carries (prefix_segment only in a shared-prompt store)
 PACK_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "pair_ids", "chosen", "prefix_segment")
@@ -147,7 +147,7 @@ class _Padded:
         prompt = targets.prompt.to(dev)
         real = (pair_ids >= 0) & ~prompt
         idx = real.nonzero().reshape(-1)
-        uniq, inverse = torch.unique(pair_ids.index_select(0, idx), return_inverse=True)
+        uniq, inverse = pair_groups(pair_ids.index_select(0, idx), chosen.index_select(0, idx))  # per occurrence
         first = torch.full((uniq.numel(),), n, dtype=torch.int64, device=dev).scatter_reduce(
             0, inverse, idx, reduce="amin"
         )
