@@ -72,8 +72,15 @@ def count_targets(
     *,
     shifted: bool = False,
     ignore_index: int = IGNORE_INDEX,
+    prefix_segment: torch.Tensor | np.ndarray | None = None,
 ) -> tuple[int, int]:
-    """(target tokens, sequences with at least one target) of a packed row: the counts to all-reduce."""
+    """(target tokens, sequences with at least one target) of a packed row: the counts to all-reduce.
+    `prefix_segment`: as in `packed_cross_entropy` (a shared-prompt batch)."""
+    if _is_shared(prefix_segment):
+        _no_shifted_shared(shifted, "count_targets")
+        found = _prefix_targets(labels.reshape(-1), torch.as_tensor(np.asarray(cu_seqlens)), prefix_segment,
+                                ignore_index, "count_targets")  # fmt: skip
+        return int(found.target.numel()), int(torch.unique(found.segment).numel())
     cu = _segments(cu_seqlens, labels.numel())
     valid = (_targets(labels, cu, shifted, ignore_index) != ignore_index).cpu().numpy()
     running = np.concatenate(([0], np.cumsum(valid, dtype=np.int64)))
@@ -89,12 +96,19 @@ def packed_cross_entropy(
     *,
     shifted: bool = False,
     ignore_index: int = IGNORE_INDEX,
+    prefix_segment: torch.Tensor | np.ndarray | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of `logits` `[T, V]` (or `[1, T, V]`) against packed unshifted `labels` `[T]`.
 
     `cu_seqlens` (int, `[S+1]`, 0..T) delimits the sequences. `shifted=True`: `labels[t]` already is
     position t's target (e.g. a context-parallel rank's `shift_labels`, whose local segments are
     `cu_seqlens_local`). Half-precision logits are scored in float32. See the module docstring.
+
+    A shared-prompt preference batch (`pack --share-prompt`) MUST pass `prefix_segment=batch["prefix_segment"]`:
+    each completion's first token is then scored by its prompt's last logit (as each sequence alone),
+    and a "sequence" is each completion. Without it that token is left out, and nothing in
+    `(logits, labels, cu_seqlens)` tells a shared row from a plain one. Reduction "none" (one loss per
+    position) and `shifted=True` are refused with it: a prompt's last position predicts two tokens.
     """
     if reduction not in REDUCTIONS:
         raise ConfigError(f"unknown reduction {reduction!r}, packed_cross_entropy, use one of {', '.join(REDUCTIONS)}")
@@ -103,6 +117,8 @@ def packed_cross_entropy(
         raise ConfigError(
             f"logits {tuple(logits.shape)} do not hold one row of scores per label ({total} labels), packed_cross_entropy, pass [T, V] or [1, T, V] logits of the packed row"
         )
+    if _is_shared(prefix_segment):
+        return _shared_cross_entropy(logits, labels, cu_seqlens, reduction, shifted, ignore_index, prefix_segment)
     cu = _segments(cu_seqlens, total)
     scores = logits.reshape(total, logits.shape[-1])
     if scores.dtype in (torch.float16, torch.bfloat16):
@@ -127,6 +143,60 @@ def packed_cross_entropy(
     return means.sum() / max(1, int(has.sum()))
 
 
+def _is_shared(prefix_segment: Any) -> bool:
+    """A `prefix_segment` that names at least one prompt (all -1, e.g. the pairs layout: a plain row)."""
+    if prefix_segment is None:
+        return False
+    return bool((torch.as_tensor(np.asarray(prefix_segment) if not torch.is_tensor(prefix_segment)
+                                 else prefix_segment) >= 0).any())  # fmt: skip
+
+
+def _no_shifted_shared(shifted: bool, where: str) -> None:
+    if shifted:
+        raise ConfigError(
+            f"shifted=True with a shared-prompt prefix_segment, {where}, pass the unshifted labels (a prompt's "
+            "last position predicts the first token of both completions)"
+        )
+
+
+def _shared_cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    cu_seqlens: torch.Tensor | np.ndarray,
+    reduction: str,
+    shifted: bool,
+    ignore_index: int,
+    prefix_segment: Any,
+) -> torch.Tensor:
+    """`packed_cross_entropy` of a shared-prompt row: every target scored by its predictor row
+    (`pair_targets`), so each completion is exactly its sequence alone."""
+    _no_shifted_shared(shifted, "packed_cross_entropy")
+    if reduction == "none":
+        raise ConfigError(
+            "reduction 'none' with a shared-prompt prefix_segment, packed_cross_entropy, a prompt's last position "
+            "predicts the first token of both completions (one loss per position cannot hold both): use token, "
+            "sequence, sum or sequence_sum"
+        )
+    cu = torch.as_tensor(np.asarray(cu_seqlens) if not torch.is_tensor(cu_seqlens) else cu_seqlens)
+    found = _prefix_targets(labels.reshape(-1), cu, prefix_segment, ignore_index, "packed_cross_entropy")
+    scores = logits.reshape(labels.numel(), logits.shape[-1])
+    picked = scores.index_select(0, found.predictor.to(scores.device))
+    if picked.dtype in (torch.float16, torch.bfloat16):
+        picked = picked.float()
+    per_target = F.cross_entropy(picked, found.target.to(scores.device), reduction="none")
+    if reduction in ("token", "sum"):
+        summed = per_target.sum()
+        return summed if reduction == "sum" else summed / max(1, per_target.numel())
+    seg = found.segment.to(scores.device)
+    seq_sum = per_target.new_zeros(found.n_segments).index_add(0, seg, per_target)
+    seq_count = per_target.new_zeros(found.n_segments).index_add(0, seg, torch.ones_like(per_target))
+    has = seq_count > 0
+    means = seq_sum[has] / seq_count[has]
+    if reduction == "sequence_sum":
+        return means.sum()
+    return means.sum() / max(1, int(has.sum()))
+
+
 # --- preference pairs (DPO) ---------------------------------------------------------------------------------------
 
 PAIR_LOSSES = ("sigmoid", "hinge", "ipo")
@@ -137,7 +207,8 @@ class PairLogps:
     """Per pair of a batch (in order of first appearance): the summed target log-probs of each sequence.
 
     `chosen` / `rejected` are TRL's `logps` (sum over the completion tokens, EOS included);
-    `chosen_tokens` / `rejected_tokens` count the tokens summed.
+    `chosen_tokens` / `rejected_tokens` count the tokens summed. A pair that occurs twice in the batch
+    (a mixture weight above 1 repeats it) is two entries with the same `pair_ids` value.
     """
 
     pair_ids: torch.Tensor
@@ -185,9 +256,19 @@ def pair_targets(batch: dict[str, Any], *, ignore_index: int = IGNORE_INDEX) -> 
                 f"the batch has no {key!r}, pair_logps, pass a PackedCollator batch of a preference pack store "
                 "(its keys include labels, cu_seqlens, pair_ids, chosen and, when shared, prefix_segment)"
             )
-    labels = torch.as_tensor(batch["labels"]).reshape(-1)
+    return _prefix_targets(
+        torch.as_tensor(batch["labels"]).reshape(-1),
+        _batch_cu(batch),
+        batch.get("prefix_segment"),
+        ignore_index,
+        "pair_logps",
+    )
+
+
+def _prefix_targets(labels: torch.Tensor, cu: torch.Tensor, prefix: Any, ignore_index: int, where: str) -> PairTargets:
+    """`pair_targets` of a row: `labels` `[T]`, `cu` `[S+1]`, `prefix` (`prefix_segment` or None)."""
     dev = labels.device
-    cu = _batch_cu(batch).to(dev)
+    cu = torch.as_tensor(cu).reshape(-1).to(device=dev, dtype=torch.int64)
     total = labels.numel()
     _segments(cu.cpu(), total)
     n = cu.numel() - 1
@@ -196,13 +277,12 @@ def pair_targets(batch: dict[str, Any], *, ignore_index: int = IGNORE_INDEX) -> 
     pos = torch.arange(total, device=dev)
     start = pos == cu.index_select(0, seg)
     pred = pos - 1
-    prefix = batch.get("prefix_segment")
     prompt = torch.zeros(n, dtype=torch.bool, device=dev)
     if prefix is not None:
         from packtool.attention.shared_prompt import check_prefix_segment
 
         pre = torch.as_tensor(prefix).reshape(-1).to(device=dev, dtype=torch.int64)
-        check_prefix_segment(cu, pre, "pair_logps")
+        check_prefix_segment(cu, pre, where)
         named = pre[pre >= 0]
         prompt[named] = True
         seg_pre = pre.index_select(0, seg)
@@ -216,7 +296,7 @@ def pair_targets(batch: dict[str, Any], *, ignore_index: int = IGNORE_INDEX) -> 
     valid = (labels != ignore_index) & ~start
     if bool((valid & prompt.index_select(0, seg)).any()):
         raise FormatError(
-            "a shared-layout prompt segment has target labels, pair_logps, a prompt's tokens are never targets "
+            f"a shared-layout prompt segment has target labels, {where}, a prompt's tokens are never targets "
             "(labels -100): pass the collator's labels"
         )
     keep = valid.nonzero().reshape(-1)
@@ -275,6 +355,26 @@ def pair_logps(
     return _pairs(logp, targets, batch)
 
 
+def pair_groups(pair_ids: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(pair id of each group, group of each sequence)` for the sequences of a batch (segment order, padding and
+    prompts left out): a group is one OCCURRENCE of a pair, its k-th chosen with its k-th rejected sequence, so
+    a pair a mixture weight repeats (in one pack, or in two packs of one batch) is two pairs, as in the
+    unpacked dataset. Groups are numbered by their pair id, then occurrence."""
+    k = pair_ids.numel()
+    dev = pair_ids.device
+    key = pair_ids.to(torch.int64) * 2 + chosen.to(torch.int64)
+    order = torch.argsort(key, stable=True)
+    ordered = key.index_select(0, order)
+    pos = torch.arange(k, device=dev)
+    new = torch.ones(k, dtype=torch.bool, device=dev)
+    new[1:] = ordered[1:] != ordered[:-1]
+    group_start = torch.cummax(torch.where(new, pos, torch.zeros_like(pos)), 0).values if k else pos
+    occurrence = torch.empty_like(pos)
+    occurrence[order] = pos - group_start
+    uniq, inverse = torch.unique(torch.stack([pair_ids.to(torch.int64), occurrence], 1), dim=0, return_inverse=True)
+    return uniq[:, 0], inverse.reshape(-1)
+
+
 def _pairs(logp: torch.Tensor, targets: PairTargets, batch: dict[str, Any]) -> PairLogps:
     """Per-target log-probs -> per-pair sums (index_add over segments, then over pairs)."""
     dev = logp.device
@@ -292,8 +392,7 @@ def _pairs(logp: torch.Tensor, targets: PairTargets, batch: dict[str, Any]) -> P
         )
     real = (pair_ids >= 0) & ~targets.prompt.to(dev)
     idx = real.nonzero().reshape(-1)
-    ids = pair_ids.index_select(0, idx)
-    uniq, inverse = torch.unique(ids, return_inverse=True)
+    uniq, inverse = pair_groups(pair_ids.index_select(0, idx), chosen.index_select(0, idx))
     first = torch.full((uniq.numel(),), n, dtype=torch.int64, device=dev).scatter_reduce(0, inverse, idx, reduce="amin")
     order = torch.argsort(first)
     rank = torch.empty_like(order)

@@ -51,6 +51,9 @@ _ROUNDS = 6
 _MASK64 = (1 << 64) - 1
 
 
+_MAX_KEY = 2**63 - 1  # keys are int64
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on a uint64 array (wrapping arithmetic)."""
     with np.errstate(over="ignore"):
@@ -224,22 +227,21 @@ class BlendPlan:
         self.directories: list[Path] = dirs
         self.n_packs = np.array(n_packs, np.int64)
         whole = {w: math.floor(Fraction(repr(w))) for w in set(self.weights)}  # core.mixture's exact rules
-        self.full_passes = np.array([whole[w] for w in self.weights], np.int64)
-        self.partial = np.array(
-            [fractional_count(w, n) if w != whole[w] else 0 for w, n in zip(self.weights, n_packs, strict=True)],
-            np.int64,
-        )
-        self.counts = self.full_passes * self.n_packs + self.partial
-
-        self.total = int(self.counts.sum())
-        if self.total == 0:
+        passes = [whole[w] for w in self.weights]  # Python ints: a weight of 1e300 may not wrap
+        partial = [fractional_count(w, n) if w != whole[w] else 0 for w, n in zip(self.weights, n_packs, strict=True)]
+        total = sum(k * n + m for k, n, m in zip(passes, n_packs, partial, strict=True))
+        if total == 0:
             raise ConfigError(
                 "the blend has no samples (every store is empty or its weight rounds to 0 packs), BlendedDataset, raise a weight or add packs"
             )
-        if self.total >= MAX_SAMPLES:
+        if total >= MAX_SAMPLES:
             raise ConfigError(
-                f"the blend holds {self.total} samples per epoch, over the exact limit 2**52, BlendedDataset, lower the weights"
+                f"the blend holds {total if total < 10**18 else f'{float(total):.3g}'} samples per epoch, over the exact limit 2**52, BlendedDataset, lower the weights"
             )
+        self.full_passes = np.array([min(k, MAX_SAMPLES) for k in passes], np.int64)  # (an empty store's k)
+        self.partial = np.array(partial, np.int64)
+        self.counts = self.full_passes * self.n_packs + self.partial
+        self.total = int(total)
         seen: dict[str, int] = {}
         digests, reps = [], []
         for d, build in zip(dirs, builds, strict=True):
@@ -321,17 +323,30 @@ class BlendPlan:
     def index(self, start: int, stop: int, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`(source, source_index)` of keys `range(start, stop)` (plus `epoch·len(self)` when given),
         as two int64 arrays; reads no pack."""
+        for name, value in (("start", start), ("stop", stop), ("epoch", 0 if epoch is None else epoch)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ConfigError(
+                    f"index {name} {value!r} is not an integer, BlendedDataset.index, pass integer start, stop (and epoch)"
+                )
         start, stop = int(start), int(stop)
         if start < 0 or stop < start:
             raise ConfigError(
                 f"index range {start}..{stop} is not a non-negative range, BlendedDataset.index, pass 0 <= start <= stop"
             )
         offset = 0 if epoch is None else int(epoch) * self.total
+        if offset < 0 or stop + offset > _MAX_KEY:
+            raise ConfigError(
+                f"index range {start}..{stop} of epoch {epoch} is outside the keys 0 .. 2**63-1, BlendedDataset.index, "
+                "pass an epoch >= 0 and keys below 2**63"
+            )
         return self.locate(np.arange(start + offset, stop + offset, dtype=np.int64))
 
-    def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def locate(self, keys: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """`(source, source_index)` of each key `epoch·T + t` (any order, any epochs)."""
-        keys = np.asarray(keys, np.int64).reshape(-1)
+        try:
+            keys = np.asarray(keys, np.int64).reshape(-1)
+        except OverflowError:
+            raise IndexError("a blend key is outside 0 .. 2**63-1") from None
         if keys.size and int(keys.min()) < 0:
             raise IndexError(f"blend key {int(keys.min())} is negative")
         src = np.empty(keys.size, np.int64)

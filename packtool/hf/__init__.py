@@ -23,6 +23,7 @@ from packtool.choices import AttentionBackend
 from packtool.errors import ConfigError
 from packtool.hf.attention import attention_forward
 from packtool.hf.mask import padding_mask
+from packtool.hf.shared_prompt import guard_causal_lm_loss
 
 NAME = "packtool"
 """The `attn_implementation` name `import packtool.hf` registers (backend `auto`)."""
@@ -75,5 +76,6 @@ def _check_name(name: str, interface: Any) -> None:
 
 
 register()
+guard_causal_lm_loss()
 
 __all__ = ["NAME", "attention_forward", "padding_mask", "register"]

@@ -37,7 +37,8 @@ import torch
 from trl import DPOTrainer
 
 from packtool.errors import ConfigError
-from packtool.loss import IGNORE_INDEX, PairTargets, pair_targets
+from packtool.hf.shared_prompt import KEY, SEEN
+from packtool.loss import IGNORE_INDEX, PairTargets, pair_groups, pair_targets
 
 #: the keys a pack row carries (prefix_segment only in a shared-prompt store)
 PACK_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "pair_ids", "chosen", "prefix_segment")
@@ -146,7 +147,7 @@ class _Padded:
         prompt = targets.prompt.to(dev)
         real = (pair_ids >= 0) & ~prompt
         idx = real.nonzero().reshape(-1)
-        uniq, inverse = torch.unique(pair_ids.index_select(0, idx), return_inverse=True)
+        uniq, inverse = pair_groups(pair_ids.index_select(0, idx), chosen.index_select(0, idx))  # per occurrence
         first = torch.full((uniq.numel(),), n, dtype=torch.int64, device=dev).scatter_reduce(
             0, inverse, idx, reduce="amin"
         )
@@ -202,7 +203,18 @@ class _Scorer:
         if kwargs.get("output_router_logits"):
             model_kwargs["output_router_logits"] = True
         rows = p.targets.predictor.to(self.batch["input_ids"].device)
+        prefix = model_kwargs.get(KEY)
+        shared = isinstance(prefix, torch.Tensor) and bool((prefix >= 0).any())
+        if shared:
+            setattr(prefix, SEEN, False)  # this forward must attend with it (the policy and the reference alike)
         out = self.model(**model_kwargs, use_cache=False, logits_to_keep=rows)
+        if shared and not getattr(prefix, SEEN, False):
+            raise ConfigError(
+                "a shared-prompt pack whose prefix_segment no attn_implementation='packtool' layer attended with "
+                "(eager, sdpa and flash_attention_2 ignore it: the rejected completion would not see its prompt), "
+                f"{WHERE}, load the model and the reference model with attn_implementation='packtool' "
+                "(import packtool.hf; model.set_attn_implementation('packtool'))"
+            )
         logits = out.logits.reshape(-1, out.logits.shape[-1])
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()

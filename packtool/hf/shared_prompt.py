@@ -137,3 +137,63 @@ def from_prefix(
     setattr(prefix, SEEN, True)
     flat_q, flat_k, flat_v = (x.reshape(-1, *x.shape[2:]) for x in (q, k, v))
     return Layout(flat_q, lay.gather(flat_k), lay.gather(flat_v), lay.cu_q, lay.cu_k, lay.max_q, lay.max_k, (b, t))
+
+
+def guard_causal_lm_loss() -> None:
+    """Make `model(**batch)` with `labels` score a shared-prompt batch right (once per process).
+
+    transformers' causal-LM loss shifts the row by one: in the shared layout it would score the
+    rejected completion's first token from the chosen completion's last logit, a wrong loss that looks
+    right. Its loss function gets every extra keyword of `model(**batch)`, `prefix_segment` and
+    `cu_seq_lens_q` included, so the wrapper scores such a batch with
+    `packtool.loss.packed_cross_entropy(..., prefix_segment=)` (each completion's first token from its
+    prompt's last logit: each sequence alone), as a token mean or, with `num_items_in_batch`, a sum over
+    it; it refuses one it cannot score (no `cu_seq_lens_q`, or `shift_labels`). Other batches: unchanged.
+    """
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING
+    except ImportError:  # a transformers without the mapping: nothing to guard
+        return
+    inner: Any = LOSS_MAPPING.get("ForCausalLM")
+    if inner is None or getattr(inner, "_packtool_guarded", False):
+        return
+
+    def loss(
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        vocab_size: int,
+        num_items_in_batch: Any = None,
+        ignore_index: int = -100,
+        shift_labels: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        prefix = kwargs.get(KEY)
+        if not (isinstance(prefix, torch.Tensor) and bool((prefix >= 0).any())):
+            return inner(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels, **kwargs)
+        if not getattr(prefix, SEEN, False):
+            raise _refuse(
+                "model(**batch) got labels with a shared-prompt prefix_segment that no attn_implementation='packtool' "
+                "layer attended with (eager, sdpa and flash_attention_2 ignore it: the rejected completion would "
+                "not see its prompt)",
+                "load the model with attn_implementation='packtool' (import packtool.hf)",
+            )
+        cu = kwargs.get("cu_seq_lens_q")
+        if cu is None or shift_labels is not None:
+            raise _refuse(
+                "model(**batch) got labels with a shared-prompt prefix_segment but "
+                + ("shift_labels" if shift_labels is not None else "no cu_seq_lens_q"),
+                "pass the collator's batch (keys=HF_KEYS), or keep labels out of model() and use "
+                "packtool.loss.pair_logps / packed_cross_entropy(..., prefix_segment=...)",
+            )
+        from packtool.loss import packed_cross_entropy
+
+        reduction = "token" if num_items_in_batch is None else "sum"
+        out = packed_cross_entropy(
+            logits.float(), labels, cu, reduction, ignore_index=ignore_index, prefix_segment=prefix
+        )
+        if num_items_in_batch is not None:
+            out = out / torch.as_tensor(num_items_in_batch).to(out.device)
+        return out
+
+    loss._packtool_guarded = True  # type: ignore[attr-defined]
+    LOSS_MAPPING["ForCausalLM"] = loss

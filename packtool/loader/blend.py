@@ -115,7 +115,7 @@ class BlendedDataset(BlendPlan):
     def __getitems__(self, keys: Sequence[int]) -> BlendBatchItems:
         if not len(keys):
             raise ConfigError("an empty batch has no items, BlendedDataset.__getitems__, pass at least one key")
-        src, packs = self.locate(np.asarray(keys, np.int64))
+        src, packs = self.locate(keys)  # (refuses a key outside int64)
         groups = np.unique(src)
         parts = []
         for s in groups.tolist():

@@ -431,6 +431,13 @@ class PackedSampler(torch.utils.data.Sampler[int]):
                 raise ConfigError(
                     f"sampler state has {key}={theirs!r} but this sampler has {mine[key]!r}, PackedSampler.load_state_dict, resume with the same dataset, seed and balancing"
                 )
+        fields = {k: state.get(k, 0 if k == "base" else None) for k in ("num_replicas", "consumed", "base", "epoch")}
+        for key, value in fields.items():
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (key == "num_replicas"):
+                raise ConfigError(
+                    f"sampler state has {key}={value!r}, not an integer >= {int(key == 'num_replicas')}, "
+                    "PackedSampler.load_state_dict, pass a state_dict() this packtool wrote"
+                )
         world, consumed, base = int(state["num_replicas"]), int(state["consumed"]), int(state.get("base", 0))
         epoch, head = int(state["epoch"]), state.get("head")
         _check_head(head, self.balance is not None)

@@ -16,7 +16,12 @@ from typing import Any
 
 from packtool.core.encoding.shapes.base import Conversation, Fit, ShapeError, ShapeFields, ShapeOptions, ShapeSpec
 from packtool.core.encoding.shapes.fields import conversation_field, get_field, structured, tools_of
-from packtool.core.encoding.shapes.openai import no_record_weight, openai_conversation, openai_keys
+from packtool.core.encoding.shapes.openai import (
+    no_preference_pair,
+    no_record_weight,
+    openai_conversation,
+    openai_keys,
+)
 from packtool.core.encoding.shapes.roles import role_key, role_table
 
 
@@ -29,6 +34,7 @@ def convert(record: Any, options: ShapeOptions) -> Conversation:
     if options.role_map and isinstance(messages, list):
         table = role_table(options.role_map, {})
         messages = [_renamed(m, table) for m in messages]
+    no_preference_pair(record, messages)
     if openai_keys(record, messages):
         return openai_conversation(record, messages, options.fields.tools)
     return Conversation(messages, tools_of(record, options.fields.tools) if isinstance(record, dict) else None)

@@ -92,6 +92,21 @@ def _modern(message: Any, i: int) -> Any:
     return out
 
 
+def no_preference_pair(record: Any, messages: Any) -> None:
+    """A record with `chosen` and `rejected` whose conversation holds no assistant message is a preference pair
+    (LLaMA-Factory's ranking ShareGPT: the conversation ends on the user's turn, the answers sit in
+    `chosen`/`rejected`): read as a conversation it would train on neither answer, so it is refused by name.
+    (A record whose messages hold the answer, e.g. UltraFeedback's `messages`, stays a conversation.)"""
+    if not (isinstance(record, dict) and "chosen" in record and "rejected" in record and isinstance(messages, list)):
+        return
+    if any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+        return
+    raise ShapeError(
+        "the record has 'chosen' and 'rejected' and its conversation no assistant message: a preference pair, "
+        "which read as a conversation trains on neither answer; pass --format preference (or auto)"
+    )
+
+
 def no_record_weight(record: Any) -> None:
     """A conversation record's own `weight` (a sample weight, which no format here defines) is refused unless it
     is 1 (or null): weights are per assistant message, and a `"weight": 0` record is never trained in silence."""

@@ -24,7 +24,7 @@ from packtool.core.encoding.shapes.fields import (
     text,
     tools_of,
 )
-from packtool.core.encoding.shapes.openai import no_record_weight, weighed
+from packtool.core.encoding.shapes.openai import no_preference_pair, no_record_weight, weighed
 from packtool.core.encoding.shapes.roles import RoleMap, role_key, role_table
 from packtool.formats import jsontext
 
@@ -61,6 +61,7 @@ def sharegpt_conversation(record: Any, fields: ShapeFields, role_map: RoleMap = 
     first = len(messages)
     for i, turn in enumerate(turns):
         messages.append(_turn(turn, i, table))
+    no_preference_pair(record, messages)
     plain, targets = weighed(messages, lambda i: f"turn {i - first}")
     return Conversation(plain, tools_of(record, fields.tools), targets)
 
