@@ -158,7 +158,7 @@ def test_preference_sample_tokenizes_packs_with_a_shared_prompt_and_verifies(tmp
     code, out, err = cli("tokenize", str(SAMPLE / "preference.jsonl"), "--format", "auto", "--tokenizer",
                          str(SAMPLE / "tokenizer"), "--output", str(tok), "--quiet")
     assert code == 0, err
-    assert "conversational-preference" in out and "128 documents" in out
+    assert "conversational-preference" in out and "tokenized 64 preference pairs (128 documents" in out
     code, out, err = cli("pack", str(tok), "--size", "2048", "--share-prompt", "--output", str(packs), "--quiet")
     assert code == 0, err
     assert "64 of 64 pairs packed whole (shared-prompt)" in out

@@ -24,8 +24,12 @@ def tokenize_line(result: Any) -> str:
     reasons = m.get("rejected_by_reason") or {}
     shown = [f"{n} {kind}" for kind, n in list(reasons.items())[:4]] + (["..."] if len(reasons) > 4 else [])
     why = f" ({'; '.join(shown)}; see rejects.jsonl)" if reasons else ""
+    pref = m.get("preference")
+    docs = f"{m['n_documents']} documents"
+    if isinstance(pref, dict) and "pairs" in pref:  # a preference store: each pair is two documents
+        docs = f"{pref['pairs']} preference pairs ({m['n_documents']} documents: chosen, rejected)"
     return (
-        f"tokenized {m['n_documents']} documents, {m['n_tokens']} tokens ({m['n_target_tokens']} targets, "
+        f"tokenized {docs}, {m['n_tokens']} tokens ({m['n_target_tokens']} targets, "
         f"{m['dtype']}), {detected}{m.get('n_rejected', 0)} rejected{why}, {state} -> {result.path}"
     )
 
