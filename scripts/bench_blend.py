@@ -17,6 +17,8 @@ Measured (wall time with `time.perf_counter`, memory as the growth of this proce
   balanced  with --balance H: the same elastic resume of a balanced sampler (`CostModel.from_shape(H)`,
             micro_batches=1, default window), at a window boundary and 37 steps into a window (each on a
             fresh blend: both price a window from the stores' segment tables first).
+  baseline  in the same run: one `PackedDataset` per store (the way before the blend) over 500 stores, per store,
+            and the ratio of its extrapolation to S stores over the blend's open.
 Megatron's published figures are printed beside (cited, not re-measured here).
 
     python scripts/bench_blend.py [--stores 10000] [--samples 1000000000] [--size 16] [--work /tmp/bench_blend]
@@ -110,11 +112,12 @@ def main() -> None:
     per_store = args.samples // args.stores  # samples per store at weight 1, on average
     t = time.perf_counter()
     bases = []
+    base_root = args.work / f"base_{args.size}_{per_store}"  # one set of base stores per shape: runs never share files
     for k, frac in enumerate((0.5, 0.8, 1.2, 1.5)):
-        marker = args.work / f"base{k}_{args.size}_{per_store}"
+        marker = base_root / f"base{k}"
         if not marker.exists():
-            shutil.rmtree(args.work / f"packs{k}", ignore_errors=True)
-            path = base_store(args.work, int(per_store * frac), args.size, k)
+            shutil.rmtree(base_root / f"packs{k}", ignore_errors=True)
+            path = base_store(base_root, int(per_store * frac), args.size, k)
             marker.write_text(str(path))
         bases.append(Path(marker.read_text()))
     link_root = args.work / f"stores_{args.size}_{per_store}"
@@ -126,7 +129,12 @@ def main() -> None:
 
     from packtool.loader import BlendedDataset, PackedCollator, PackedSampler
 
-    n_packs = [int(next(b.glob("*_metadata.jsonl")).read_text().split('"n_packs":')[1].split(",")[0]) for b in bases]
+    # each linked store's own metadata (the files it links), not the base directory's
+    meta = [
+        json.loads(next(s.glob(f"{args.size}_metadata.jsonl")).read_text().splitlines()[0])
+        for s in stores[: len(bases)]
+    ]
+    n_packs = [int(m["n_packs"]) for m in meta]
     total_packs = sum(n_packs[i % len(bases)] for i in range(args.stores))
     rng = np.random.default_rng(0)
     raw = rng.uniform(0.25, 2.0, args.stores)
@@ -142,6 +150,19 @@ def main() -> None:
     print(
         f"open: {args.stores} stores ({total_packs} packs), {len(ds)} samples per epoch: "
         f"{open_s:.2f} s, +{open_mb:.0f} MiB resident"
+    )
+
+    # baseline, same run: what a user did before the blend, one PackedDataset per store (every format check)
+    from packtool.loader import PackedDataset
+
+    probe = stores[: min(len(stores), 500)]
+    t = time.perf_counter()
+    for store in probe:
+        PackedDataset(store, size=args.size)
+    per_store_s = (time.perf_counter() - t) / len(probe)
+    print(
+        f"baseline: one PackedDataset per store: {per_store_s * 1e3:.2f} ms each (over {len(probe)} stores), "
+        f"{per_store_s * args.stores:.1f} s for {args.stores}; the blend opens x{per_store_s * args.stores / open_s:.1f} faster"
     )
 
     old_world = args.world // 2
