@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from support import cli, cli_error, write_random_store
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -26,3 +27,28 @@ def test_a_choice_in_the_wrong_case_is_suggested() -> None:
     assert "did you mean 'bfd'?" in line, line
     line = cli_error("tokenize", "in.jsonl", "--tokenizer", "t", "--output", "o", "--format", "Chat", code=2)
     assert "did you mean 'chat'?" in line, line
+
+
+@pytest.mark.slow  # two training scripts in subprocesses: ~25 s on 2 shared cores
+def test_train_scripts_count_steps_from_1_and_say_what_they_print(tmp_path: Path) -> None:
+    """`make demo`'s two training lines: DPO steps counted as the plain loop counts them (from 1), the vocab
+    named for what it is (not the tokenizer's 8,192), and the plain loop's resume state in words."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    tok, pairs, packs = root / "data" / "sample" / "tokenizer", tmp_path / "pairs", tmp_path / "packs"
+    code, _, err = cli("tokenize", str(root / "data/sample/preference.jsonl"), "--format", "preference",
+                       "--tokenizer", str(tok), "--output", str(pairs), "-q")  # fmt: skip
+    assert code == 0, err
+    code, _, err = cli("pack", str(pairs), "--size", "2048", "--output", str(packs), "-q")
+    assert code == 0, err
+    run = subprocess.run([sys.executable, str(root / "scripts" / "train_dpo.py"), str(packs), "--steps", "1"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "(the largest id in the packs + 1)" in lines[0] and lines[1].startswith("step 1: "), lines
+    run = subprocess.run([sys.executable, str(root / "scripts" / "train_plain.py"), str(packs), "--steps", "1",
+                          "--batch-size", "2"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1].endswith("resumes at epoch 0 after 2 packs"), run.stdout
