@@ -1,5 +1,6 @@
 """What a new user met on a fresh clone (after issue 34): `stats --plot` says where the PNG went, and a
-choice typed in the wrong case is named back in the right one."""
+choice typed in the wrong case is named back in the right one, a chat file tokenized without `--format` is told
+which format reads it, and the training scripts of `make demo` say what their numbers are."""
 
 from __future__ import annotations
 
@@ -27,6 +28,23 @@ def test_a_choice_in_the_wrong_case_is_suggested() -> None:
     assert "did you mean 'bfd'?" in line, line
     line = cli_error("tokenize", "in.jsonl", "--tokenizer", "t", "--output", "o", "--format", "Chat", code=2)
     assert "did you mean 'chat'?" in line, line
+
+
+def test_a_record_of_another_shape_names_the_format_that_reads_it(tmp_path: Path) -> None:
+    tok = Path(__file__).resolve().parent.parent / "data" / "sample" / "tokenizer"
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+                    + "\n")  # fmt: skip
+    line = cli_error("tokenize", str(chat), "--tokenizer", str(tok), "--output", str(tmp_path / "a"), "-q")
+    assert "missing field 'text' (the record is chat: pass --format chat, or --format auto)" in line, line
+    assert f"{chat}:1" in line
+    line = cli_error("tokenize", str(chat), "--format", "prompt-completion", "--tokenizer", str(tok), "--output",
+                     str(tmp_path / "b"), "-q")  # fmt: skip
+    assert "missing field 'prompt' (the record is chat: pass --format chat" in line, line
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"body": "x"}) + "\n")  # no shape of its own: nothing to suggest
+    line = cli_error("tokenize", str(other), "--tokenizer", str(tok), "--output", str(tmp_path / "c"), "-q")
+    assert line.startswith("error: bad record: missing field 'text', ") and "--format" not in line, line
 
 
 @pytest.mark.slow  # two training scripts in subprocesses: ~25 s on 2 shared cores
