@@ -47,6 +47,16 @@ def test_a_record_of_another_shape_names_the_format_that_reads_it(tmp_path: Path
     assert line.startswith("error: bad record: missing field 'text', ") and "--format" not in line, line
 
 
+def test_an_over_long_pair_names_its_token_store(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    pairs = tmp_path / "pairs"
+    code, _, err = cli("tokenize", str(root / "data/sample/preference.jsonl"), "--format", "preference",
+                       "--tokenizer", str(root / "data/sample/tokenizer"), "--output", str(pairs), "-q")  # fmt: skip
+    assert code == 0, err
+    line = cli_error("pack", str(pairs), "--size", "256", "--output", str(tmp_path / "p"), "-q")
+    assert f"over-long pairs in all), {pairs}, a pair cannot be split" in line, line
+
+
 @pytest.mark.slow  # two training scripts in subprocesses: ~25 s on 2 shared cores
 def test_train_scripts_count_steps_from_1_and_say_what_they_print(tmp_path: Path) -> None:
     """`make demo`'s two training lines: DPO steps counted as the plain loop counts them (from 1), the vocab
