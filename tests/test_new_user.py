@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import cli, cli_error, write_random_store
@@ -55,6 +56,47 @@ def test_an_over_long_pair_names_its_token_store(tmp_path: Path) -> None:
     assert code == 0, err
     line = cli_error("pack", str(pairs), "--size", "256", "--output", str(tmp_path / "p"), "-q")
     assert f"over-long pairs in all), {pairs}, a pair cannot be split" in line, line
+
+
+def _figure(monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
+    """Run `stats ... --plot` and keep the matplotlib figure it saved (as tests/test_stats_explain.py does)."""
+    import matplotlib.figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    saved: list[Any] = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(self: Any, *a: Any, **k: Any) -> None:
+        saved.append(self)
+        original(self, *a, **k)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    code, _, err = cli("stats", *args)
+    assert code == 0, err
+    (fig,) = saved
+    FigureCanvasAgg(fig).draw()
+    return fig
+
+
+def test_pack_fill_bars_agree_with_the_title_and_counts_tick_as_integers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo`'s chat packs (2048, --pad-multiple 8): a bar straddling 99% read 39 under a title of 38."""
+    root = Path(__file__).resolve().parent.parent
+    code, _, err = cli("tokenize", str(root / "data/sample/chat.jsonl"), "--format", "chat", "--tokenizer",
+                       str(root / "data/sample/tokenizer"), "--output", str(tmp_path / "t"), "-q")  # fmt: skip
+    assert code == 0, err
+    code, _, err = cli("pack", str(tmp_path / "t"), "--size", "2048", "--pad-multiple", "8", "--output",
+                       str(tmp_path / "p"), "-q")  # fmt: skip
+    assert code == 0, err
+    fig = _figure(monkeypatch, str(tmp_path / "p"), "--plot", str(tmp_path / "p.png"))
+    fill = next(ax for ax in fig.axes if ax.get_title().startswith("pack fill:"))
+    full = int(fill.get_title().split()[2])  # "pack fill: 38 of 40 packs at least 99% full ..."
+    bars = [(p.get_x(), p.get_x() + p.get_width(), p.get_height()) for p in fill.patches]
+    assert not any(lo < 99 - 1e-9 and hi > 99 + 1e-9 and h for lo, hi, h in bars), bars
+    assert sum(h for lo, _, h in bars if lo >= 99 - 1e-9) == full
+    for ax in (fill, next(ax for ax in fig.axes if ax.get_title().startswith("documents per pack"))):
+        assert all(float(t).is_integer() for t in ax.get_yticks()), ax.get_yticks()
 
 
 @pytest.mark.slow  # two training scripts in subprocesses: ~25 s on 2 shared cores
