@@ -122,3 +122,14 @@ def test_train_scripts_count_steps_from_1_and_say_what_they_print(tmp_path: Path
                           "--batch-size", "2"], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-1].endswith("resumes at epoch 0 after 2 packs"), run.stdout
+
+
+def test_a_mistyped_run_config_key_or_section_is_suggested(tmp_path: Path) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("tokenize:\n  inputs: [a.jsonl]\n  tokenizer: t\n  output: o\n  fromat: chat\n")
+    line = cli_error("run", str(cfg))
+    assert "unknown key 'fromat' in section 'tokenize'" in line and "did you mean 'format'? valid keys:" in line, line
+    cfg.write_text("tokenze:\n  inputs: [a.jsonl]\n")
+    assert "did you mean 'tokenize'? valid sections:" in cli_error("run", str(cfg))
+    cfg.write_text("tokenize:\n  inputs: [a.jsonl]\n  tokenizer: t\n  output: o\n  workers: two\n")
+    assert "write e.g. `workers: 8`" in cli_error("run", str(cfg))  # not `workers: 4096`
