@@ -133,3 +133,13 @@ def test_a_mistyped_run_config_key_or_section_is_suggested(tmp_path: Path) -> No
     assert "did you mean 'tokenize'? valid sections:" in cli_error("run", str(cfg))
     cfg.write_text("tokenize:\n  inputs: [a.jsonl]\n  tokenizer: t\n  output: o\n  workers: two\n")
     assert "write e.g. `workers: 8`" in cli_error("run", str(cfg))  # not `workers: 4096`
+
+
+def test_the_waste_plot_says_whose_lower_bound_its_line_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sorted batches can pad less than packing's bound (their rows are shorter than N): a bar left of a line
+    labelled plain "lower bound" read as a contradiction."""
+    store = write_random_store(tmp_path / "s", [300, 100, 100, 50, 20, 700])
+    fig = _figure(monkeypatch, str(store), "--size", "512", "--plot", str(tmp_path / "w.png"))
+    waste = next(ax for ax in fig.axes if ax.get_title().startswith("waste per strategy"))
+    labels = [line.get_label() for line in waste.get_lines()]
+    assert any(label.startswith("lower bound of packing ") and label.endswith("(rows of N)") for label in labels), labels

@@ -93,7 +93,9 @@ def _waste(ax: Any, stats: TokenStoreStats) -> None:
     ]
     ax.bar_label(bars, labels=labels, padding=3, fontsize=8.5)
     if bound > 0:
-        ax.axvline(bound, color=_BOUND, linestyle="--", linewidth=1.6, label=f"lower bound {bound:.2f}%")
+        ax.axvline(
+            bound, color=_BOUND, linestyle="--", linewidth=1.6, label=f"lower bound of packing {bound:.2f}% (rows of N)"
+        )
     ax.set_xscale("log")
     ax.set_xlim(floor / 10, 100 * 12)  # room on the right for the labels
     from matplotlib.ticker import FuncFormatter
