@@ -53,7 +53,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     collate = PackedCollator(flatten=True, keys=HF_KEYS)
     layout = "shared prompt" if ds.shared_prompt else "pairs"
-    print(f"{len(ds)} packs of {ds.size} tokens ({layout}), vocab {vocab}")
+    print(f"{len(ds)} packs of {ds.size} tokens ({layout}), tiny random Llama, vocab {vocab} (the largest id in the packs + 1)")
     for step in range(args.steps):
         rows = [(step * args.batch_size + i) % len(ds) for i in range(args.batch_size)]
         batch = collate(ds.__getitems__(rows))
@@ -68,7 +68,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         margin = (policy.chosen - policy.rejected - ref.chosen + ref.rejected).mean().item()
-        print(f"step {step}: {len(policy.pair_ids)} pairs, dpo loss {loss.item():.4f}, reward margin {margin:+.4f}")
+        print(f"step {step + 1}: {len(policy.pair_ids)} pairs, dpo loss {loss.item():.4f}, reward margin {margin:+.4f}")
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ def main() -> None:
             if step >= args.steps:
                 break
     state = loader.state_dict()
-    print(f"done in {time.perf_counter() - t0:.1f}s; resume state {state['epoch']}:{state['consumed']}")
+    print(f"done in {time.perf_counter() - t0:.1f}s; loader.state_dict() resumes at epoch {state['epoch']} after "
+          f"{state['consumed']} {'batches' if args.documents else 'packs'}")
 
 
 if __name__ == "__main__":

@@ -228,6 +228,7 @@ def stats(
     typer.echo(stats_text(result, as_json))
     if plot is not None and not isinstance(result, BlendStats):
         plot_stats(result, plot)
+        typer.echo(f"plot -> {plot}", err=True)  # stderr: --json stays one object on stdout
 
 
 @app.command(cls=PlainCommand)

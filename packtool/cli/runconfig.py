@@ -22,6 +22,7 @@ gives (exit 2), located at its file:line.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import os
 import re
@@ -173,7 +174,8 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
     if unknown:
         raise ConfigError(
             f"unknown section {_show(unknown[0])} in {where}, {_at(file, raw, unknown[0])}, "
-            f"valid sections: {', '.join(STEP_KEYS)}" + (" (or a top-level `steps` list)" if where == "config" else "")
+            f"{_near(unknown[0], STEP_KEYS)}valid sections: {', '.join(STEP_KEYS)}"
+            + (" (or a top-level `steps` list)" if where == "config" else "")
         )
     if not any(k in raw for k in SECTIONS):
         raise ConfigError(f"{where} has none of the sections {', '.join(SECTIONS)}, {_at(file, raw)}, add at least one")
@@ -254,6 +256,16 @@ def _has_link(section: str, raw: dict[str, Any]) -> bool:
     return any(s in raw for s in earlier if s in ("tokenize", "pack"))
 
 
+#: the integer an "expected an integer" error shows for a key (8 for the others: workers, seed, pad_multiple...)
+_INT_EXAMPLE = {"size": 4096, "max_record_bytes": 16777216, "chunk_bytes": 67108864, "hidden_size": 4096}
+
+
+def _near(key: Any, names: typing.Iterable[str]) -> str:
+    """`did you mean 'format'? ` for a mistyped key or section, else nothing."""
+    close = difflib.get_close_matches(str(key), list(names), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
 def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked: bool) -> dict[str, Any]:
     """Check the keys of one section and convert their values to the config field types."""
     cls = SECTIONS[section]
@@ -266,7 +278,8 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
         norm = str(key).replace("-", "_")
         if norm not in types_:
             raise ConfigError(
-                f"unknown key {_show(key)} in section {section!r}, {_at(file, body, key)}, valid keys: {valid}"
+                f"unknown key {_show(key)} in section {section!r}, {_at(file, body, key)}, "
+                f"{_near(norm, types_)}valid keys: {valid}"
             )
         if norm in out:
             raise ConfigError(
@@ -391,7 +404,9 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected an integer, got {_show(value)}, write e.g. `{key}: 4096`")
+        raise ConfigError(
+            f"{where}: expected an integer, got {_show(value)}, write e.g. `{key}: {_INT_EXAMPLE.get(key, 8)}`"
+        )
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)

@@ -94,7 +94,8 @@ def _bad_value(exc: Any, where: str) -> str:
     values = choice_values(param)
     if values:
         got = given if given is not None else _quoted(exc.message)
-        close = difflib.get_close_matches(str(got), values, n=1, cutoff=0.5)
+        folded = {v.lower(): v for v in values}  # 'BFD' is 'bfd' mistyped in case: suggest it
+        close = [folded[c] for c in difflib.get_close_matches(str(got).lower(), list(folded), n=1, cutoff=0.5)]
         listed = ", ".join(repr(v) for v in values)
         fix = f"did you mean {close[0]!r}? (choices: {listed})" if close else f"pass one of: {listed}"
         return f"{flag} {got!r} is not one of its choices, {where}, {fix}"

@@ -126,6 +126,7 @@ def build_pair_items(
     overlong: Overlong | str,
     pad_multiple: int = 1,
     shared: bool = False,
+    where: str = "token store",
 ) -> PairItems:
     """Pair items of the global pairs `pairs` (repeats allowed), given the GLOBAL document `starts`/`lengths`
     and the global `pair_scan` (`[3, n_global_pairs]`). Raises ConfigError for an over-long pair under
@@ -160,7 +161,7 @@ def build_pair_items(
         held = f"prompt {int(p[i])} held once + " if shared else ""
         raise ConfigError(
             f"pair {int(pairs[i])} needs {int(total[i])} tokens ({held}chosen {int(lc[i])} + rejected {int(lr[i])}), "
-            f"longer than the pack size {size} ({n_overlong} over-long pairs in all), token store, "
+            f"longer than the pack size {size} ({n_overlong} over-long pairs in all), {where}, "
             f"{why}use --overlong drop|truncate or a larger --size"
         )
     keep_c, keep_r = lc.copy(), lr.copy()

@@ -8,6 +8,7 @@ count is measured against `ceil(sum of item lengths / N)`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,14 @@ def pair_items(stores: StoreSet, pairs: np.ndarray, scan: np.ndarray, config: Pa
         config.overlong,
         config.pad_multiple,
         config.share_prompt,
+        _where(config),
     )
+
+
+def _where(config: PackConfig) -> str:
+    """The token store(s) an over-long pair error names (`pair i` counts the pairs of them all, in order)."""
+    paths = [config.tokens_dir] if isinstance(config.tokens_dir, (str, os.PathLike)) else list(config.tokens_dir)
+    return ", ".join(str(p) for p in paths)
 
 
 def plan_pair_layout(items: PairItems, config: PackConfig) -> tuple[Layout, np.ndarray]:

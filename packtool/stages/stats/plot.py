@@ -93,7 +93,9 @@ def _waste(ax: Any, stats: TokenStoreStats) -> None:
     ]
     ax.bar_label(bars, labels=labels, padding=3, fontsize=8.5)
     if bound > 0:
-        ax.axvline(bound, color=_BOUND, linestyle="--", linewidth=1.6, label=f"lower bound {bound:.2f}%")
+        ax.axvline(
+            bound, color=_BOUND, linestyle="--", linewidth=1.6, label=f"lower bound of packing {bound:.2f}% (rows of N)"
+        )
     ax.set_xscale("log")
     ax.set_xlim(floor / 10, 100 * 12)  # room on the right for the labels
     from matplotlib.ticker import FuncFormatter
@@ -153,7 +155,12 @@ def _fill(ax: Any, stats: PackStoreStats) -> None:
     the range the packs span, so "67 packs full, one at 93%" reads at a glance."""
     fill = _pack_fill(stats)
     lo = float(np.floor(min(fill.min(initial=100.0), 99.0))) - 0.5
-    counts, edges, bars = ax.hist(fill, bins=np.linspace(lo, 100.0, 41), color=_PACK, edgecolor="white")
+    # 99% is a bin edge: no bar straddles it, so the bars right of 99 count the packs the title calls full
+    width = (100.0 - lo) / 40
+    below, above = max(1, round((99.0 - lo) / width)), max(1, round(1.0 / width))
+    edges = np.append(np.linspace(lo, 99.0, below + 1), np.linspace(99.0, 100.0, above + 1)[1:])
+    counts, edges, bars = ax.hist(fill, bins=edges, color=_PACK, edgecolor="white")
+    ax.yaxis.set_major_locator(_integer_ticks())
     ax.bar_label(bars, labels=[str(int(c)) if c else "" for c in counts], padding=2, fontsize=8.5)
     ax.axvline(100, color="black", linestyle=":", linewidth=1.4, label=f"capacity N = {stats.size}")
     ax.axvline(100 * stats.efficiency, color=_BOUND, linestyle="--", linewidth=1.4,
@@ -169,6 +176,12 @@ def _fill(ax: Any, stats: PackStoreStats) -> None:
     ax.legend(loc="upper left", fontsize=8.5)
     ax.text(0.02, 0.80, _breakdown(stats), transform=ax.transAxes, va="top", fontsize=8.5, family="monospace",
             bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#bbbbbb"})  # fmt: skip
+
+
+def _integer_ticks() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
 
 
 def _breakdown(stats: PackStoreStats) -> str:
@@ -199,6 +212,7 @@ def _docs_per_pack(ax: Any, stats: PackStoreStats) -> None:
         ax.bar(ks, counts[ks], width=width, color=_HIST)
         ax.axvline(stats.docs_per_pack_mean, color=_BOUND, linestyle="--", label=f"mean {stats.docs_per_pack_mean:.1f}")
         ax.legend(loc="upper right")
+    ax.yaxis.set_major_locator(_integer_ticks())  # a count of packs: no 0.25 ticks
     ax.set(xlabel="segments (documents or their fragments) in a pack", ylabel="packs",
            title=f"documents per pack: mean {stats.docs_per_pack_mean:.1f}, max {stats.docs_per_pack_max}")  # fmt: skip
 

@@ -69,6 +69,16 @@ def detect_shape(record: Any) -> str | None:
     return None if own is None else own.label
 
 
+def other_format_hint(record: Any, fmt: str) -> str:
+    """` (the record is chat: pass --format chat, or --format auto)` when a record that `fmt` cannot read
+    has a shape of its own under another format, else nothing: a `missing field 'text'` on a chat file says
+    which flag was left out."""
+    own = _own(fits(record)) if isinstance(record, dict) else None
+    if own is None or own.format == fmt:
+        return ""
+    return f" (the record is {own.label}: pass --format {own.format}, or --format auto)"
+
+
 Decided = list[tuple[Sample, list[tuple[Candidate, bool]], Candidate]]
 
 

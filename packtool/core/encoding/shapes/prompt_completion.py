@@ -16,11 +16,17 @@ from packtool.core.encoding.shapes.fields import get_text_field
 def convert(record: Any, options: ShapeOptions) -> Plain:
     prompt, reason = get_text_field(record, options.fields.prompt)
     if prompt is None:
-        raise ShapeError(reason or "bad prompt")
+        raise ShapeError((reason or "bad prompt") + _hint(record))
     completion, reason = get_text_field(record, options.fields.completion)
     if completion is None:
-        raise ShapeError(reason or "bad completion")
+        raise ShapeError((reason or "bad completion") + _hint(record))
     return prompt + completion, [(len(prompt), len(prompt) + len(completion))]
+
+
+def _hint(record: Any) -> str:
+    from packtool.core.encoding.shapes.detect import other_format_hint  # detect imports every shape: lazily
+
+    return other_format_hint(record, "prompt-completion")
 
 
 def detect(record: Any, fields: ShapeFields) -> Fit | None:

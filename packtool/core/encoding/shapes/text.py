@@ -15,8 +15,14 @@ from packtool.core.encoding.shapes.fields import get_text_field
 def convert(record: Any, options: ShapeOptions) -> Plain:
     got, reason = get_text_field(record, options.fields.text)
     if got is None:
-        raise ShapeError(reason or "bad text field")
+        raise ShapeError((reason or "bad text field") + _hint(record))
     return got, None
+
+
+def _hint(record: Any) -> str:
+    from packtool.core.encoding.shapes.detect import other_format_hint  # detect imports every shape: lazily
+
+    return other_format_hint(record, "text")
 
 
 def detect(record: Any, fields: ShapeFields) -> Fit | None:
