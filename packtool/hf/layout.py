@@ -35,6 +35,7 @@ layers that share a mask share it, and checked on the host once per forward.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ from packtool.hf.mask import SEGMENTS, WINDOW
 from packtool.hf.rows import Blocks, Layout, Reading
 
 _MEMO = "_packtool_reading"  # attribute of the tensor a forward's reading is kept on
+_PACKED = "_packtool_packed"  # attribute of an attention layer: its last forward without a cache held packed rows
 _READ = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "position_ids", "max_length_q", "max_length_k", "lengths")
 """The call's keys a reading depends on (with the mask): the same objects give the same reading."""
 
@@ -62,6 +64,7 @@ class _Plan:
     hole_span: int  # the longest segment holding a hole (0: none)
     blocks: Blocks | None
     empty: bool
+    packed: bool = False  # some row holds more than one declared document (a KV cache built from it mixes them)
 
 
 def read(
@@ -74,14 +77,18 @@ def read(
     *,
     prefix: Any = None,
     causal: bool = True,
+    owner: Any = None,
 ) -> Reading:
     """THE reading of one attention call (`[B, T, heads, D]` q/k/v): see the module docstring.
 
     Layouts are added here and only here: a batch key that declares another layout gets its branch at the top
     of this function (the one dispatch point), and every other key must then agree with it or be refused.
     `prefix`: a preference batch's `prefix_segment` (popped from the call by `shared_prompt.pop`).
+    `owner`: the attention layer; each forward whose queries are its keys marks on it whether a row held several
+    documents, so that queries after a KV cache that forward filled are refused (`_after_cache`).
     """
-    if prefix is not None:  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
+    if prefix is not None:
+        _mark(owner, True)  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
         rows = shared_prompt.from_prefix(q, k, v, mask, prefix, kwargs, causal)
         window = getattr(mask, WINDOW, sliding_window) if mask is not None else sliding_window
         left = int(window) - 1 if window is not None and 0 < int(window) < rows.max_k else None
@@ -102,9 +109,17 @@ def read(
         mask = mask[:, : max(used, tq)] if used <= tq else mask[:, :used]
         width = mask.shape[1]
     if width != tq or (tq == 1 and k.shape[1] > 1 and mask is None):
+        if getattr(owner, _PACKED, False):
+            raise ConfigError(
+                f"{tq} {'query' if tq == 1 else 'queries'} after a KV cache filled by a packed forward (a row of "
+                "several documents: the cache holds them all, and a continued document would attend to the others), "
+                "packtool.hf, generate or continue each document from its own prompt (one per row, padded), or pass "
+                "use_cache=False with packed batches"
+            )
         return _after_cache(q, k, v, mask, kwargs, sliding_window)
     k, v = k[:, :tq], v[:, :tq]
     plan = _plan(b, tq, q.device, mask, kwargs)
+    _mark(owner, plan.packed)
     window = getattr(segmask, WINDOW, sliding_window) if segmask is not None else sliding_window
     left = None
     if window is not None and 0 < int(window) < plan.span:
@@ -122,6 +137,12 @@ def read(
         flat_q, flat_k, flat_v = (t.index_select(0, plan.index) for t in (flat_q, flat_k, flat_v))
     rows = Layout(flat_q, flat_k, flat_v, plan.cu, plan.cu, plan.longest, plan.longest, (b, tq), plan.index)
     return Reading(rows, plan.blocks, left)
+
+
+def _mark(owner: Any, packed: bool) -> None:
+    if owner is not None and getattr(owner, _PACKED, False) != packed:
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(owner, _PACKED, packed)
 
 
 # ---------------------------------------------------------------------------------------------- training / prefill
@@ -181,6 +202,7 @@ def _build(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwar
                 pattern = _kept_starts(mask >> 1, None, numbered=True)
     _check_lengths(b, t, kwargs.get("lengths"), keep)
     docs, source = _declared(b, t, device, kwargs, keep)
+    packed = bool((docs & ~_kept_starts(torch.zeros_like(docs), keep)).any())  # a row of several documents
     starts = docs
     if pattern is not None:
         extra, missed = (pattern & ~docs).any(), (docs & ~pattern).any()
@@ -192,7 +214,7 @@ def _build(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwar
                 "and use_cache=False, or batch this model's documents padded (attention_mask)"
             )
         starts = docs | pattern
-    return _segments(starts, keep, joined)
+    return dataclasses.replace(_segments(starts, keep, joined), packed=packed)
 
 
 def _check_lengths(b: int, t: int, lengths: Any, keep: torch.Tensor | None) -> None:

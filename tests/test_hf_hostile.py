@@ -1,0 +1,153 @@
+"""A second hostile pass over `attn_implementation="packtool"`: cases the collator sweep (test_hf_combinations.py)
+does not hold.
+
+Float64, tiny models from transformers' own config classes, each document run alone under eager as the
+reference (logits within 1e-6 x their largest value):
+- a KV cache filled by a packed forward (a row of several documents), then continued (`model(next, past_key_values=
+  cache)`, or `generate` on a packed prompt): the cache holds every document of the row, so the continued one
+  would attend to the others (eager does, silently). Refused by name; a fresh prefill after it runs again;
+- windowed families the sweep does not build (Gemma 3's own mask functions, Qwen2 with `max_window_layers`,
+  Cohere2, OLMo 3) and MLA (DeepSeek-V3: values narrower than queries) under `cu_seq_lens` without
+  `position_ids`, with int64 / 2-D offsets, `max_length` as a tensor, int32 positions, bool/float masks;
+- `generate` on a left-padded batch with sinks (gpt-oss) and softcapping (Gemma 2), dynamic and static caches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from hf_support import SMALL, build, documents  # noqa: E402
+
+import packtool.hf  # noqa: E402, F401
+from packtool.errors import ConfigError  # noqa: E402
+
+RTOL = 1e-6
+
+
+def flat(docs):
+    ids = torch.cat(docs)[None]
+    pos = torch.cat([torch.arange(len(d)) for d in docs])[None]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum([len(d) for d in docs])]), dtype=torch.int32)
+    return ids, pos, cu
+
+
+def tiny(config):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float64,
+                                                         experts_implementation="eager").eval()  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gpt_oss"])
+def test_continuing_a_kv_cache_filled_by_a_packed_forward_is_refused(name: str) -> None:
+    """The continued document would attend to every other document of its row (eager does: 1e-2 .. 1e-1 off
+    the document alone); packtool ran it silently. Refused, through a hand-driven cache and through generate."""
+    model = build(name, attn="packtool")
+    docs = documents()
+    ids, pos, cu = flat(docs)
+    nxt, at = torch.tensor([[5]]), torch.tensor([[len(docs[-1])]])
+    for keys in ({"position_ids": pos}, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}):
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache, use_cache=True, **keys)  # the packed forward itself is exact
+            with pytest.raises(ConfigError, match=r"1 query after a KV cache filled by a packed forward .*packtool.hf"):
+                model(input_ids=nxt, past_key_values=cache, use_cache=True, position_ids=at)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with pytest.raises(ConfigError, match=r"after a KV cache filled by a packed forward"):
+        model.generate(input_ids=ids, position_ids=pos, max_new_tokens=3, do_sample=False)
+    # a prefill of one document per row after it is read again: generation right, as under eager
+    got = model.generate(input_ids=docs[-1][None], max_new_tokens=3, do_sample=False)
+    model.set_attn_implementation("eager")
+    assert torch.equal(got, model.generate(input_ids=docs[-1][None], max_new_tokens=3, do_sample=False))
+
+
+def more_families():
+    small = {k: v for k, v in SMALL.items() if k != "head_dim"}
+    pattern = ["sliding_attention", "full_attention"]
+    t = transformers
+    return {
+        "gemma3": t.Gemma3TextConfig(**SMALL, num_hidden_layers=2, sliding_window=4, query_pre_attn_scalar=8,
+                                     layer_types=pattern),
+        "qwen2": t.Qwen2Config(**SMALL, num_hidden_layers=2, use_sliding_window=True, sliding_window=4,
+                               max_window_layers=1),
+        "cohere2": t.Cohere2Config(**SMALL, num_hidden_layers=2, sliding_window=4, layer_types=pattern),
+        "olmo3": t.Olmo3Config(**small, num_hidden_layers=2, sliding_window=4, layer_types=pattern),
+        "deepseek_v3": t.DeepseekV3Config(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                          n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                          first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+                                          qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=64, pad_token_id=0,
+                                          bos_token_id=1, eos_token_id=2),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(more_families()))
+def test_more_windowed_families_and_mla_pack_exactly_from_every_key_spelling(name: str) -> None:
+    model = tiny(more_families()[name])
+    docs = documents()
+    with torch.no_grad():
+        ref = [model(input_ids=d[None]).logits[0] for d in docs]
+    want = torch.cat(ref)
+    scale = float(want.abs().max())
+    ids, pos, cu = flat(docs)
+    ones = torch.ones_like(ids)
+    spellings = {
+        "cu_seq_lens, no position_ids": {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu},
+        "cu_seq_lens int64, 2-D, max_length tensors": {"cu_seq_lens_q": cu.long()[None], "cu_seq_lens_k": cu.long()[None],
+                                                       "max_length_q": torch.tensor(11), "max_length_k": torch.tensor(11)},
+        "cu_seq_lens_q alone + a bool all-ones mask": {"cu_seq_lens_q": cu, "attention_mask": ones.bool()},
+        "int32 position_ids + a float all-ones mask": {"position_ids": pos.int(), "attention_mask": ones.double()},
+        "position_ids": {"position_ids": pos},
+    }  # fmt: skip
+    model.set_attn_implementation("packtool")
+    for label, keys in spellings.items():
+        for use_cache in (False, True):
+            with torch.no_grad():
+                got = model(input_ids=ids, use_cache=use_cache, **keys).logits[0]
+            worst = float((got - want).abs().max())
+            assert worst <= RTOL * scale, f"{name} {label} use_cache={use_cache}: {worst:.2e}"
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "gemma2"])
+def test_generate_left_padded_with_sinks_or_softcapping_equals_each_prompt_alone(name: str) -> None:
+    docs = documents(1)[:3]
+    model = build(name)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    opts = {"max_new_tokens": 5, "do_sample": False, "return_dict_in_generate": True, "output_logits": True}
+    want = [model.generate(input_ids=d[None], **opts) for d in docs]
+    model.set_attn_implementation("packtool")
+    width = max(len(d) for d in docs)
+    ids = torch.zeros(len(docs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, d in enumerate(docs):
+        ids[i, width - len(d) :], mask[i, width - len(d) :] = d, 1
+    for cache in ("dynamic", "static"):
+        got = model.generate(input_ids=ids, attention_mask=mask.bool(), cache_implementation=cache, **opts)
+        for i, w in enumerate(want):
+            assert torch.equal(got.sequences[i, width:], w.sequences[0, len(docs[i]) :]), (name, cache, i)
+            for a, b in zip(got.logits, w.logits, strict=True):
+                torch.testing.assert_close(a[i], b[0], rtol=RTOL, atol=RTOL * float(b.abs().max()))
+
+
+def test_an_encoder_decoder_is_refused_not_run_with_its_cross_attention_misread() -> None:
+    """Bart under "packtool": the cross-attention call (decoder queries, encoder keys) was read as queries after a
+    KV cache, its queries taken from the encoder's padding mask: decoder logits 1e-3 off eager, silently."""
+    config = transformers.BartConfig(vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(config, attn_implementation="packtool",
+                                                           dtype=torch.float64).eval()  # fmt: skip
+    docs = documents()[:2]
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, d in enumerate(docs):
+        ids[i, : len(d)], mask[i, : len(d)] = d, 1
+    for keys in ({"attention_mask": mask}, {}):
+        with pytest.raises(ConfigError, match=r"an encoder-decoder model \(BartConfig.*cannot run as "
+                                              r"attn_implementation='packtool'"):  # fmt: skip
+            model(input_ids=ids, decoder_input_ids=ids[:, :5], **keys)
