@@ -85,7 +85,8 @@ def read(
     of this function (the one dispatch point), and every other key must then agree with it or be refused.
     `prefix`: a preference batch's `prefix_segment` (popped from the call by `shared_prompt.pop`).
     `owner`: the attention layer; each forward whose queries are its keys marks on it whether a row held several
-    documents, so that queries after a KV cache that forward filled are refused (`_after_cache`).
+    documents (and a cache may be filled: not `use_cache=False`), so that queries after a KV cache that forward
+    filled are refused.
     """
     if prefix is not None:
         _mark(owner, True)  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
@@ -119,7 +120,7 @@ def read(
         return _after_cache(q, k, v, mask, kwargs, sliding_window)
     k, v = k[:, :tq], v[:, :tq]
     plan = _plan(b, tq, q.device, mask, kwargs)
-    _mark(owner, plan.packed)
+    _mark(owner, plan.packed and kwargs.get("use_cache") is not False)  # use_cache=False: no cache is filled
     window = getattr(segmask, WINDOW, sliding_window) if segmask is not None else sliding_window
     left = None
     if window is not None and 0 < int(window) < plan.span:
