@@ -89,7 +89,9 @@ def read(
     filled are refused.
     """
     if prefix is not None:
-        _mark(owner, True)  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
+        _mark(
+            owner, kwargs.get("use_cache") is not False
+        )  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
         rows = shared_prompt.from_prefix(q, k, v, mask, prefix, kwargs, causal)
         window = getattr(mask, WINDOW, sliding_window) if mask is not None else sliding_window
         left = int(window) - 1 if window is not None and 0 < int(window) < rows.max_k else None
