@@ -5,8 +5,10 @@ Float64, tiny models from transformers' own config classes, each document run al
 reference (logits within 1e-6 x their largest value):
 - a KV cache filled by a packed forward (a row of several documents), then continued (`model(next, past_key_values=
   cache)`, or `generate` on a packed prompt): the cache holds every document of the row, so the continued one
-  would attend to the others (eager does, silently). Refused by name; a fresh prefill after it runs again;
-- windowed families the sweep does not build (Gemma 3's own mask functions, Qwen2 with `max_window_layers`,
+  would attend to the others (eager does, silently). Refused by name; `generate(use_cache=False)` on the packed
+  prompt is each document alone, and a fresh prefill after it runs again;
+- an encoder-decoder (Bart): its cross-attention was read as queries after a cache; refused by name;
+- windowed families the collator sweep's fast families do not include (Gemma 3's own mask functions, Qwen2 with `max_window_layers`,
   Cohere2, OLMo 3) and MLA (DeepSeek-V3: values narrower than queries) under `cu_seq_lens` without
   `position_ids`, with int64 / 2-D offsets, `max_length` as a tensor, int32 positions, bool/float masks;
 - `generate` on a left-padded batch with sinks (gpt-oss) and softcapping (Gemma 2), dynamic and static caches.
@@ -52,10 +54,17 @@ def test_continuing_a_kv_cache_filled_by_a_packed_forward_is_refused(name: str) 
     model.generation_config.pad_token_id = 0
     with pytest.raises(ConfigError, match=r"after a KV cache filled by a packed forward"):
         model.generate(input_ids=ids, position_ids=pos, max_new_tokens=3, do_sample=False)
+    # the refusal's advice: use_cache=False re-reads the packed prompt every step, each document alone
+    opts = {"max_new_tokens": 3, "do_sample": False, "output_logits": True, "return_dict_in_generate": True}
+    packed = model.generate(input_ids=ids, position_ids=pos, use_cache=False, **opts)
     # a prefill of one document per row after it is read again: generation right, as under eager
-    got = model.generate(input_ids=docs[-1][None], max_new_tokens=3, do_sample=False)
+    got = model.generate(input_ids=docs[-1][None], **opts)
     model.set_attn_implementation("eager")
-    assert torch.equal(got, model.generate(input_ids=docs[-1][None], max_new_tokens=3, do_sample=False))
+    want = model.generate(input_ids=docs[-1][None], **opts)
+    assert torch.equal(got.sequences, want.sequences) and torch.equal(packed.sequences[0, -3:], want.sequences[0, -3:])
+    for a, b, c in zip(packed.logits, got.logits, want.logits, strict=True):
+        torch.testing.assert_close(a, c, rtol=RTOL, atol=RTOL * float(c.abs().max()))
+        torch.testing.assert_close(b, c, rtol=RTOL, atol=RTOL * float(c.abs().max()))
 
 
 MORE = ("gemma3", "qwen2", "cohere2", "olmo3", "deepseek_v3")  # hf_support.config: beyond the collator sweep
