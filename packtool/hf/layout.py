@@ -8,7 +8,9 @@ combination is either read exactly, as each document alone under eager, or refus
 `ConfigError` that says which keys disagree and what to pass instead). The table, in docs/HF.md:
 
 - queries after a KV cache (decoding, a chunk): one sequence per row, unpadded by the 2-D mask,
-  causal from the bottom right; `cu_seq_lens_*` there are refused;
+  causal from the bottom right; `cu_seq_lens_*` there are refused, and so are queries after a cache that a
+  packed forward filled (a row of several documents, marked on the layer: the continued document would see
+  the others); `generate(use_cache=False)` re-reads a packed prompt at every step instead;
 - otherwise (training, evaluation, a prefill) the documents come from the first key present of
   `cu_seq_lens_q` (which must equal `cu_seq_lens_k`), `seq_idx`, restarting `position_ids` (a document
   starts where the position is not the previous + 1), else each row is one document. A key that is
