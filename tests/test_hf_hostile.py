@@ -137,3 +137,43 @@ def test_an_encoder_decoder_is_refused_not_run_with_its_cross_attention_misread(
         with pytest.raises(ConfigError, match=r"an encoder-decoder model \(BartConfig.*cannot run as "
                                               r"attn_implementation='packtool'"):  # fmt: skip
             model(input_ids=ids, decoder_input_ids=ids[:, :5], **keys)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt_oss"])
+def test_packed_documents_after_a_cache_are_refused_and_a_continued_chunk_is_exact(name: str) -> None:
+    """Queries after a KV cache are one sequence per row: a packed batch after a prefix in the cache (PEFT's prefix
+    tuning keeps one there) and a packed prompt prefilled in chunks (`prefill_chunk_size`) ran as one sequence,
+    every document attending to the others and to the cache. Refused where position_ids restart inside the
+    queries; a left-padded second turn (positions continuing each row) stays exact."""
+    model = build(name, attn="packtool")
+    docs = documents()
+    ids, pos, _ = flat(docs)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[7, 8, 9]]), past_key_values=cache, use_cache=True)
+        with pytest.raises(ConfigError, match=r"position_ids start a new document at row 0, token 9 of 32 queries "
+                                              r"after a KV cache of 35 keys.*packtool.hf"):  # fmt: skip
+            model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with pytest.raises(ConfigError, match=r"position_ids start a new document at row 0, token 1 of 8 queries"):
+        model.generate(input_ids=ids, position_ids=pos, max_new_tokens=2, prefill_chunk_size=8)
+    # two turns of two left-padded rows: the second turn after the cache, each row one sequence
+    first, second = docs[2], docs[0]
+    turn1 = torch.zeros(2, 6, dtype=torch.long)
+    mask1 = torch.zeros_like(turn1)
+    turn1[0], mask1[0] = first[:6], 1
+    turn1[1, 2:], mask1[1, 2:] = second[:4], 1
+    turn2 = torch.stack([first[6:11], second[4:9]])
+    mask2 = torch.cat([mask1, torch.ones(2, 5, dtype=torch.long)], 1)
+    pos1 = (mask1.cumsum(-1) - 1).clamp(min=0)
+    pos2 = pos1[:, -1:] + 1 + torch.arange(5)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        a = model(input_ids=turn1, attention_mask=mask1, position_ids=pos1, past_key_values=cache, use_cache=True)
+        b = model(input_ids=turn2, attention_mask=mask2, position_ids=pos2, past_key_values=cache, use_cache=True)
+        got = [torch.cat([a.logits[0], b.logits[0]]), torch.cat([a.logits[1, 2:], b.logits[1]])]
+        model.set_attn_implementation("eager")
+        want = [model(input_ids=first[None]).logits[0], model(input_ids=second[None]).logits[0]]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=RTOL * float(w.abs().max()))

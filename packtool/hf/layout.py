@@ -10,7 +10,8 @@ combination is either read exactly, as each document alone under eager, or refus
 - queries after a KV cache (decoding, a chunk): one sequence per row, unpadded by the 2-D mask,
   causal from the bottom right; `cu_seq_lens_*` there are refused, and so are queries after a cache that a
   packed forward filled (a row of several documents, marked on the layer: the continued document would see
-  the others); `generate(use_cache=False)` re-reads a packed prompt at every step instead;
+  the others), and queries whose `position_ids` restart inside a row (a packed batch after a prefix cache, a
+  packed prompt prefilled in chunks); `generate(use_cache=False)` re-reads a packed prompt at every step instead;
 - otherwise (training, evaluation, a prefill) the documents come from the first key present of
   `cu_seq_lens_q` (which must equal `cu_seq_lens_k`), `seq_idx`, restarting `position_ids` (a document
   starts where the position is not the previous + 1), else each row is one document. A key that is
@@ -454,6 +455,40 @@ def _cu(lengths: torch.Tensor) -> torch.Tensor:
     return F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
 
 
+def _refuse_documents_after_cache(
+    b: int, tq: int, device: torch.device, mask: torch.Tensor | None, kwargs: dict[str, Any], tk: int
+) -> None:
+    """Queries after a cache are one sequence per row: a chunk whose `position_ids` restart (or `seq_idx` changes)
+    inside a row's real queries holds several documents (a packed batch after a prefix cache, a packed prompt
+    prefilled in chunks), which would attend to each other and to the cache: refused, never run as one."""
+    keep = None if mask is None or mask.shape[1] < tq else mask[:, -tq:] != 0
+    pos, seq = kwargs.get("position_ids"), kwargs.get("seq_idx")
+    found: list[tuple[str, torch.Tensor | None]] = []
+    if (
+        isinstance(pos, torch.Tensor)
+        and pos.ndim in (1, 2)
+        and pos.shape[-1] == tq
+        and pos.reshape(-1, tq).shape[0] in (1, b)
+    ):
+        found.append(("position_ids", _position_starts(b, tq, device, pos)))
+    if isinstance(seq, torch.Tensor) and seq.numel() == b * tq:
+        flat = seq.reshape(b, tq).to(device)
+        changes = torch.ones(b, tq, dtype=torch.bool, device=device)
+        changes[:, 1:] = flat[:, 1:] != flat[:, :-1]
+        found.append(("seq_idx", changes))
+    for name, starts in found:
+        if starts is None:
+            continue
+        extra = _kept_starts(starts, keep) & ~_kept_starts(torch.zeros_like(starts), keep)
+        if bool(extra.any()):
+            row, col = extra.nonzero()[0].tolist()
+            raise ConfigError(
+                f"{name} start a new document at row {row}, token {col} of {tq} queries after a KV cache of {tk} keys "
+                "(packed documents after a cache would attend to each other and to the cache), packtool.hf, run "
+                "packed batches without a cache (past_key_values=None, use_cache=False), or one document per row"
+            )
+
+
 def _after_cache(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -471,6 +506,8 @@ def _after_cache(
         )
     b, tq = q.shape[:2]
     dev = q.device
+    if tq > 1:
+        _refuse_documents_after_cache(b, tq, dev, mask, kwargs, k.shape[1])
     if mask is None:
         tk = k.shape[1]
         cu_q = torch.arange(b + 1, dtype=torch.int32, device=dev) * tq
