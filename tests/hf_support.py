@@ -41,6 +41,25 @@ def config(name: str) -> Any:
         return transformers.GptOssConfig(**{**SMALL, "intermediate_size": 16}, num_hidden_layers=2, sliding_window=4,
                                          num_local_experts=4, num_experts_per_tok=2,
                                          layer_types=["sliding_attention", "full_attention"])
+    small = {k: v for k, v in SMALL.items() if k != "head_dim"}
+    pattern = ["sliding_attention", "full_attention"]
+    if name == "gemma3":  # its own mask functions
+        return transformers.Gemma3TextConfig(**SMALL, num_hidden_layers=2, sliding_window=4, query_pre_attn_scalar=8,
+                                             layer_types=pattern)
+    if name == "qwen2":  # sliding layers from max_window_layers
+        return transformers.Qwen2Config(**SMALL, num_hidden_layers=2, use_sliding_window=True, sliding_window=4,
+                                        max_window_layers=1)
+    if name == "cohere2":
+        return transformers.Cohere2Config(**SMALL, num_hidden_layers=2, sliding_window=4, layer_types=pattern)
+    if name == "olmo3":
+        return transformers.Olmo3Config(**small, num_hidden_layers=2, sliding_window=4, layer_types=pattern)
+    if name == "deepseek_v3":  # MLA: values narrower than queries
+        return transformers.DeepseekV3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                             moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                                             n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=16,
+                                             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                                             max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     raise KeyError(name)
 
 

@@ -193,11 +193,26 @@ def family(request):
 
 
 def test_every_collator_combination_gives_each_document_alone_or_a_named_refusal(family) -> None:
-    name, model, docs, ref = family
+    assert_every_combination(*family)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen2", "cohere2", "olmo3", "deepseek_v3"])
+def test_every_collator_combination_on_more_windowed_families_and_mla(name) -> None:
+    """The same sweep on Gemma 3 (its own mask functions), Qwen2 (max_window_layers), Cohere2, OLMo 3 (windows
+    of 4 on local layers) and DeepSeek-V3 (MLA: values narrower than queries)."""
+    model = build(name)
+    docs = documents()
+    with torch.no_grad():
+        ref = [model(input_ids=d[None]).logits[0] for d in docs]
+    assert_every_combination(name, model, docs, ref, windowed=name != "deepseek_v3")
+
+
+def assert_every_combination(name, model, docs, ref, windowed: bool | None = None) -> None:
+    windowed = name in WINDOWED if windowed is None else windowed
     scale = max(float(r.abs().max()) for r in ref)
     failures = []
     for label, case in cases(docs).items():
-        refuse = case.windowed_refuse if name in WINDOWED and case.windowed_refuse else case.refuse
+        refuse = case.windowed_refuse if windowed and case.windowed_refuse else case.refuse
         # a cache changes what transformers builds only without a mask (it then skips finding packed documents)
         for use_cache in (False,) if "attention_mask" in case.batch else (False, True):
             model.set_attn_implementation("packtool")

@@ -83,7 +83,7 @@ def attention_forward(
             "use attn_implementation='sdpa' or 'eager' for this model"
         )
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    reading = layout.read(q, k, v, attention_mask, kwargs, sliding_window, prefix=prefix, causal=causal)
+    reading = layout.read(q, k, v, attention_mask, kwargs, sliding_window, prefix=prefix, causal=causal, owner=module)
     rows, blocks, window = reading.rows, reading.blocks, reading.window  # the batch's one reading
     if rows is None:  # no real token in the batch: padding gets 0, as flash-attention gives it
         return q.new_zeros(*q.shape[:-1], dim_v), None

@@ -72,6 +72,11 @@ def refuse_config(config: Any) -> None:
         value = getattr(config, field, None)
         if value is not None and value != {} and value != 0:
             raise refuse(feature)
+    if getattr(config, "is_encoder_decoder", False) is True:
+        raise refuse(
+            f"an encoder-decoder model ({type(config).__name__}: its decoder's cross-attention keys are the encoder's "
+            "tokens, which the batch's padding mask and documents do not describe)"
+        )
 
 
 def refuse_call(kwargs: dict[str, Any], heads: int) -> None:

@@ -8,7 +8,10 @@ combination is either read exactly, as each document alone under eager, or refus
 `ConfigError` that says which keys disagree and what to pass instead). The table, in docs/HF.md:
 
 - queries after a KV cache (decoding, a chunk): one sequence per row, unpadded by the 2-D mask,
-  causal from the bottom right; `cu_seq_lens_*` there are refused;
+  causal from the bottom right; `cu_seq_lens_*` there are refused, and so are queries after a cache that a
+  packed forward filled (a row of several documents, marked on the layer: the continued document would see
+  the others), and queries whose `position_ids` restart inside a row (a packed batch after a prefix cache, a
+  packed prompt prefilled in chunks); `generate(use_cache=False)` re-reads a packed prompt at every step instead;
 - otherwise (training, evaluation, a prefill) the documents come from the first key present of
   `cu_seq_lens_q` (which must equal `cu_seq_lens_k`), `seq_idx`, restarting `position_ids` (a document
   starts where the position is not the previous + 1), else each row is one document. A key that is
@@ -35,6 +38,7 @@ layers that share a mask share it, and checked on the host once per forward.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +51,7 @@ from packtool.hf.mask import SEGMENTS, WINDOW
 from packtool.hf.rows import Blocks, Layout, Reading
 
 _MEMO = "_packtool_reading"  # attribute of the tensor a forward's reading is kept on
+_PACKED = "_packtool_packed"  # attribute of an attention layer: its last forward without a cache held packed rows
 _READ = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "position_ids", "max_length_q", "max_length_k", "lengths")
 """The call's keys a reading depends on (with the mask): the same objects give the same reading."""
 
@@ -62,6 +67,7 @@ class _Plan:
     hole_span: int  # the longest segment holding a hole (0: none)
     blocks: Blocks | None
     empty: bool
+    packed: bool = False  # some row holds more than one declared document (a KV cache built from it mixes them)
 
 
 def read(
@@ -74,14 +80,21 @@ def read(
     *,
     prefix: Any = None,
     causal: bool = True,
+    owner: Any = None,
 ) -> Reading:
     """THE reading of one attention call (`[B, T, heads, D]` q/k/v): see the module docstring.
 
     Layouts are added here and only here: a batch key that declares another layout gets its branch at the top
     of this function (the one dispatch point), and every other key must then agree with it or be refused.
     `prefix`: a preference batch's `prefix_segment` (popped from the call by `shared_prompt.pop`).
+    `owner`: the attention layer; each forward whose queries are its keys marks on it whether a row held several
+    documents (and a cache may be filled: not `use_cache=False`), so that queries after a KV cache that forward
+    filled are refused.
     """
-    if prefix is not None:  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
+    if prefix is not None:
+        _mark(
+            owner, kwargs.get("use_cache") is not False
+        )  # the shared-prompt layout: P/C/R segments of cu_seq_lens_q (hf/shared_prompt.py)
         rows = shared_prompt.from_prefix(q, k, v, mask, prefix, kwargs, causal)
         window = getattr(mask, WINDOW, sliding_window) if mask is not None else sliding_window
         left = int(window) - 1 if window is not None and 0 < int(window) < rows.max_k else None
@@ -102,9 +115,17 @@ def read(
         mask = mask[:, : max(used, tq)] if used <= tq else mask[:, :used]
         width = mask.shape[1]
     if width != tq or (tq == 1 and k.shape[1] > 1 and mask is None):
+        if getattr(owner, _PACKED, False):
+            raise ConfigError(
+                f"{tq} {'query' if tq == 1 else 'queries'} after a KV cache filled by a packed forward (a row of "
+                "several documents: the cache holds them all, and a continued document would attend to the others), "
+                "packtool.hf, generate or continue each document from its own prompt (one per row, padded), or pass "
+                "use_cache=False with packed batches"
+            )
         return _after_cache(q, k, v, mask, kwargs, sliding_window)
     k, v = k[:, :tq], v[:, :tq]
     plan = _plan(b, tq, q.device, mask, kwargs)
+    _mark(owner, plan.packed and kwargs.get("use_cache") is not False)  # use_cache=False: no cache is filled
     window = getattr(segmask, WINDOW, sliding_window) if segmask is not None else sliding_window
     left = None
     if window is not None and 0 < int(window) < plan.span:
@@ -122,6 +143,12 @@ def read(
         flat_q, flat_k, flat_v = (t.index_select(0, plan.index) for t in (flat_q, flat_k, flat_v))
     rows = Layout(flat_q, flat_k, flat_v, plan.cu, plan.cu, plan.longest, plan.longest, (b, tq), plan.index)
     return Reading(rows, plan.blocks, left)
+
+
+def _mark(owner: Any, packed: bool) -> None:
+    if owner is not None and getattr(owner, _PACKED, False) != packed:
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(owner, _PACKED, packed)
 
 
 # ---------------------------------------------------------------------------------------------- training / prefill
@@ -181,6 +208,7 @@ def _build(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwar
                 pattern = _kept_starts(mask >> 1, None, numbered=True)
     _check_lengths(b, t, kwargs.get("lengths"), keep)
     docs, source = _declared(b, t, device, kwargs, keep)
+    packed = bool((docs & ~_kept_starts(torch.zeros_like(docs), keep)).any())  # a row of several documents
     starts = docs
     if pattern is not None:
         extra, missed = (pattern & ~docs).any(), (docs & ~pattern).any()
@@ -192,7 +220,7 @@ def _build(b: int, t: int, device: torch.device, mask: torch.Tensor | None, kwar
                 "and use_cache=False, or batch this model's documents padded (attention_mask)"
             )
         starts = docs | pattern
-    return _segments(starts, keep, joined)
+    return dataclasses.replace(_segments(starts, keep, joined), packed=packed)
 
 
 def _check_lengths(b: int, t: int, lengths: Any, keep: torch.Tensor | None) -> None:
@@ -427,6 +455,40 @@ def _cu(lengths: torch.Tensor) -> torch.Tensor:
     return F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
 
 
+def _refuse_documents_after_cache(
+    b: int, tq: int, device: torch.device, mask: torch.Tensor | None, kwargs: dict[str, Any], tk: int
+) -> None:
+    """Queries after a cache are one sequence per row: a chunk whose `position_ids` restart (or `seq_idx` changes)
+    inside a row's real queries holds several documents (a packed batch after a prefix cache, a packed prompt
+    prefilled in chunks), which would attend to each other and to the cache: refused, never run as one."""
+    keep = None if mask is None or mask.shape[1] < tq else mask[:, -tq:] != 0
+    pos, seq = kwargs.get("position_ids"), kwargs.get("seq_idx")
+    found: list[tuple[str, torch.Tensor | None]] = []
+    if (
+        isinstance(pos, torch.Tensor)
+        and pos.ndim in (1, 2)
+        and pos.shape[-1] == tq
+        and pos.reshape(-1, tq).shape[0] in (1, b)
+    ):
+        found.append(("position_ids", _position_starts(b, tq, device, pos)))
+    if isinstance(seq, torch.Tensor) and seq.numel() == b * tq:
+        flat = seq.reshape(b, tq).to(device)
+        changes = torch.ones(b, tq, dtype=torch.bool, device=device)
+        changes[:, 1:] = flat[:, 1:] != flat[:, :-1]
+        found.append(("seq_idx", changes))
+    for name, starts in found:
+        if starts is None:
+            continue
+        extra = _kept_starts(starts, keep) & ~_kept_starts(torch.zeros_like(starts), keep)
+        if bool(extra.any()):
+            row, col = extra.nonzero()[0].tolist()
+            raise ConfigError(
+                f"{name} start a new document at row {row}, token {col} of {tq} queries after a KV cache of {tk} keys "
+                "(packed documents after a cache would attend to each other and to the cache), packtool.hf, run "
+                "packed batches without a cache (past_key_values=None, use_cache=False), or one document per row"
+            )
+
+
 def _after_cache(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -444,6 +506,8 @@ def _after_cache(
         )
     b, tq = q.shape[:2]
     dev = q.device
+    if tq > 1:
+        _refuse_documents_after_cache(b, tq, dev, mask, kwargs, k.shape[1])
     if mask is None:
         tk = k.shape[1]
         cu_q = torch.arange(b + 1, dtype=torch.int32, device=dev) * tq
