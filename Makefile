@@ -23,6 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not gpu and not slow and not interop" tests
 
 # The trainers' own readers (TRL, OLMo-core, Megatron-Bridge) in their own pinned venv: docs/EXPORT.md.
+# Tests marked interop outside tests/interop (they need TRL) are listed by file.
 INTEROP := .venv-interop
 $(INTEROP)/.installed: pyproject.toml
 	$(PY) -m venv $(INTEROP)
@@ -34,7 +35,8 @@ $(INTEROP)/.installed: pyproject.toml
 	touch $@
 
 interop: $(INTEROP)/.installed
-	$(INTEROP)/bin/python -m pytest -q -m interop -p no:cacheprovider -W ignore::UserWarning tests/interop
+	$(INTEROP)/bin/python -m pytest -q -m interop -p no:cacheprovider -W ignore::UserWarning tests/interop \
+		tests/test_hf_combinations.py tests/test_hostile_pairs_blend.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check packtool tests scripts

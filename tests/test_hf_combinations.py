@@ -251,6 +251,7 @@ def test_a_batch_of_padding_runs_alike_on_every_family() -> None:
         assert out.shape == (2, 6, 96) and bool(torch.isfinite(out).all()), name
 
 
+@pytest.mark.interop
 def test_trl_collate_is_trl_s(monkeypatch) -> None:
     trl = pytest.importorskip("trl.trainer.sft_trainer")
     features = [{"input_ids": d.tolist()} for d in documents()]

@@ -380,11 +380,12 @@ def test_blend_index_refuses_keys_outside_int64_and_non_integers(stores: list[Pa
     assert ds.index(2**63 - 2, 2**63 - 1)[0].tolist() == [0]
 
 
+@pytest.mark.interop
 def test_packed_dpo_trainer_refuses_shared_packs_under_another_attention(tmp_path: Path) -> None:
     """FIXED: PackedDPOTrainer on shared-prompt packs with an sdpa (or eager) model trained on a wrong loss
     without a word (0.6419 instead of 0.6479 here: the rejected completion never saw its prompt). Each forward
-    now checks that a packtool layer attended with the pack's prefix_segment. Needs TRL: runs in the interop venv
-    (`.venv-interop/bin/python -m pytest tests/test_hostile_pairs_blend.py`), skipped elsewhere."""
+    now checks that a packtool layer attended with the pack's prefix_segment. Needs TRL: `make interop` runs it in
+    the interop venv."""
     pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
     import tests.interop.test_trl_dpo as recipe
