@@ -271,3 +271,54 @@ def test_a_side_file_that_never_ends_is_refused_unread(tmp_path: Path, bpe_token
     code, _, err = cli("tokenize", str(src), "--tokenizer", str(tok), "--output", str(tmp_path / "s"), "-q", *flags)
     assert code == 1 and err.count("\n") == 1 and "is not read: it is not a regular file" in err, err[-500:]
     assert (which if which != "--chat-template" else "t.jinja") in err and not (tmp_path / "s").exists()
+
+
+def test_a_kill_while_later_inputs_are_still_hashed_keeps_the_chunks_of_files_hashed(
+    tmp_path: Path, bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks are trusted on resume only once their files' sha256 is journaled. The digests were journaled all
+    at once, when the last input was hashed: a run killed while a long input list was still being hashed
+    redid every chunk (0 reused). Each file's digest is now journaled as soon as that file is hashed."""
+    import threading
+
+    from packtool.stages.tokenize.inputs import plan
+
+    for name, seed in (("a", 36), ("b", 37)):
+        write_jsonl(tmp_path / f"{name}.jsonl", [{"text": t} for t in zipf_texts(400, seed=seed)])
+    inputs = (str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"))
+
+    def cfg(out: str) -> packtool.TokenizeConfig:
+        return packtool.TokenizeConfig(inputs=inputs, tokenizer=str(bpe_tokenizer_dir), output=str(tmp_path / out),
+                                       chunk_bytes=5000, workers=1)
+
+    packtool.tokenize_corpus(cfg("ref"))
+    a_chunks = sum(1 for c in plan.plan_chunks([Path(p) for p in inputs], 5000)[1] if c.paths == (inputs[0],))
+    hashed_a, release_b = threading.Event(), threading.Event()
+    real_sha256 = plan._sha256
+
+    def slow_b(path: str) -> str:  # b.jsonl stands for the rest of a long list, still being hashed at the kill
+        if path.endswith("b.jsonl"):
+            release_b.wait(30)
+        digest = real_sha256(path)
+        hashed_a.set()
+        return digest
+
+    def crash_after_a_is_hashed(tasks):  # type: ignore[no-untyped-def]
+        for i, task in enumerate(tasks):
+            if i == 4:
+                raise KeyboardInterrupt
+            hashed_a.wait(30)
+            yield task.run()
+
+    monkeypatch.setattr(plan, "_sha256", slow_b)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            packtool.tokenize_corpus(cfg("s"), executor=crash_after_a_is_hashed)
+    finally:
+        release_b.set()
+    monkeypatch.setattr(plan, "_sha256", real_sha256)
+    assert a_chunks > 4
+    resumed = packtool.tokenize_corpus(cfg("s"))
+    assert resumed.reused_chunks == 4
+    for name in ("tokens.bin", "tokens.boundaries"):
+        assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes(), name

@@ -50,7 +50,7 @@ from packtool.stages.tokenize.engine.early import worth_loading
 from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.locators import expand_inputs
-from packtool.stages.tokenize.inputs.plan import SourceFile, hash_sources, input_bytes, plan_chunks
+from packtool.stages.tokenize.inputs.plan import SourceHashes, hash_sources, input_bytes, plan_chunks
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.manifest import token_manifest
 from packtool.stages.tokenize.output import check_output, guarded_output
@@ -180,11 +180,11 @@ def _tokenize(
             worker_env=worker_env,
             ahead=AHEAD_PER_WORKER * workers + 1,
         )
-        _append_in_order(run, tasks, writer, journal, results, hashes, sources, chunks, progress)
+        _append_in_order(run, tasks, writer, journal, results, hashes, chunks, progress)
         build_id, shard = build()
-        if not journal.source_hashes:
-            for source in sources:
-                journal.record_source(source.path, hashes.result()[source.path])
+        for path, digest in hashes.result().items():  # a kill before the commit below still resumes
+            if path not in journal.source_hashes:
+                journal.record_source(path, digest)
         manifest = token_manifest(
             chunks, results, sources, hashes.result(), settings, info, config, build_id, choice.manifest(), shape
         )
@@ -210,21 +210,23 @@ def _resume(
     journal: Journal,
     chunks: list[Chunk],
     fingerprint: str,
-    hashes: Future[dict[str, str]],
+    hashes: SourceHashes,
     settings: ChunkSettings,
     info: TokenizerInfo,
 ) -> tuple[TokenStoreWriter, list[ChunkResult]]:
     """Open the store in the work directory at the longest journaled prefix that still holds."""
     prefix: list[ChunkResult] = []
     marks: list[StoreMark] = []
-    current: dict[str, str] = {}
-    if journal.done:  # a resume: only now are the inputs' hashes waited for
-        current = hashes.result()
+    current: dict[str, str] = {}  # the digests checked: those of the files the kept chunks read
+    if journal.done:  # a resume: only now are the inputs' hashes waited for, those of the prefix's files
         for chunk in chunks:
             done = journal.done.get(chunk.index)
             if done is None or done.key != _chunk_key(fingerprint, chunk) or done.mark is None:
                 break
-            if any(journal.source_hashes.get(p) != current[p] for p in chunk.paths):
+            if any(p not in journal.source_hashes for p in chunk.paths):
+                break  # killed before this file's digest was journaled: its chunks cannot be trusted
+            current.update({p: hashes.get(p) for p in chunk.paths if p not in current})
+            if any(journal.source_hashes[p] != current[p] for p in chunk.paths):
                 break
             try:
                 marks.append(StoreMark.from_json(done.mark))
@@ -248,8 +250,7 @@ def _append_in_order(
     writer: TokenStoreWriter,
     journal: Journal,
     results: dict[int, ChunkResult],
-    hashes: Future[dict[str, str]],
-    sources: list[SourceFile],
+    hashes: SourceHashes,
     chunks: list[Chunk],
     progress: Progress | None,
 ) -> None:
@@ -277,9 +278,9 @@ def _append_in_order(
             done_bytes += ready.n_bytes
             if progress:
                 progress(done_bytes, total)
-        if hashes.done() and not journal.source_hashes:
-            for source in sources:  # as soon as known: a resume needs them to trust the chunks
-                journal.record_source(source.path, hashes.result()[source.path])
+        for path, digest in hashes.newly_done():  # as soon as known: a resume needs them to trust the chunks
+            if path not in journal.source_hashes:
+                journal.record_source(path, digest)
     if position != len(order):
         raise FormatError(f"the executor returned {position} of {len(order)} chunks, tokenize, this is a bug")
 

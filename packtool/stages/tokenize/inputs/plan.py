@@ -95,14 +95,46 @@ def read_chunk(
     return reader_named(chunk.kind).read(chunk, max(1, int(max_record_bytes)), separator)
 
 
-def hash_sources(sources: Sequence[SourceFile]) -> Future[dict[str, str]]:
-    """sha256 of every input, in a background thread beside the work (hashlib and reads release the GIL).
+class SourceHashes:
+    """sha256 of every input, one file after another in a background thread beside the work (hashlib and
+    reads release the GIL).
 
-    The digests are needed only at the end (manifest) or to check an existing store or a resume."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtool-hash")
-    future = pool.submit(lambda: {s.path: _sha256(s.path) for s in sources})
-    pool.shutdown(wait=False)
-    return future
+    Each file's digest is known as soon as that file is read, not when the last one is: a resume trusts a
+    chunk only once its files' digests are journaled, so a run killed while a 1 TB input list is still being
+    hashed keeps the chunks of the files already hashed. The digests are otherwise needed only at the end
+    (manifest) or to check an existing store."""
+
+    def __init__(self, sources: Sequence[SourceFile]) -> None:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtool-hash")
+        self._futures: dict[str, Future[str]] = {}
+        for source in sources:
+            if source.path not in self._futures:
+                self._futures[source.path] = pool.submit(_sha256, source.path)
+        pool.shutdown(wait=False)
+        self._order = list(self._futures)
+        self._reported = 0
+
+    def get(self, path: str) -> str:
+        """One file's digest (waits for it); raises InputError if it could not be read."""
+        return self._futures[path].result()
+
+    def result(self) -> dict[str, str]:
+        """Every file's digest (waits for all)."""
+        return {path: future.result() for path, future in self._futures.items()}
+
+    def newly_done(self) -> list[tuple[str, str]]:
+        """The digests finished since the last call, in file order (files are hashed in that order)."""
+        done: list[tuple[str, str]] = []
+        while self._reported < len(self._order) and self._futures[self._order[self._reported]].done():
+            path = self._order[self._reported]
+            done.append((path, self._futures[path].result()))
+            self._reported += 1
+        return done
+
+
+def hash_sources(sources: Sequence[SourceFile]) -> SourceHashes:
+    """Start hashing every input in the background (`SourceHashes`)."""
+    return SourceHashes(sources)
 
 
 def _sha256(path: str) -> str:
