@@ -151,8 +151,12 @@ def test_packed_documents_after_a_cache_are_refused_and_a_continued_chunk_is_exa
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=torch.tensor([[7, 8, 9]]), past_key_values=cache, use_cache=True)
+        continued = pos.clone()
+        continued[0, : len(docs[0])] += 3  # the first document continues the cached prefix, the next ones restart
         with pytest.raises(ConfigError, match=r"position_ids start a new document at row 0, token 9 of 32 queries "
                                               r"after a KV cache of 35 keys.*packtool.hf"):  # fmt: skip
+            model(input_ids=ids, position_ids=continued, past_key_values=cache, use_cache=True)
+        with pytest.raises(ConfigError, match=r"row 0, token 0 of 32 queries \(position 0\) after a KV cache"):
             model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -177,3 +181,41 @@ def test_packed_documents_after_a_cache_are_refused_and_a_continued_chunk_is_exa
         want = [model(input_ids=first[None]).logits[0], model(input_ids=second[None]).logits[0]]
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=RTOL * float(w.abs().max()))
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_a_document_starting_on_a_chunk_start_after_a_cache_is_refused(name: str) -> None:
+    """A packed prompt prefilled in chunks whose chunk starts on a document's first token (its position 0): no
+    restart inside the chunk, so the refusal above missed it, and the document attended to the cache's documents
+    (off the document alone, silently). The same for a document after a prefix cache. A row whose cache holds
+    only padding (left padding in chunked prefill) still runs."""
+    model = build(name, attn="packtool")
+    docs = documents()
+    first, second = docs[0], docs[1]
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=first[None], past_key_values=cache, use_cache=True)
+        with pytest.raises(ConfigError, match=rf"position_ids start a new document at row 0, token 0 of "
+                                              rf"{len(second)} queries \(position 0\) after a KV cache of "
+                                              r"\d+ keys holding [1-9]"):  # fmt: skip (a sliding cache keeps fewer)
+            model(input_ids=second[None], position_ids=torch.arange(len(second))[None], past_key_values=cache,
+                  use_cache=True)  # fmt: skip
+    ids, pos, _ = flat([first, second])
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with pytest.raises(ConfigError, match=r"position_ids start a new document at row 0, token 0 of"):
+        model.generate(input_ids=ids, position_ids=pos, max_new_tokens=2, prefill_chunk_size=len(first))
+    # a left-padded row whose first chunk is all padding: position 0 after a cache of padding only, exact
+    n = len(second)
+    row = torch.cat([torch.zeros(4, dtype=torch.long), second])[None]
+    mask = torch.cat([torch.zeros(4, dtype=torch.long), torch.ones(n, dtype=torch.long)])[None]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=row[:, :4], attention_mask=mask[:, :4], position_ids=pos[:, :4], past_key_values=cache,
+              use_cache=True)  # fmt: skip
+        got = model(input_ids=row[:, 4:], attention_mask=mask, position_ids=pos[:, 4:], past_key_values=cache,
+                    use_cache=True).logits[0]  # fmt: skip
+        model.set_attn_implementation("eager")
+        want = model(input_ids=second[None]).logits[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=RTOL * float(want.abs().max()))

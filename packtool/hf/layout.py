@@ -476,6 +476,8 @@ def _refuse_documents_after_cache(
         changes = torch.ones(b, tq, dtype=torch.bool, device=device)
         changes[:, 1:] = flat[:, 1:] != flat[:, :-1]
         found.append(("seq_idx", changes))
+    if found and found[0][0] == "position_ids" and found[0][1] is not None and isinstance(pos, torch.Tensor):
+        _refuse_a_document_starting_after_cache(b, tq, device, mask, keep, pos, tk)
     for name, starts in found:
         if starts is None:
             continue
@@ -487,6 +489,40 @@ def _refuse_documents_after_cache(
                 "(packed documents after a cache would attend to each other and to the cache), packtool.hf, run "
                 "packed batches without a cache (past_key_values=None, use_cache=False), or one document per row"
             )
+
+
+def _refuse_a_document_starting_after_cache(
+    b: int,
+    tq: int,
+    device: torch.device,
+    mask: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    pos: torch.Tensor,
+    tk: int,
+) -> None:
+    """A row whose first real query is at position 0 while real tokens sit in its cache starts a new document there
+    (a packed prompt prefilled in chunks, a chunk starting on a document's first token; a document after a prefix
+    cache): it would attend to the cache, whose documents are not its own. Refused, as a start inside the chunk is."""
+    pos = pos.reshape(-1, tq).to(device).expand(b, tq)
+    if mask is None:
+        cached = torch.full((b,), tk - tq, device=device)
+    elif mask.shape[1] > tq:
+        cached = (mask[:, : mask.shape[1] - tq] != 0).sum(-1)
+    else:
+        return
+    real = torch.ones(b, tq, dtype=torch.bool, device=device) if keep is None else keep
+    col = torch.arange(tq, device=device).expand(b, tq)
+    first = torch.where(real, col, tq).min(-1).values  # each row's first real query (tq: none)
+    at = pos.gather(1, first.clamp(max=tq - 1)[:, None])[:, 0]
+    bad = (first < tq) & (at == 0) & (cached > 0)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ConfigError(
+            f"position_ids start a new document at row {row}, token {int(first[row])} of {tq} queries (position 0) "
+            f"after a KV cache of {tk} keys holding {int(cached[row])} of that row's tokens (a document after a cache "
+            "would attend to the cache's documents), packtool.hf, run packed batches without a cache "
+            "(past_key_values=None, use_cache=False), or one document per row"
+        )
 
 
 def _after_cache(
