@@ -521,7 +521,8 @@ def _refuse_a_document_starting_after_cache(
             f"position_ids start a new document at row {row}, token {int(first[row])} of {tq} queries (position 0) "
             f"after a KV cache of {tk} keys holding {int(cached[row])} of that row's tokens (a document after a cache "
             "would attend to the cache's documents), packtool.hf, run packed batches without a cache "
-            "(past_key_values=None, use_cache=False), or one document per row"
+            "(past_key_values=None, use_cache=False); a row that continues its cache (a prefix) takes positions "
+            "after it, as transformers and PEFT count them"
         )
 
 
