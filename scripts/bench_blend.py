@@ -16,7 +16,9 @@ Measured (wall time with `time.perf_counter`, memory as the growth of this proce
   prefix    `prefix_counts(9 x 10^8)` (every store's count in the prefix, closed form).
   balanced  with --balance H: the same elastic resume of a balanced sampler (`CostModel.from_shape(H)`,
             micro_batches=1, default window), at a window boundary and 37 steps into a window (each on a
-            fresh blend: both price a window from the stores' segment tables first).
+            fresh blend: both price a window from the stores' segment lengths first); and, on fresh blends,
+            pricing one window of 128 x world packs by opening each store (baseline: the way before) and
+            read in place (`segment_lengths`), with equal costs checked.
   baseline  in the same run: one `PackedDataset` per store (the way before the blend) over 500 stores, per store,
             and the ratio of its extrapolation to S stores over the blend's open.
 Megatron's published figures are printed beside (cited, not re-measured here).
@@ -225,6 +227,31 @@ def main() -> None:
                 f"state of {len(json.dumps(balanced.state_dict()))} bytes"
             )
             del fresh, old, balanced
+        # baseline, same run: pricing one window's packs by opening each store (its segment table), the way before
+        # `segment_lengths`; then the same packs priced in place, on another fresh blend
+        from packtool.loader.sampler import _costs_of, _sum_costs
+
+        window = np.arange(boundary * old_world, boundary * old_world + 128 * args.world, dtype=np.int64)
+        timings = []
+        for how in ("open", "read"):
+            fresh = BlendedDataset(sources, seed=0, size=args.size)
+            src, packs = fresh.locate(window)
+            costs = np.empty(window.size)
+            t = time.perf_counter()
+            for s in np.unique(src).tolist():
+                sel = np.flatnonzero(src == s)
+                if how == "open":
+                    costs[sel] = _costs_of(kw["balance"], *fresh.segment_table(s), None, packs[sel])
+                else:
+                    costs[sel] = _sum_costs(kw["balance"], *fresh.segment_lengths(s, packs[sel]), None)
+            timings.append((time.perf_counter() - t, costs, np.unique(src).size))
+            del fresh
+        (t_open, c_open, n_src), (t_read, c_read, _) = timings
+        assert np.array_equal(c_open, c_read)
+        print(
+            f"pricing one window ({window.size} packs from {n_src} stores): opening each store {t_open:.2f} s (baseline), "
+            f"read in place {t_read:.2f} s: x{t_open / t_read:.1f}; the same costs"
+        )
     total_mb = (rss() - before) / 2**20
     print(f"resident growth after all of the above: +{total_mb:.0f} MiB")
     print(

@@ -225,6 +225,7 @@ class BlendPlan:
         self.size = int(size)  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.directories: list[Path] = dirs
+        self.builds: list[str | None] = builds  # each store's build id (its file names), None: version-1 names
         self.n_packs = np.array(n_packs, np.int64)
         whole = {w: math.floor(Fraction(repr(w))) for w in set(self.weights)}  # core.mixture's exact rules
         passes = [whole[w] for w in self.weights]  # Python ints: a weight of 1e300 may not wrap

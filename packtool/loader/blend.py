@@ -47,6 +47,7 @@ from packtool.errors import ConfigError, FormatError
 from packtool.formats.pack_store import PackSplit, metadata_name
 from packtool.loader.buffers import BufferPool
 from packtool.loader.dataset import PackedBatchItems, PackedDataset, build_batch, plain_views
+from packtool.loader.segment_reads import SegmentReads
 
 __all__ = ["BlendedDataset", "BlendPlan", "Interleave", "parse_source", "permute"]
 
@@ -68,6 +69,7 @@ class BlendedDataset(BlendPlan):
         super().__init__(sources, seed, split, size, max_open=max_open)
         self._open: OrderedDict[int, _Store] = OrderedDict()
         self._layouts: dict[int, tuple[Any, ...]] = {}  # per store opened once: where its arrays lie
+        self._segments = SegmentReads(self.directories, self.split, self.size, self.builds, self.n_packs)
         self._pid = os.getpid()
 
     # -- items ------------------------------------------------------------------------------
@@ -98,9 +100,14 @@ class BlendedDataset(BlendPlan):
         return handle
 
     def segment_table(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-        """`(pack_offsets, seg_lens)` of store s (memory maps), what `CostModel` prices packs from."""
+        """`(pack_offsets, seg_lens)` of store s (memory maps, the store opened)."""
         store = self._store(s).split
         return store.pack_offsets, store.seg_lens
+
+    def segment_lengths(self, s: int, packs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`(counts, lens)`: the number of segments of each of the packs `packs` of store s and their lengths, what
+        `CostModel` prices packs from; read from two small files without opening the store (`SegmentReads`)."""
+        return self._segments.lengths(s, packs)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

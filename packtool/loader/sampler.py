@@ -274,7 +274,7 @@ class PackedSampler(torch.utils.data.Sampler[int]):
             out = np.empty(values.size, np.float64)
             for s in np.unique(src).tolist():
                 sel = np.flatnonzero(src == s)
-                out[sel] = _costs_of(self.balance, *self.blend.segment_table(s), None, packs[sel])  # no pairs
+                out[sel] = _sum_costs(self.balance, *self.blend.segment_lengths(s, packs[sel]), None)  # no pairs
             return out
         assert self._table is not None
         return _costs_of(self.balance, *self._table, values)
@@ -512,10 +512,16 @@ def _costs_of(
     bounds = np.concatenate(([0], np.cumsum(counts)))
     idx = np.arange(int(bounds[-1]), dtype=np.int64) + np.repeat(starts - bounds[:-1], counts)
     lens = np.asarray(seg_lens)[idx].astype(np.int64)
+    return _sum_costs(model, counts, lens, None if prefix is None else np.asarray(prefix)[idx].astype(np.int64))
+
+
+def _sum_costs(model: CostModel, counts: np.ndarray, lens: np.ndarray, prefix: np.ndarray | None) -> np.ndarray:
+    """Each pack's cost from its segments' lengths (`counts[i]` segments each, in order) and attended prefixes."""
+    bounds = np.concatenate(([0], np.cumsum(counts)))
     c1 = np.concatenate(([0], np.cumsum(lens)))
     sq = lens * lens
     if prefix is not None:
-        sq += 2 * lens * np.asarray(prefix)[idx].astype(np.int64)
+        sq += 2 * lens * prefix
     c2 = np.concatenate(([0], np.cumsum(sq)))
     return model.combine(c1[bounds[1:]] - c1[bounds[:-1]], c2[bounds[1:]] - c2[bounds[:-1]])
 
