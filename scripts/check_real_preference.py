@@ -133,8 +133,9 @@ def check(name: str, records: list[dict[str, Any]], tok: Path, hf: Any, work: Pa
     want = trl_sequences(hf, kept) if kept else []
     equal = sum(g == w for g, w in zip(got, want, strict=False)) // 2 if len(got) == len(want) else 0
     ok = same and len(got) == len(want) and equal * 2 == len(want)
+    both = f"hf and fast identical: {same}" if len(backends) > 1 else "hf backend only (fastokens not installed)"
     print(f"{name}: {len(records)} records, {len(kept)} pairs, {equal} equal to TRL, {len(rejected)} rejected, "
-          f"backends identical: {same} -> {'OK' if ok else 'MISMATCH'}")
+          f"{both} -> {'OK' if ok else 'MISMATCH'}")
     for line, reason in list(rejected.items())[:5]:
         print(f"  rejected line {line}: {reason}")
     return ok

@@ -158,9 +158,14 @@ def build_pair_items(
             if policy is Overlong.SPLIT
             else ""
         )
-        held = f"prompt {int(p[i])} held once + " if shared else ""
+        parts = (
+            f"prompt {int(p[i])} held once + chosen completion {int(lc[i] - p[i])} + rejected completion "
+            f"{int(lr[i] - p[i])}"
+            if shared
+            else f"chosen {int(lc[i])} + rejected {int(lr[i])}"
+        )
         raise ConfigError(
-            f"pair {int(pairs[i])} needs {int(total[i])} tokens ({held}chosen {int(lc[i])} + rejected {int(lr[i])}), "
+            f"pair {int(pairs[i])} needs {int(total[i])} tokens ({parts}), "
             f"longer than the pack size {size} ({n_overlong} over-long pairs in all), {where}, "
             f"{why}use --overlong drop|truncate or a larger --size"
         )
