@@ -43,6 +43,7 @@ class _Array:
 
 def _header(path: Path) -> _Array:
     """The data layout of a 1-D little- or big-endian integer `.npy` file, from its header only."""
+    shape: tuple[int, ...]
     try:
         with open(path, "rb") as fh:
             head = fh.read(_PLAIN_HEADER)
