@@ -432,6 +432,13 @@ def test_pricing_a_damaged_store_is_one_error(stores, tmp_path):
     with pytest.raises(FormatError, match=r"is truncated .*re-run `packtool pack`"):
         ds.segment_lengths(1, np.arange(int(ds.n_packs[1])))
     offsets = next(copies[0].glob("training_*pack_offsets*.npy"))
+    n0, n_seg = int(ds.n_packs[0]), open_pack_split(copies[0], "training", SIZE).seg_lens.size
+    table = np.tile([0, n_seg], n0 // 2 + 1)[: n0 + 1]  # even packs each claim every segment (odd ones < 0)
+    np.save(offsets, table.astype(np.int64))
+    with pytest.raises(FormatError, match=r"pack_offsets is inconsistent with \d+ segments"):
+        ds.segment_lengths(0, np.arange(0, n0, 2))  # refused before n0/2 x n_seg entries are gathered
     np.save(offsets, np.arange(5, dtype=np.int64))  # another store's table now
+    with pytest.raises(FormatError, match=r"pack_offsets.npy is truncated, .*re-run `packtool pack`"):
+        ds.segment_lengths(0, np.array([0]))  # its header was read before: shorter than it said
     with pytest.raises(FormatError, match=r"now holds 4 packs, the blend was opened with \d+.*re-open the blend"):
-        ds.segment_lengths(0, np.array([0]))
+        BlendedDataset([(copies[0], 1), (copies[1], 1)], seed=0).segment_lengths(0, np.array([0]))

@@ -1,12 +1,12 @@
-"""The segment lengths of chosen packs of a pack store, read with `pread` from its CSR companions.
+"""The segment lengths of chosen packs of a pack store, read in place from its CSR companions.
 
 A balanced sampler over a blend prices every window it deals (`CostModel` needs each pack's segment lengths):
 a window of 1,000 ranks x 128 steps draws from nearly every store of a 10,000-store blend. Opening each store
 for that (every format check, nine memory maps, each holding a file descriptor) cost 17-58 s per window on
 the project VM. Pricing needs two small arrays only, `pack_offsets` and `seg_lens`: this reads their `.npy`
-headers once per store (a few numbers kept) and then, per window, the few entries of the packs it prices, with
-`os.pread` on descriptors held only for the call. Nothing read here feeds a training batch: the packs
-themselves are read through the store's full open, every check included.
+headers once per store (a few numbers kept) and then, per window, the few entries of the packs it prices,
+through a map opened and closed within the call (no descriptor kept). Nothing read here feeds a training
+batch: the packs themselves are read through the store's full open, every check included.
 """
 
 from __future__ import annotations
@@ -116,7 +116,13 @@ class SegmentReads:
         both = _gather(po, np.concatenate((packs, packs + 1)))
         starts, ends = both[: packs.size], both[packs.size :]
         counts = ends - starts
-        if packs.size and (bool((counts < 0).any()) or int(starts.min()) < 0 or int(ends.max()) > lens.length):
+        _, first = np.unique(packs, return_index=True)  # distinct packs of a sound table hold distinct segments
+        if packs.size and (
+            bool((counts < 0).any())
+            or int(starts.min()) < 0
+            or int(ends.max()) > lens.length
+            or int(counts[first].sum()) > lens.length  # bounds what is allocated below
+        ):
             raise FormatError(
                 f"pack_offsets is inconsistent with {lens.length} segments, {self._dirs[s]}, re-run `packtool pack`"
             )

@@ -50,7 +50,7 @@ from packtool.stages.tokenize.engine.early import worth_loading
 from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.locators import expand_inputs
-from packtool.stages.tokenize.inputs.plan import SourceHashes, hash_sources, input_bytes, plan_chunks
+from packtool.stages.tokenize.inputs.plan import SourceHashes, input_bytes, plan_chunks
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.manifest import token_manifest
 from packtool.stages.tokenize.output import check_output, guarded_output
@@ -128,7 +128,7 @@ def _tokenize(
     remember_tokenizer(info.path, info.sha256, tok)
     chunk_bytes = config.chunk_bytes or auto_chunk_bytes(input_bytes(paths))
     sources, all_chunks = plan_chunks(paths, max(1, int(chunk_bytes)))
-    hashes = hash_sources(sources)
+    hashes = SourceHashes(sources)  # in the background, file by file
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     shape = resolve_shape(config, all_chunks)
     needs_offsets = shape.loss and not shape.spec.pairs  # target spans are character offsets (pairs: tokens)

@@ -132,11 +132,6 @@ class SourceHashes:
         return done
 
 
-def hash_sources(sources: Sequence[SourceFile]) -> SourceHashes:
-    """Start hashing every input in the background (`SourceHashes`)."""
-    return SourceHashes(sources)
-
-
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
     with reading(path), open(path, "rb") as fh:
