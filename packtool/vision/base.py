@@ -39,7 +39,8 @@ class VisionProcessor:
     """One model folder's image rules (see the module docstring). Subclasses set the class
     attributes and implement the methods; `from_dir` / `from_config` pick the subclass."""
 
-    family: ClassVar[str] = ""
+    #: the registry key (class) / this folder's family (instance: qwen2_5_vl for the Qwen adapter, ...)
+    family: str = ""
     #: registry keys this adapter also answers to (e.g. qwen2_5_vl, qwen3_vl for the Qwen adapter)
     families: ClassVar[tuple[str, ...]] = ()
     #: how a model folder names the family: config.json `model_type`, `processor_class`, `image_processor_type`
@@ -100,7 +101,9 @@ class VisionProcessor:
         """The text one placeholder becomes (the processor's `replace_image_token`)."""
         raise NotImplementedError
 
-    def pixel_rows(self, images: Sequence[bytes], names: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    def pixel_rows(
+        self, images: Sequence[bytes], names: Sequence[str] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         raise NotImplementedError
 
     def rope_positions(self, ids: np.ndarray, grids: np.ndarray) -> np.ndarray | None:
@@ -225,7 +228,10 @@ def _detect(folder: Any) -> type[VisionProcessor]:
                     f"{family} is not supported yet ({field} {value!r} in {folder.path}); vision families "
                     f"packtool builds exactly: {supported_names()}",
                 )
-    seen = ", ".join(f"{f}={v!r}" for f, v, _, _ in probes if v) or "no processor_class, model_type or image_processor_type"
+    seen = (
+        ", ".join(f"{f}={v!r}" for f, v, _, _ in probes if v)
+        or "no processor_class, model_type or image_processor_type"
+    )
     raise ConfigError(
         f"unknown vision-language model family in {folder.path} ({seen}); vision families packtool "
         f"builds exactly: {supported_names()}",

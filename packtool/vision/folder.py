@@ -60,6 +60,7 @@ class ModelFolder:
         """The folder's settings; None when it holds no image processor (a text-only model)."""
         processor = read_json(path / PROCESSOR_FILE) or {}
         nested = processor.get("image_processor")
+        image: dict[str, Any] | None
         if isinstance(nested, dict):
             image, image_file = nested, path / PROCESSOR_FILE
         else:
@@ -92,6 +93,12 @@ class ModelFolder:
         value = self.image_processor.get("image_processor_type")
         return value if isinstance(value, str) else None
 
+    @property
+    def vision_config(self) -> dict[str, Any]:
+        """config.json's `vision_config` object ({} when absent)."""
+        value = self.model.get("vision_config")
+        return value if isinstance(value, dict) else {}
+
     def special_token(self, name: str, default: str) -> str:
         """The tokenizer's named special token (`extra_special_tokens`, or a top-level key), else `default`."""
         extra = self.tokenizer.get("extra_special_tokens")
@@ -107,9 +114,7 @@ class ModelFolder:
 
 def _is_image_processor(raw: dict[str, Any]) -> bool:
     """An image processor config, not an audio feature extractor's (which shares the file name)."""
-    if "feature_extractor_type" in raw and "image_processor_type" not in raw:
-        return False
-    return True
+    return not ("feature_extractor_type" in raw and "image_processor_type" not in raw)
 
 
 def token_id(vocab: Mapping[str, int], token: str, where: Path, role: str) -> int:
@@ -123,7 +128,9 @@ def token_id(vocab: Mapping[str, int], token: str, where: Path, role: str) -> in
     return int(value)
 
 
-def int_setting(raw: Mapping[str, Any], key: str, default: int | None, where: Path, low: int = 1, high: int = 1 << 40) -> int:
+def int_setting(
+    raw: Mapping[str, Any], key: str, default: int | None, where: Path, low: int = 1, high: int = 1 << 40
+) -> int:
     """`raw[key]` as an integer in low..high (an integral float too), `default` when absent or null."""
     value = raw.get(key)
     if value is None:

@@ -60,12 +60,14 @@ class Gemma3(VisionProcessor):
                 )
         if not bool_setting(raw, "do_resize", True, where):
             raise ConfigError(f"do_resize: false is not supported for gemma3, {where}")
-        size = raw.get("size") if isinstance(raw.get("size"), Mapping) else {}
+        size: Mapping[str, Any] = raw["size"] if isinstance(raw.get("size"), Mapping) else {}
         if not (size.get("height") and size.get("width")) and size:
             raise ConfigError(f"Gemma 3 'size' must hold height and width, got {size!r}, {where}")
         model = folder.model
         # Gemma3Processor(image_seq_length=256) takes it from processor_config.json, never from the image processor's
-        text_len = int_setting(folder.processor, "image_seq_length", 256, folder.path / "processor_config.json", high=1 << 20)
+        text_len = int_setting(
+            folder.processor, "image_seq_length", 256, folder.path / "processor_config.json", high=1 << 20
+        )
         model_len = model.get("mm_tokens_per_image")
         if model_len is not None and model_len != text_len:
             raise ConfigError(
@@ -84,26 +86,28 @@ class Gemma3(VisionProcessor):
                 f"config.json image_token_index {model_id} is not the tokenizer's {soft!r} ({image_id}), "
                 f"{folder.path}, the folder mixes two models' files"
             )
-        vision = model.get("vision_config") if isinstance(model.get("vision_config"), dict) else {}
+        vision = folder.vision_config
         do_rescale = bool_setting(raw, "do_rescale", True, where)
         do_normalize = bool_setting(raw, "do_normalize", True, where)
-        return cls({
-            "family": "gemma3",
-            "placeholder": boi,
-            "boi_token": boi,
-            "eoi_token": eoi,
-            "image_token": soft,
-            "image_token_id": image_id,
-            "image_seq_length": text_len,
-            "height": int_setting(size, "height", 224, where, high=1 << 15),
-            "width": int_setting(size, "width", 224, where, high=1 << 15),
-            "vision_patch_size": int_setting(vision, "patch_size", 14, folder.path / "config.json", high=1024),
-            "resample": int_setting(raw, "resample", 2, where, low=0, high=5),
-            "rescale_factor": float_setting(raw, "rescale_factor", 1 / 255, where) if do_rescale else None,
-            "image_mean": float_list(raw, "image_mean", IMAGENET_STANDARD, where) if do_normalize else None,
-            "image_std": float_list(raw, "image_std", IMAGENET_STANDARD, where) if do_normalize else None,
-            "do_convert_rgb": bool_setting(raw, "do_convert_rgb", True, where),
-        })
+        return cls(
+            {
+                "family": "gemma3",
+                "placeholder": boi,
+                "boi_token": boi,
+                "eoi_token": eoi,
+                "image_token": soft,
+                "image_token_id": image_id,
+                "image_seq_length": text_len,
+                "height": int_setting(size, "height", 224, where, high=1 << 15),
+                "width": int_setting(size, "width", 224, where, high=1 << 15),
+                "vision_patch_size": int_setting(vision, "patch_size", 14, folder.path / "config.json", high=1024),
+                "resample": int_setting(raw, "resample", 2, where, low=0, high=5),
+                "rescale_factor": float_setting(raw, "rescale_factor", 1 / 255, where) if do_rescale else None,
+                "image_mean": float_list(raw, "image_mean", IMAGENET_STANDARD, where) if do_normalize else None,
+                "image_std": float_list(raw, "image_std", IMAGENET_STANDARD, where) if do_normalize else None,
+                "do_convert_rgb": bool_setting(raw, "do_convert_rgb", True, where),
+            }
+        )
 
     def measure(self, data: bytes, name: str = "image") -> ImageInfo:
         images.decode(data, name, self.config["do_convert_rgb"])  # decodable, within the size limit
@@ -118,7 +122,9 @@ class Gemma3(VisionProcessor):
         for i, data in enumerate(images_):
             img = images.decode(data, names[i] if names is not None else f"image {i}", c["do_convert_rgb"])
             size = (self.height, self.width)
-            rows.append(images.to_floats(img, size, c["resample"], c["rescale_factor"], c["image_mean"], c["image_std"]))
+            rows.append(
+                images.to_floats(img, size, c["resample"], c["rescale_factor"], c["image_mean"], c["image_std"])
+            )
         if not rows:
             return np.zeros((0, 3, self.height, self.width), np.float32), None
         return np.stack(rows), None

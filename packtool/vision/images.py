@@ -16,6 +16,7 @@ is decoded; bytes PIL cannot decode are an InputError naming the image.
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from collections.abc import Sequence
 
@@ -38,7 +39,7 @@ def decode(data: bytes, name: str = "image", convert_rgb: bool = True) -> Image.
     try:
         with warnings.catch_warnings():  # the size is checked below, by name
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            img: Image.Image = Image.open(io.BytesIO(data))
         width, height = img.size
     except Image.DecompressionBombError as exc:
         raise InputError(
@@ -70,6 +71,7 @@ def decode(data: bytes, name: str = "image", convert_rgb: bool = True) -> Image.
 
 def _reason(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", text)  # PIL names the buffer, not the image
     return text if len(text) <= 120 else text[:117] + "..."
 
 

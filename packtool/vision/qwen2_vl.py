@@ -115,7 +115,7 @@ class QwenVL(VisionProcessor):
         image_token = folder.special_token("image_token", "<|image_pad|>")
         image_id = token_id(vocab, image_token, folder.path, "image")
         model = folder.model
-        vision = model.get("vision_config") if isinstance(model.get("vision_config"), dict) else {}
+        vision = folder.vision_config
         spatial = int_setting(vision, "spatial_merge_size", merge, folder.path / "config.json", high=64)
         if spatial != merge:
             raise ConfigError(

@@ -11,9 +11,7 @@ from packtool.vision.base import unsupported
 
 unsupported("LLaVA-1.5", ("llava",), ("LlavaProcessor",), ())
 unsupported("LLaVA-NeXT", ("llava_next",), ("LlavaNextProcessor",), ("LlavaNextImageProcessor",))
-unsupported(
-    "LLaVA-OneVision", ("llava_onevision",), ("LlavaOnevisionProcessor",), ("LlavaOnevisionImageProcessor",)
-)
+unsupported("LLaVA-OneVision", ("llava_onevision",), ("LlavaOnevisionProcessor",), ("LlavaOnevisionImageProcessor",))
 unsupported("SmolVLM", ("smolvlm",), ("SmolVLMProcessor",), ("SmolVLMImageProcessor",))
 unsupported("Idefics3", ("idefics3",), ("Idefics3Processor",), ("Idefics3ImageProcessor",))
 unsupported("Idefics2", ("idefics2",), ("Idefics2Processor",), ("Idefics2ImageProcessor",))
