@@ -4,8 +4,8 @@ Rules (transformers 5.23, `processing_gemma3.py`, `image_processing_pil_gemma3.p
 - the chat template renders `<start_of_image>` (the tokenizer's `boi_token`) once per image; the
   processor replaces it, in the TEXT before tokenizing, with
   `"\\n\\n" + boi + image_token * image_seq_length + eoi + "\\n\\n"`. The `\\n\\n` on either side is
-  ordinary text, so it merges with the neighbouring characters under BPE ("\\n\\n\\n" after a line
-  break is one token in Gemma's vocabulary): expanding the text first and tokenizing the whole
+  ordinary text, so it can merge with the neighbouring characters under BPE (two adjacent images
+  leave "\\n\\n\\n\\n" between them, one token in Gemma's vocabulary): expanding the text first and tokenizing the whole
   string once, as the processor does, is what makes the ids equal. Expanding ids would not.
 - every image is resized to `size` (896x896) with PIL bilinear, rescaled by 1/255 and normalised
   with mean = std = 0.5: pixel_values [k, 3, 896, 896].
