@@ -6,14 +6,17 @@
 - `targets`: `IGNORE_INDEX`, `pair_targets` / `PairTargets` (which row predicts which target, both
   preference layouts);
 - `pairs`: `pair_logps` / `PairLogps` (each pair's chosen and rejected log-prob sums), `pair_groups`;
-- `dpo`: `dpo_loss` (TRL's sigmoid / hinge / ipo) for plain loops.
+- `dpo`: `dpo_loss` (TRL's sigmoid / hinge / ipo) for plain loops;
+- `reward`: `pair_scores` / `PairScores` (a reward model's score at each sequence's last token, paired),
+  `reward_loss` (TRL's `RewardTrainer` loss) for plain loops.
 
-The import graph inside is one way: targets <- cross_entropy, targets <- pairs <- dpo.
+The import graph inside is one way: targets <- cross_entropy, targets <- pairs <- {dpo, reward}.
 """
 
 from packtool.loss.cross_entropy import REDUCTIONS, count_targets, packed_cross_entropy
 from packtool.loss.dpo import PAIR_LOSSES, dpo_loss
 from packtool.loss.pairs import PairLogps, pair_groups, pair_logps
+from packtool.loss.reward import PairScores, pair_scores, reward_loss
 from packtool.loss.targets import IGNORE_INDEX, PairTargets, pair_targets
 
 __all__ = [
@@ -21,11 +24,14 @@ __all__ = [
     "PAIR_LOSSES",
     "REDUCTIONS",
     "PairLogps",
+    "PairScores",
     "PairTargets",
     "count_targets",
     "dpo_loss",
     "packed_cross_entropy",
     "pair_groups",
     "pair_logps",
+    "pair_scores",
     "pair_targets",
+    "reward_loss",
 ]

@@ -103,22 +103,29 @@ def pair_groups(pair_ids: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Ten
     return uniq[:, 0], inverse.reshape(-1)
 
 
-def _pairs(logp: torch.Tensor, targets: PairTargets, batch: dict[str, Any]) -> PairLogps:
-    """Per-target log-probs -> per-pair sums (index_add over segments, then over pairs)."""
-    dev = logp.device
-    n = targets.n_segments
-    seg_sum = logp.new_zeros(n).index_add(0, targets.segment.to(dev), logp)
-    seg_count = torch.zeros(n, dtype=torch.int64, device=dev).index_add(
-        0, targets.segment.to(dev), torch.ones_like(targets.segment, device=dev)
-    )
+@dataclass(frozen=True)
+class _Slots:
+    """The real sequences of a preference batch (segments; prompts and padding left out) and their pairs."""
+
+    pair_ids: torch.Tensor  # int64 [m]: each pair occurrence, in order of first appearance
+    segment: torch.Tensor  # int64 [k]: the segment of each real sequence
+    slot: torch.Tensor  # int64 [k]: its pair (index into pair_ids)
+    chosen: torch.Tensor  # bool [k]: it is the pair's chosen sequence
+
+
+def _pair_slots(batch: dict[str, Any], prompt: torch.Tensor, where: str) -> _Slots:
+    """Group a batch's sequences into pairs (`pair_groups`), numbered by first appearance; refuse a pair without
+    exactly one chosen and one rejected sequence."""
+    dev = prompt.device
+    n = prompt.numel()
     pair_ids = torch.as_tensor(batch["pair_ids"]).reshape(-1).to(device=dev, dtype=torch.int64)
     chosen = torch.as_tensor(batch["chosen"]).reshape(-1).to(device=dev, dtype=torch.bool)
     if pair_ids.numel() != n or chosen.numel() != n:
         raise FormatError(
             f"pair_ids ({pair_ids.numel()}) and chosen ({chosen.numel()}) need one value per segment ({n}), "
-            "pair_logps, pass the collator's keys"
+            f"{where}, pass the collator's keys"
         )
-    real = (pair_ids >= 0) & ~targets.prompt.to(dev)
+    real = (pair_ids >= 0) & ~prompt
     idx = real.nonzero().reshape(-1)
     uniq, inverse = pair_groups(pair_ids.index_select(0, idx), chosen.index_select(0, idx))
     first = torch.full((uniq.numel(),), n, dtype=torch.int64, device=dev).scatter_reduce(0, inverse, idx, reduce="amin")
@@ -134,18 +141,31 @@ def _pairs(logp: torch.Tensor, targets: PairTargets, batch: dict[str, Any]) -> P
     if bool(bad.any()):
         which = uniq.index_select(0, order)[bad][:4].tolist()
         raise FormatError(
-            f"pairs {which} do not have exactly one chosen and one rejected sequence in this batch, pair_logps, "
+            f"pairs {which} do not have exactly one chosen and one rejected sequence in this batch, {where}, "
             "batch whole pairs (a preference pack store keeps both sequences of a pair in one pack)"
         )
-    sums = seg_sum.index_select(0, idx)
-    counts = seg_count.index_select(0, idx)
+    return _Slots(uniq.index_select(0, order), idx, slot, is_c)
+
+
+def _pairs(logp: torch.Tensor, targets: PairTargets, batch: dict[str, Any]) -> PairLogps:
+    """Per-target log-probs -> per-pair sums (index_add over segments, then over pairs)."""
+    dev = logp.device
+    n = targets.n_segments
+    seg_sum = logp.new_zeros(n).index_add(0, targets.segment.to(dev), logp)
+    seg_count = torch.zeros(n, dtype=torch.int64, device=dev).index_add(
+        0, targets.segment.to(dev), torch.ones_like(targets.segment, device=dev)
+    )
+    s = _pair_slots(batch, targets.prompt.to(dev), "pair_logps")
+    m = s.pair_ids.numel()
+    sums = seg_sum.index_select(0, s.segment)
+    counts = seg_count.index_select(0, s.segment)
     zero_f = sums.new_zeros(m)
     zero_i = torch.zeros(m, dtype=torch.int64, device=dev)
-    c_idx, r_idx = slot[is_c], slot[~is_c]
+    c_idx, r_idx = s.slot[s.chosen], s.slot[~s.chosen]
     return PairLogps(
-        pair_ids=uniq.index_select(0, order),
-        chosen=zero_f.index_add(0, c_idx, sums[is_c]),
-        rejected=zero_f.index_add(0, r_idx, sums[~is_c]),
-        chosen_tokens=zero_i.index_add(0, c_idx, counts[is_c]),
-        rejected_tokens=zero_i.index_add(0, r_idx, counts[~is_c]),
+        pair_ids=s.pair_ids,
+        chosen=zero_f.index_add(0, c_idx, sums[s.chosen]),
+        rejected=zero_f.index_add(0, r_idx, sums[~s.chosen]),
+        chosen_tokens=zero_i.index_add(0, c_idx, counts[s.chosen]),
+        rejected_tokens=zero_i.index_add(0, r_idx, counts[~s.chosen]),
     )

@@ -41,13 +41,13 @@ class PairTargets:
     n_segments: int
 
 
-def _batch_cu(batch: dict[str, Any]) -> torch.Tensor:
+def _batch_cu(batch: dict[str, Any], where: str = "pair_logps") -> torch.Tensor:
     cu = batch.get("cu_seqlens")
     if cu is None:
         cu = batch.get("cu_seq_lens_q")
     if cu is None:
         raise ConfigError(
-            "the batch has neither cu_seqlens nor cu_seq_lens_q, pair_logps, pass a PackedCollator batch of a "
+            f"the batch has neither cu_seqlens nor cu_seq_lens_q, {where}, pass a PackedCollator batch of a "
             "preference pack store"
         )
     return torch.as_tensor(cu).reshape(-1).to(torch.int64)
