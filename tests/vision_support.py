@@ -1,5 +1,6 @@
-"""Vision test support: token stores with images written through the format module, and a tiny fake
-`VisionProcessor` that follows docs/VISION.md's contract (Qwen-like: 14-pixel patches, 2x2 merge, M-RoPE).
+"""Vision test support: token stores with images written through the format module, with the real Qwen2-VL
+family adapter (`packtool.vision`) rebuilt from a config (`PROCESSOR_CONFIG`: 14-pixel patches, 2x2 merge,
+M-RoPE; min_pixels 28*28 so that every size below is kept as it is).
 
 Images are real PNGs (PIL) of sizes that are multiples of 28, so a grid is (1, h/14, w/14), its patches
 h*w/196 and its tokens patches/4. Documents are `[text] [VSTART IMG*n VEND] [text] ...`.
@@ -24,15 +25,33 @@ VEND = 599
 PAD = 1
 EOS = 0
 TOKENIZER = {"name": "org/tiny-vl", "sha256": "0" * 64, "vocab_size": VOCAB, "bos_id": None, "eos_id": EOS, "pad_id": PAD}
-FAMILY = "fake_vl"
-PROCESSOR_CONFIG = {"family": FAMILY, "patch": 14, "merge": 2, "image_token_id": IMG, "vision_start_id": VSTART}
+FAMILY = "qwen2_vl"
+PROCESSOR_CONFIG: dict[str, Any] = {
+    "family": FAMILY,
+    "placeholder": "<|image_pad|>",
+    "image_token": "<|image_pad|>",
+    "image_token_id": IMG,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "spatial_merge_size": 2,
+    "min_pixels": 28 * 28,
+    "max_pixels": 28 * 28 * 1280,
+    "resample": 3,
+    "rescale_factor": 1 / 255,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "do_convert_rgb": True,
+}
 
 
-def png(h: int, w: int, seed: int) -> bytes:
+def png(h: int, w: int, seed: int, fmt: str = "PNG") -> bytes:
+    """A random image (noise over a gradient) encoded as `fmt`."""
     rng = np.random.default_rng(seed)
-    arr = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+    ramp = np.linspace(0, 200, w, dtype=np.float32)[None, :, None]
+    arr = np.clip(ramp + rng.integers(0, 56, size=(h, w, 3)), 0, 255).astype(np.uint8)
     buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
+    Image.fromarray(arr).save(buf, format=fmt)
     return buf.getvalue()
 
 
@@ -51,11 +70,14 @@ class Doc:
     images: list[tuple[int, bytes]]  # (token offset of the first image token, bytes)
 
 
-def random_docs(n: int, seed: int = 0, max_text: int = 60, p_image: float = 0.6, pool: int = 5) -> list[Doc]:
-    """Documents of random text with 0..3 images each, drawn from a pool of `pool` images (duplicates)."""
+def random_docs(
+    n: int, seed: int = 0, max_text: int = 60, p_image: float = 0.6, pool: int = 5, side: int = 28, fmt: str = "PNG"
+) -> list[Doc]:
+    """Documents of random text with 0..3 images each, drawn from a pool of `pool` images (duplicates);
+    images are (side * 1..3) x (side * 1..3) pixels (`side` a multiple of 28)."""
     rng = np.random.default_rng(seed)
-    sizes = [(28 * (1 + i % 3), 28 * (1 + (i // 3) % 3)) for i in range(pool)]
-    images = [png(h, w, seed * 100 + i) for i, (h, w) in enumerate(sizes)]
+    sizes = [(side * (1 + i % 3), side * (1 + (i // 3) % 3)) for i in range(pool)]
+    images = [png(h, w, seed * 100 + i, fmt) for i, (h, w) in enumerate(sizes)]
     docs = []
     for _ in range(n):
         parts: list[np.ndarray] = [rng.integers(2, 590, size=int(rng.integers(1, max_text)))]
