@@ -178,7 +178,8 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         if self._vis is not None:  # decoded and processed here: in the DataLoader worker
             from packtool.loader.vision import vision_batch
 
-            stacked["vision"] = vision_batch(self._vis, np.asarray(indices, np.int64), stacked["rows"], stacked)
+            idx = np.asarray(indices, np.int64)
+            stacked["vision"] = vision_batch(self._vis, idx, stacked["rows"], segment_arrays(stacked))
         return PackedBatchItems(stacked)
 
 

@@ -142,11 +142,12 @@ def _tables(store: PackSplit, sources: Sequence[str | os.PathLike[str]] | None) 
     return tables
 
 
-def vision_batch(views: VisionViews, idx: np.ndarray, rows: np.ndarray, stacked: dict[str, Any]) -> dict[str, Any]:
-    """Per-pack vision keys of a `build_batch` result: lists in batch order, plus the M-RoPE rows [3, B, N]."""
-    from packtool.loader.dataset import segment_arrays
-
-    lens, real, counts, _ = segment_arrays(stacked)
+def vision_batch(
+    views: VisionViews, idx: np.ndarray, rows: np.ndarray, segments: tuple[np.ndarray, ...]
+) -> dict[str, Any]:
+    """Per-pack vision keys of a `build_batch` result (`segments`: its `segment_arrays`): lists in batch order,
+    plus the M-RoPE rows [3, B, N]."""
+    lens, real, counts = segments[0], segments[1], segments[2]
     bounds = np.concatenate([[0], np.cumsum(counts)])
     per_pack = [
         views.pack(int(p), rows[0, r], lens[bounds[r] : bounds[r + 1]], real[bounds[r] : bounds[r + 1]])
