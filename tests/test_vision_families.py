@@ -141,9 +141,9 @@ def with_paths(messages: list[dict[str, Any]], paths: list[Path]) -> list[dict[s
 
 # -- the transformers side ------------------------------------------------------------------------
 def reference_processor(folder: Path, family: str) -> Any:
-    """The family's real processor, its image processor the PIL one (as with or without torchvision)."""
+    """The family's real processor; its image processor read from the folder by transformers itself, the PIL
+    backend named explicitly (the same check with or without torchvision)."""
     transformers = pytest.importorskip("transformers")
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     cls = getattr(transformers, FAMILIES[family]["processor_class"])
 
@@ -153,13 +153,13 @@ def reference_processor(folder: Path, family: str) -> Any:
         def check_argument_for_proper_class(self, name: str, arg: Any) -> Any:
             return None if arg is None else super().check_argument_for_proper_class(name, arg)
 
-    raw = json.loads((folder / "preprocessor_config.json").read_text())
-    kwargs = {k: v for k, v in raw.items() if k not in ("image_processor_type", "processor_class")}
+    image_processor = transformers.AutoImageProcessor.from_pretrained(str(folder), backend="pil")
+    assert type(image_processor).__name__ == "Qwen2VLImageProcessorPil"
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_file(str(folder / "tokenizer.json")), eos_token="<|im_end|>")
     template = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
-    return NoVideo(image_processor=Qwen2VLImageProcessorPil(**kwargs), tokenizer=tokenizer, video_processor=None,
-                   chat_template=template)
+    # AutoProcessor would also build the video processor, which needs torchvision: the class is built directly
+    return NoVideo(image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=template)
 
 
 def tiny_model(family: str) -> Any:

@@ -41,7 +41,8 @@ def build_gemma_folder(directory: Path, **preprocessor: Any) -> Path:
     spec = json.loads(FIXTURE.read_text("utf-8"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "chat_template": spec["chat_template"],
-        "extra_special_tokens": EXTRA}))
+        "extra_special_tokens": EXTRA, "tokenizer_class": "PreTrainedTokenizerFast"}))  # tokenizer.json as it is
+    (directory / "chat_template.jinja").write_text(spec["chat_template"])  # where the processor reads it
     (directory / "preprocessor_config.json").write_text(json.dumps({
         "do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None, "do_rescale": True, "do_resize": True,
         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "image_processor_type": "Gemma3ImageProcessor",
@@ -72,17 +73,13 @@ def images(seed: int = 0) -> list[bytes]:
 
 
 def reference_processor(folder: Path) -> Any:
+    """`AutoProcessor.from_pretrained(folder)`, the PIL image processor named (the same with or without torchvision)."""
     transformers = pytest.importorskip("transformers")
-    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
-
-    raw = json.loads((folder / "preprocessor_config.json").read_text())
-    kwargs = {k: v for k, v in raw.items() if k not in ("image_processor_type", "processor_class")}
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_file(str(folder / "tokenizer.json")), bos_token="<bos>", eos_token="<eos>",
-        pad_token="<pad>", extra_special_tokens=EXTRA)
-    template = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
-    return transformers.Gemma3Processor(image_processor=Gemma3ImageProcessorPil(**kwargs), tokenizer=tokenizer,
-                                        chat_template=template, image_seq_length=N_TOKENS)
+    processor = transformers.AutoProcessor.from_pretrained(str(folder), backend="pil")
+    assert type(processor).__name__ == "Gemma3Processor"
+    assert type(processor.image_processor).__name__ == "Gemma3ImageProcessorPil"
+    assert processor.image_seq_length == N_TOKENS
+    return processor
 
 
 def conversations(paths: list[Path]) -> list[list[dict[str, Any]]]:
