@@ -110,6 +110,7 @@ def hostile_images(seed: int = 0) -> list[bytes]:
         encode(rotated, "JPEG", exif=exif.tobytes()),
         encode(noise(28, 28).convert("RGB")),
         encode(noise(1000, 12).convert("RGB")),  # very wide: resized up to min_pixels
+        encode(noise(1, 1).convert("RGB")),  # one pixel
     ]
 
 
@@ -126,7 +127,7 @@ def conversations(n_images: int) -> list[tuple[list[dict[str, Any]], list[int]]]
           {"role": "assistant", "content": [{"type": "text", "text": "Two more."}]}], [1, 2, 3, 4, 5]),
         ([{"role": "system", "content": [img[6], text[1]]}, {"role": "user", "content": [img[7], img[7], img[8]]},
           {"role": "assistant", "content": [{"type": "text", "text": "Duplicates."}]}], [6, 7, 7, 8]),
-        ([{"role": "user", "content": [img[9], text[0]]}], [9]),
+        ([{"role": "user", "content": [img[9], text[0], img[10]]}], [9, 10]),
         ([{"role": "user", "content": [text[0]]}, {"role": "assistant", "content": [text[1]]}], []),
     ]
 
@@ -267,6 +268,9 @@ def test_expand_splits_target_spans_and_refuses_miscounts(tmp_path: Path) -> Non
         adapter.expand(text, None, infos[:1])
     with pytest.raises(InputError, match="miscounted"):
         adapter.expand("no image here", None, infos[:1])
+    # a literal video token would make get_rope_index look for a video grid: refused by name
+    with pytest.raises(InputError, match="literal special token '<\\|video_pad\\|>'"):
+        adapter.expand(text + "<|video_pad|>", None, infos)
     # adjacent image runs cannot be told apart by get_rope_index: refused, not guessed
     ids = np.array([1] + [adapter.image_token_id] * 2, dtype=np.int64)
     with pytest.raises(InputError, match="run"):

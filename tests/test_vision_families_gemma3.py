@@ -64,7 +64,7 @@ def images(seed: int = 0) -> list[bytes]:
     rng = np.random.default_rng(seed)
     out = []
     for mode, (w, h), fmt in [("RGB", (123, 77), "PNG"), ("RGBA", (40, 300), "PNG"), ("L", (64, 64), "PNG"),
-                              ("P", (90, 50), "PNG"), ("CMYK", (33, 45), "JPEG"), ("LA", (20, 20), "PNG")]:
+                              ("P", (90, 50), "PNG"), ("CMYK", (33, 45), "JPEG"), ("LA", (1, 1), "PNG")]:
         img = Image.fromarray(rng.integers(0, 256, (h, w, 4), dtype=np.uint8), "RGBA").convert(mode)
         buf = io.BytesIO()
         img.save(buf, fmt)
@@ -153,6 +153,8 @@ def test_expand_keeps_targets_off_the_image_block(tmp_path: Path) -> None:
     assert "\n\n<start_of_image>" + "<image_soft_token>" * N_TOKENS + "<end_of_image>\n\n" in out
     with pytest.raises(InputError, match="miscounted"):
         adapter.expand(text + "<start_of_image>", None, [adapter.measure(images()[0])])
+    with pytest.raises(InputError, match="literal special token '<image_soft_token>'"):
+        adapter.expand(text + "<image_soft_token>", None, [adapter.measure(images()[0])])
 
 
 def test_pan_and_scan_and_mismatched_folders_are_refused(tmp_path: Path) -> None:

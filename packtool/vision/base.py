@@ -57,6 +57,8 @@ class VisionProcessor:
         self.image_token_id = int(config["image_token_id"])
         #: the text the chat template renders once per image
         self.placeholder = str(config["placeholder"])
+        #: special tokens the model reads as media that no record's text may hold literally
+        self.reserved = [str(t) for t in config.get("reserved_tokens", [])]
 
     # -- building -------------------------------------------------------------------------------
     @classmethod
@@ -117,6 +119,13 @@ class VisionProcessor:
         `get_text_with_replacements` does; target spans shifted, and split around every expansion
         (no image token, nor the text the expansion adds, is ever a target). InputError when the
         text holds a different number of placeholders than `infos` (the processor refuses too)."""
+        for token in self.reserved:
+            if token in text:
+                raise InputError(
+                    f"the chat text holds the literal special token {token!r}, which the model reads as media "
+                    "with no image behind it",
+                    hint="remove it from the record's text",
+                )
         starts = [m.start() for m in re.finditer(re.escape(self.placeholder), text)]
         if len(starts) != len(infos):
             raise InputError(

@@ -133,6 +133,7 @@ class QwenVL(VisionProcessor):
         config: dict[str, Any] = {
             "family": family,
             "placeholder": image_token,
+            "reserved_tokens": [t for t in (folder.special_token("video_token", "<|video_pad|>"),) if t in vocab],
             "image_token": image_token,
             "image_token_id": image_id,
             "patch_size": int_setting(raw, "patch_size", 14, where, high=1024),
