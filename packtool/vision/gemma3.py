@@ -93,7 +93,7 @@ class Gemma3(VisionProcessor):
             {
                 "family": "gemma3",
                 "placeholder": boi,
-                "reserved_tokens": [soft, eoi],
+                "reserved_tokens": [soft],
                 "boi_token": boi,
                 "eoi_token": eoi,
                 "image_token": soft,
