@@ -312,15 +312,15 @@ def test_from_dir_text_only_unsupported_and_mixed_folders(tmp_path: Path) -> Non
     text_only.mkdir()
     (text_only / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     assert VisionProcessor.from_dir(text_only, {}) is None
-    for name, files in [
-        ("LLaVA-1.5", {"config.json": {"model_type": "llava"}, "preprocessor_config.json": {"image_processor_type": "CLIPImageProcessor"}}),
+    for name, files in [  # (LLaVA-1.5 is built: tests/test_vision_families_llava.py)
+        ("LLaVA-NeXT", {"config.json": {"model_type": "llava_next"}, "preprocessor_config.json": {"image_processor_type": "CLIPImageProcessor"}}),
         ("LLaVA-NeXT", {"preprocessor_config.json": {"image_processor_type": "LlavaNextImageProcessor"}}),
         ("LLaVA-OneVision", {"processor_config.json": {"processor_class": "LlavaOnevisionProcessor"},
                              "preprocessor_config.json": {"image_processor_type": "LlavaOnevisionImageProcessorFast"}}),
         ("SmolVLM", {"preprocessor_config.json": {"processor_class": "SmolVLMProcessor"}}),
         ("Idefics3", {"config.json": {"model_type": "idefics3"}, "preprocessor_config.json": {}}),
     ]:
-        folder = tmp_path / name
+        folder = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}"
         folder.mkdir()
         for file, content in files.items():
             (folder / file).write_text(json.dumps(content))
