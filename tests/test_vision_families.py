@@ -29,7 +29,7 @@ from PIL import Image
 from support import zipf_texts
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from packtool.errors import ConfigError, InputError
+from packtool.errors import ConfigError, FormatError, InputError
 from packtool.vision import ImageInfo, VisionProcessor
 
 FIXTURE = Path(__file__).parent / "fixtures" / "chat_templates" / "qwen2_vl.json"
@@ -249,8 +249,12 @@ def test_picklable_and_rebuilt_from_its_config(tmp_path: Path) -> None:
     assert again == adapter == rebuilt and rebuilt.family == "qwen2_5_vl"
     assert rebuilt.measure(blob) == adapter.measure(blob)
     assert np.array_equal(rebuilt.pixel_rows([blob])[0], adapter.pixel_rows([blob])[0])
-    with pytest.raises(ConfigError, match="unknown to this packtool"):
+    with pytest.raises(FormatError, match="unknown to this packtool"):
         VisionProcessor.from_config({**adapter.config, "family": "qwen9_vl"})
+    with pytest.raises(FormatError, match="config is damaged.*patch_size"):
+        VisionProcessor.from_config({k: v for k, v in adapter.config.items() if k != "patch_size"})
+    with pytest.raises(FormatError, match="no family"):
+        VisionProcessor.from_config({"patch_size": 14})
 
 
 def test_expand_splits_target_spans_and_refuses_miscounts(tmp_path: Path) -> None:
@@ -372,3 +376,30 @@ print(json.dumps([adapter.measure(data).n_tokens, grids.tolist(), sorted(m for m
     assert adapter is not None and heavy == []
     assert n_tokens == adapter.measure(blob).n_tokens and grids == adapter.pixel_rows([blob])[1].tolist()
     assert np.array_equal(np.load(tmp_path / "pixels.npy"), adapter.pixel_rows([blob])[0])
+
+
+def test_registry_is_the_one_table_docs_and_detection_follow(tmp_path: Path) -> None:
+    """Every family key and every refused family is in docs/VISION.md; every adapter has its comparison
+    test module; every name an adapter claims is detected as that adapter and claimed by no other."""
+    from packtool.vision.base import REGISTRY, UNSUPPORTED, _detect
+    from packtool.vision.folder import ModelFolder
+
+    docs = (Path(__file__).parents[1] / "docs" / "VISION.md").read_text("utf-8")
+    assert all(f"`{key}`" in docs for key in REGISTRY)
+    assert all(name in docs for name in UNSUPPORTED)
+    adapters = set(REGISTRY.values())
+    for adapter in adapters:
+        module = "test_vision_families.py" if adapter.family == "qwen2_vl" else f"test_vision_families_{adapter.family}.py"
+        assert (Path(__file__).parent / module).exists(), adapter
+    claimed: dict[str, Any] = {}
+    for adapter in adapters:
+        for name in (*adapter.processor_classes, *adapter.model_types, *adapter.image_processor_types):
+            assert claimed.setdefault(name, adapter) is adapter, name
+            assert not any(name in table for row in UNSUPPORTED.values() for table in row), name
+    for adapter in adapters:
+        for name in adapter.processor_classes:
+            folder = ModelFolder(path=tmp_path, image_processor={"processor_class": name}, image_processor_file=tmp_path)
+            assert _detect(folder) is adapter
+        for name in adapter.model_types:
+            folder = ModelFolder(path=tmp_path, image_processor={}, image_processor_file=tmp_path, model={"model_type": name})
+            assert _detect(folder) is adapter

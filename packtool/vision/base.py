@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from packtool.errors import ConfigError, InputError
+from packtool.errors import ConfigError, FormatError, InputError
 
 Spans = list[tuple[int, int]]
 
@@ -77,14 +77,23 @@ class VisionProcessor:
     def from_config(cls, config: Mapping[str, Any]) -> VisionProcessor:
         """Rebuild the adapter a store's manifest recorded (`config` is `VisionProcessor.config`)."""
         if not isinstance(config, Mapping) or not isinstance(config.get("family"), str):
-            raise ConfigError(f"vision processor config has no family, got {str(config)[:80]!r}, the store is damaged")
+            raise FormatError(
+                f"the store's vision processor config has no family, got {str(config)[:80]!r}: the manifest is damaged, "
+                "tokenize the store again"
+            )
         adapter = REGISTRY.get(config["family"])
         if adapter is None:
-            raise ConfigError(
-                f"vision family {config['family']!r} is unknown to this packtool (knows {', '.join(sorted(REGISTRY))}), "
+            raise FormatError(
+                f"vision family {config['family']!r} is unknown to this packtool (knows {supported_names()}), "
                 "use the packtool version that wrote the store"
             )
-        return adapter.rebuild(dict(config))
+        try:
+            return adapter.rebuild(dict(config))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(
+                f"the store's {config['family']} vision processor config is damaged ({type(exc).__name__}: {exc}), "
+                "tokenize the store again"
+            ) from None
 
     @classmethod
     def build(cls, folder: Any, vocab: Mapping[str, int]) -> VisionProcessor:
