@@ -178,3 +178,16 @@ def test_config_round_trip(tmp_path: Path) -> None:
     rebuilt = VisionProcessor.from_config(json.loads(json.dumps(adapter.config)))
     assert rebuilt == adapter and rebuilt.replacement(ImageInfo(1, (1, 1, 1), 1)) == adapter.replacement(
         ImageInfo(1, (1, 1, 1), 1))
+
+
+def test_a_folder_transformers_5_saved_reads_the_same(tmp_path: Path) -> None:
+    """`save_pretrained` in transformers 5 nests the image processor in processor_config.json (no
+    preprocessor_config.json): read from there, the adapter is the same."""
+    transformers = pytest.importorskip("transformers")
+    folder = build_gemma_folder(tmp_path / "model")
+    saved = tmp_path / "saved"
+    transformers.AutoProcessor.from_pretrained(str(folder), backend="pil").save_pretrained(str(saved))
+    assert not (saved / "preprocessor_config.json").exists()
+    assert "image_processor" in json.loads((saved / "processor_config.json").read_text())
+    (saved / "config.json").write_bytes((folder / "config.json").read_bytes())
+    assert VisionProcessor.from_dir(saved, vocab_of(saved)) == VisionProcessor.from_dir(folder, vocab_of(folder))
