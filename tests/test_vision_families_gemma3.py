@@ -176,6 +176,8 @@ def test_config_round_trip(tmp_path: Path) -> None:
     adapter = VisionProcessor.from_dir(folder, vocab_of(folder))
     assert adapter is not None
     rebuilt = VisionProcessor.from_config(json.loads(json.dumps(adapter.config)))
+    square = build_gemma_folder(tmp_path / "square", size=64)  # an integer size is a square, as get_size_dict reads it
+    assert VisionProcessor.from_dir(square, vocab_of(square)) == adapter
     assert rebuilt == adapter and rebuilt.replacement(ImageInfo(1, (1, 1, 1), 1)) == adapter.replacement(
         ImageInfo(1, (1, 1, 1), 1))
 

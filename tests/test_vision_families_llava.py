@@ -129,6 +129,9 @@ def test_fixed_size_full_strategy_and_refusals(tmp_path: Path) -> None:
     (tmp_path / "x.png").write_bytes(blob)
     assert np.array_equal(adapter.pixel_rows([blob])[0], np.asarray(ref([load_image(str(tmp_path / "x.png"))])["pixel_values"]))
 
+    square = build_llava_folder(tmp_path / "square", crop_size=56, size=56)  # integers: a square crop, a short side
+    assert VisionProcessor.from_dir(square, vocab_of(square)) == VisionProcessor.from_dir(
+        build_llava_folder(tmp_path / "dicts"), vocab_of(tmp_path / "dicts"))
     small = build_llava_folder(tmp_path / "small", size={"shortest_edge": 28})
     with pytest.raises(ConfigError, match="smaller than crop_size"):
         VisionProcessor.from_dir(small, vocab_of(small))

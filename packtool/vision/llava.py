@@ -24,7 +24,15 @@ import numpy as np
 from packtool.errors import ConfigError
 from packtool.vision import images
 from packtool.vision.base import ImageInfo, VisionProcessor, register
-from packtool.vision.folder import ModelFolder, bool_setting, float_list, float_setting, int_setting, token_id
+from packtool.vision.folder import (
+    ModelFolder,
+    bool_setting,
+    float_list,
+    float_setting,
+    int_setting,
+    square_setting,
+    token_id,
+)
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -53,8 +61,8 @@ def _resize_rule(raw: Mapping[str, Any], where: Path) -> tuple[int | None, tuple
 
 def resized_size(height: int, width: int, shortest: int | None, size: tuple[int, int] | None) -> tuple[int, int]:
     """`get_resize_output_image_size(default_to_square=False)` for a shortest edge, else the fixed size."""
-    if shortest is None or size is not None:
-        return size if size is not None else (height, width)
+    if size is not None or shortest is None:
+        return size or (height, width)
     short, long = (width, height) if width <= height else (height, width)
     new_short, new_long = shortest, int(shortest * long / short)
     return (new_long, new_short) if width <= height else (new_short, new_long)
@@ -91,7 +99,7 @@ class Llava(VisionProcessor):
         if not bool_setting(raw, "do_resize", True, where):
             raise ConfigError(f"do_resize: false is not supported for llava, {where}")
         shortest, fixed = _resize_rule(raw, where)
-        crop: Mapping[str, Any] = raw["crop_size"] if isinstance(raw.get("crop_size"), Mapping) else {}
+        crop = square_setting(raw, "crop_size", 224, where)
         do_crop = bool_setting(raw, "do_center_crop", True, where)
         crop_h = int_setting(crop, "height", 224, where, high=1 << 15) if do_crop else None
         crop_w = int_setting(crop, "width", 224, where, high=1 << 15) if do_crop else None
