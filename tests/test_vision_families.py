@@ -237,6 +237,10 @@ def test_family_settings_read_from_the_folder(tmp_path: Path) -> None:
     (tmp_path / "q3" / "preprocessor_config.json").write_text(json.dumps({**raw, "max_pixels": 20000}))
     q3b = VisionProcessor.from_dir(tmp_path / "q3", vocab_of(tmp_path / "q3"))
     assert q3b is not None and q3b.config["max_pixels"] == 20000
+    for size in (448, {"height": 448, "width": 448}):  # the processor's resize fails on these: refused, not defaulted
+        (tmp_path / "q3" / "preprocessor_config.json").write_text(json.dumps({**raw, "size": size}))
+        with pytest.raises(ConfigError, match="'size' must hold 'shortest_edge'"):
+            VisionProcessor.from_dir(tmp_path / "q3", vocab_of(tmp_path / "q3"))
 
 
 def test_picklable_and_rebuilt_from_its_config(tmp_path: Path) -> None:

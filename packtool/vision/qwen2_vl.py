@@ -70,11 +70,17 @@ def _pixel_bound(raw: Mapping[str, Any], key: str, size_keys: tuple[str, ...], d
     if raw.get(key) is not None:
         return int_setting(raw, key, None, where)
     size = raw.get("size")
+    if size is None:
+        return default
     if isinstance(size, Mapping):
         for k in size_keys:
             if size.get(k) is not None:
                 return int_setting(size, k, None, where)
-    return default
+    # the processor's resize needs shortest_edge and longest_edge: anything else fails there
+    raise ConfigError(
+        f"'size' must hold {size_keys[0]!r} (or a top-level {key!r}), got {size!r}, {where}, "
+        "write the pixel range as the family's preprocessor_config.json does"
+    )
 
 
 @register
