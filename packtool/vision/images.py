@@ -99,16 +99,22 @@ def to_floats(
     The resized image is uint8, so rescale + normalize is a function of (channel, value): it is computed
     once per setting for the 3 x 256 inputs by transformers' own expression (`value_table`) and looked
     up here, which gives the same bits as running it over every pixel, several times faster."""
-    if size is not None:
-        img = img.resize((size[1], size[0]), resample=resample_filter(resample), reducing_gap=None)
-    hwc = np.asarray(img)
-    if hwc.dtype != np.uint8 or hwc.ndim != 3 or hwc.shape[2] != 3:
-        raise ValueError(f"expected an RGB uint8 image, got {hwc.dtype} {hwc.shape}, this is a bug")
+    hwc = resized(img, size, resample)
     table = value_table(rescale, None if mean is None else tuple(mean), None if std is None else tuple(std))
     out = np.empty((3, *hwc.shape[:2]), dtype=np.float32)
     for c in range(3):  # per channel, never per pixel
         np.take(table[c], hwc[:, :, c], out=out[c])
     return out
+
+
+def resized(img: Image.Image, size: tuple[int, int] | None, resample: int) -> np.ndarray:
+    """uint8 [H, W, 3]: the image resized to `size` (height, width) by PIL, as the processor's `resize`."""
+    if size is not None:
+        img = img.resize((size[1], size[0]), resample=resample_filter(resample), reducing_gap=None)
+    hwc = np.asarray(img)
+    if hwc.dtype != np.uint8 or hwc.ndim != 3 or hwc.shape[2] != 3:
+        raise ValueError(f"expected an RGB uint8 image, got {hwc.dtype} {hwc.shape}, this is a bug")
+    return hwc
 
 
 @functools.lru_cache(maxsize=32)
