@@ -302,6 +302,7 @@ def test_hostile_bytes_are_refused_by_name(tmp_path: Path) -> None:
     good = hostile_images()[0]
     cases = [
         (b"not an image at all", "not a readable image"),
+        (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n", "not a readable image.*formats read: JPEG, PNG"),
         (good[: len(good) // 2], "cannot be decoded"),  # truncated
         (b"", "empty"),
         (png_header_only(30000, 30000), "refused.*pixel limit"),  # a decompression bomb, never decoded

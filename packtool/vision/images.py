@@ -29,6 +29,9 @@ from packtool.errors import InputError
 #: Pillow's DecompressionBombWarning threshold (its default `Image.MAX_IMAGE_PIXELS`): ~89.5 M pixels,
 #: 268 MB as RGB. Larger images are refused by name, never decoded.
 MAX_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
+#: the raster formats PIL may read here. Not EPS (PIL runs Ghostscript on it: a program, not pixels),
+#: nor the scientific and legacy formats no image dataset holds; anything else is refused by name.
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "DIB", "TIFF", "AVIF", "JPEG2000", "PPM", "TGA", "ICO", "QOI")
 #: PIL resampling filters by the integer transformers' configs store (`PILImageResampling`)
 RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
@@ -40,7 +43,7 @@ def decode(data: bytes, name: str = "image", convert_rgb: bool = True) -> Image.
     try:
         with warnings.catch_warnings():  # the size is checked below, by name
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img: Image.Image = Image.open(io.BytesIO(data))
+            img: Image.Image = Image.open(io.BytesIO(data), formats=FORMATS)
         width, height = img.size
     except Image.DecompressionBombError as exc:
         raise InputError(
@@ -49,7 +52,10 @@ def decode(data: bytes, name: str = "image", convert_rgb: bool = True) -> Image.
             hint="downscale the image",
         ) from None
     except Exception as exc:  # PIL raises many kinds on hostile bytes; all mean "not an image"
-        raise InputError(f"{name} is not a readable image ({_reason(exc)})", hint="replace or drop the image") from None
+        raise InputError(
+            f"{name} is not a readable image ({_reason(exc)}); formats read: {', '.join(FORMATS)}",
+            hint="replace or drop the image",
+        ) from None
     if width * height > MAX_PIXELS:
         raise InputError(
             f"{name} is refused: {width}x{height} = {width * height:,} pixels is over the {MAX_PIXELS:,}-pixel limit "
