@@ -165,6 +165,9 @@ def pack(
     overlong: Annotated[Overlong, typer.Option("--overlong", help="Documents longer than N.")] = Overlong.SPLIT,
     pad_multiple: Annotated[int, typer.Option("--pad-multiple", help="Pad every segment to a multiple of M.")] = 1,
     max_docs_per_pack: Annotated[int | None, typer.Option("--max-docs-per-pack", help="At most K per pack.")] = None,
+    vision_budget: Annotated[
+        int | None, typer.Option("--vision-budget", help="Image stores: at most PATCHES vision patches per pack.")
+    ] = None,
     split: Annotated[Split, typer.Option("--split", help="Which split this is.")] = Split.TRAINING,
     workers: Workers = None,
     executor: Executor = ExecutorName.LOCAL,
