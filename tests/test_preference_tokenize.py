@@ -156,6 +156,13 @@ def test_the_same_records_give_the_same_bytes_from_every_source(tmp_path: Path, 
     same_store_bytes(ref, small)
 
 
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
 GOOD = {"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}
 CONV = {"prompt": [{"role": "user", "content": "USR hi"}], "chosen": [{"role": "assistant", "content": "Hello."}],
         "rejected": [{"role": "assistant", "content": "Go."}]}
@@ -179,6 +186,8 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     (CONV, {**CONV, "rejected": [{"role": "assistant", "content": [{"type": "video", "video": "a.mp4"}]}]},
      "message 0 of field 'rejected' holds a content part of type 'video': pairs with images are not supported yet"),
     (CONV, {**CONV, "image": "cat.png"}, "the record has 'image': pairs with images are not supported yet"),
+    (CONV, {**CONV, "prompt": [{"role": "user", "content": [{"type": "text", "text": "q", "meta": _nested(900)}]}]},
+     "field 'prompt' nests objects too deeply to read"),
     (CONV, {**CONV, "chat_template_kwargs": {"enable_thinking": False}}, "the record sets 'chat_template_kwargs'"),
     (CONV, {**CONV, "chosen": "Hello."}, "field 'chosen' is a string, but the first record holds lists of messages"),
     (CONV, {**CONV, "rejected": [{"role": "robot", "content": "x"}]}, "message 1 has unknown role 'robot'"),

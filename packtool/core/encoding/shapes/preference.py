@@ -111,7 +111,10 @@ def as_datasets_reads(name: str, messages: list[Any]) -> list[Any]:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in MEDIA_PARTS:
                 raise ShapeError(f"message {i} of field {name!r} holds a content part of type {kind!r}: {NO_IMAGES}")
-    return _filled(messages, _schema([messages]))  # type: ignore[no-any-return]
+    try:
+        return _filled(messages, _schema([messages]))  # type: ignore[no-any-return]
+    except RecursionError:
+        raise ShapeError(f"field {name!r} nests objects too deeply to read (hundreds of levels), flatten it") from None
 
 
 def pair_tools(record: dict[str, Any], name: str) -> list[Any] | None:
@@ -119,7 +122,12 @@ def pair_tools(record: dict[str, Any], name: str) -> list[Any] | None:
     per record), a list of tool objects as `datasets` reads a column (`as_datasets_reads`: a tool's parameters
     hold every property any tool of the record names, None where it has none)."""
     tools = tools_of(record, name)
-    return _filled(tools, _schema([tools])) if type(present(record, name)) is list else tools  # type: ignore[no-any-return]
+    if type(present(record, name)) is not list:
+        return tools
+    try:
+        return _filled(tools, _schema([tools]))  # type: ignore[no-any-return]
+    except RecursionError:
+        raise ShapeError(f"field {name!r} nests objects too deeply to read (hundreds of levels), flatten it") from None
 
 
 def _schema(values: list[Any]) -> Any:
