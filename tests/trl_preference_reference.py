@@ -229,14 +229,16 @@ LIST_TOOLS_READ = [
         "type": "object", "properties": {"city": None, "tz": {"type": "string"}}}}},
 ]
 #: the same for a list of `tools` (not a JSON string) and tool calls whose arguments differ, under Qwen2.5's template
-#: (it prints both with `tojson`): each tool's properties and each call's arguments hold every name of any
+#: (it prints both with `tojson`): each tool's properties and each call's arguments hold every name of any, and an
+#: integer beside a float is a float (`1.0`), as Arrow reads them
 LIST_TOOLS = (
-    [{"prompt": [U("USR weather and time?"), _call("get_weather", {"city": "Paris"}), {"role": "tool", "content": "21"},
-                 _call("get_time", {"tz": "UTC"}), {"role": "tool", "content": "noon"}, U("USR so?")],
+    [{"prompt": [U("USR weather and time?"), _call("get_weather", {"city": "Paris", "days": 2.5}),
+                 {"role": "tool", "content": "21"}, _call("get_time", {"tz": "UTC", "days": 1}),
+                 {"role": "tool", "content": "noon"}, U("USR so?")],
       "chosen": [A("Nice.")], "rejected": [A("Bad.")], "tools": [*TOOLS, TIME]},
      {"prompt": [U("USR hi")], "chosen": [A("Hello.")], "rejected": [A("Go.")], "tools": [*TOOLS, TIME]}],
-    [{"prompt": [U("USR weather and time?"), _call("get_weather", {"city": "Paris", "tz": None}),
-                 {"role": "tool", "content": "21"}, _call("get_time", {"city": None, "tz": "UTC"}),
+    [{"prompt": [U("USR weather and time?"), _call("get_weather", {"city": "Paris", "days": 2.5, "tz": None}),
+                 {"role": "tool", "content": "21"}, _call("get_time", {"city": None, "days": 1.0, "tz": "UTC"}),
                  {"role": "tool", "content": "noon"}, U("USR so?")],
       "chosen": [A("Nice.")], "rejected": [A("Bad.")], "tools": LIST_TOOLS_READ},
      {"prompt": [U("USR hi")], "chosen": [A("Hello.")], "rejected": [A("Go.")], "tools": LIST_TOOLS_READ}],

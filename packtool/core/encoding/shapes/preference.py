@@ -132,7 +132,8 @@ def pair_tools(record: dict[str, Any], name: str) -> list[Any] | None:
 
 def _schema(values: list[Any]) -> Any:
     """The keys of the objects at one place of a column (a dict of key -> the schema of its values), the schema
-    of the items of its lists (a one-item list), or None: scalars, or values Arrow would not give one type."""
+    of the items of its lists (a one-item list), `float` for integers beside floats (Arrow reads them all as
+    float64: `1` becomes `1.0`), or None: other scalars, or values Arrow would not give one type."""
     present_ = [v for v in values if v is not None]
     if present_ and all(type(v) is dict for v in present_):
         keys: dict[str, list[Any]] = {}
@@ -142,7 +143,8 @@ def _schema(values: list[Any]) -> Any:
         return {key: _schema(items) for key, items in keys.items()}
     if present_ and all(type(v) is list for v in present_):
         return [_schema([item for value in present_ for item in value])]
-    return None
+    kinds = {type(v) for v in present_}
+    return float if kinds == {int, float} else None  # Arrow gives numbers of both kinds one type: float64
 
 
 def _filled(value: Any, schema: Any) -> Any:
@@ -150,7 +152,7 @@ def _filled(value: Any, schema: Any) -> Any:
         return {key: _filled(value.get(key), sub) for key, sub in schema.items()}
     if type(schema) is list and type(value) is list:
         return [_filled(item, schema[0]) for item in value]
-    return value
+    return float(value) if schema is float and type(value) is int else value
 
 
 def no_template_kwargs(record: dict[str, Any]) -> None:
