@@ -186,6 +186,8 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     (CONV, {**CONV, "rejected": [{"role": "assistant", "content": [{"type": "video", "video": "a.mp4"}]}]},
      "message 0 of field 'rejected' holds a content part of type 'video': pairs with images are not supported yet"),
     (CONV, {**CONV, "image": "cat.png"}, "the record has 'image': pairs with images are not supported yet"),
+    (CONV, {**CONV, "images": []}, "the record has 'images' (empty: TRL reads a dataset with this column as vision"),
+    (CONV, {**CONV, "image": None}, "the record has 'image' (empty: TRL reads a dataset with this column as vision"),
     (CONV, {**CONV, "prompt": [{"role": "user", "content": [{"type": "text", "text": "q", "meta": _nested(900)}]}]},
      "field 'prompt' nests objects too deeply to read"),
     (CONV, {**CONV, "chat_template_kwargs": {"enable_thinking": False}}, "the record sets 'chat_template_kwargs'"),

@@ -91,11 +91,14 @@ def no_prompt(record: dict[str, Any], fields: ShapeFields) -> None:
 
 
 def text_only(record: dict[str, Any]) -> dict[str, Any]:
-    """The record, refused when it carries images: TRL preprocesses those with a vision model's processor."""
+    """The record, refused when it carries images: TRL preprocesses those with a vision model's processor. An
+    empty or null `image`/`images` is refused too: TRL reads a dataset with such a column as vision data
+    whatever its rows hold (a text model is refused, a vision model's processor tokenizes at batch time)."""
     for name in IMAGES:
-        value = present(record, name)
-        if value is not MISSING and value != []:
-            raise ShapeError(f"the record has {name!r}: {NO_IMAGES}")
+        if isinstance(record, dict) and name in record:
+            value = record[name]
+            empty = " (empty: TRL reads a dataset with this column as vision data)" if value in (None, []) else ""
+            raise ShapeError(f"the record has {name!r}{empty}: {NO_IMAGES}")
     return record
 
 
