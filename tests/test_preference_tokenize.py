@@ -176,6 +176,8 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     (GOOD, CONV, "field 'prompt' is a list, but the first record holds strings"),
     (GOOD, {"prompt": "x", "chosen": "a", "rejected": "b", "tools": "{not json"}, "field 'tools' is a string that is not JSON"),
     (GOOD, "just a string", "the record is not a JSON object"),
+    (GOOD, {**GOOD, "messages": [{"role": "user", "content": "hi"}]}, "the record's 'messages' field is a list of "
+     "messages while its pair is standard (strings): TRL decides whether a record is conversational from one of"),
     (GOOD, {**GOOD, "images": ["cat.png"]}, "the record has 'images': pairs with images are not supported yet"),
     (CONV, {**CONV, "chosen": []}, "field 'chosen' is an empty list of messages"),
     (CONV, {**CONV, "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}]},
@@ -187,6 +189,9 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
      "message 0 of field 'rejected' holds a content part of type 'video': pairs with images are not supported yet"),
     (CONV, {**CONV, "image": "cat.png"}, "the record has 'image': pairs with images are not supported yet"),
     (CONV, {**CONV, "images": []}, "the record has 'images' (empty: TRL reads a dataset with this column as vision"),
+    (CONV, {**CONV, "completion": "Hello."}, "the record's 'completion' field is not a list of messages while its "
+     "pair is conversational"),
+    (CONV, {**CONV, "messages": None}, "the record's 'messages' field is not a list of messages"),
     (CONV, {**CONV, "image": None}, "the record has 'image' (empty: TRL reads a dataset with this column as vision"),
     (CONV, {**CONV, "prompt": [{"role": "user", "content": [{"type": "text", "text": "q", "meta": _nested(900)}]}]},
      "field 'prompt' nests objects too deeply to read"),
@@ -203,6 +208,9 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     ({"chosen": "Same start, yes", "rejected": "Same start, no"}, {"chosen": "", "rejected": "x"},
      "field 'chosen' is empty"),
     ({"chosen": "Same start, yes", "rejected": "Same start, no"}, GOOD, "the record has a 'prompt' field but the first"),
+    ({"chosen": "Same start, yes", "rejected": "Same start, no"},
+     {"chosen": "Same yes", "rejected": "Same no", "completion": [{"role": "assistant", "content": "x"}]},
+     "the record's 'completion' field is a list of messages while its pair is standard"),
     ({"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
       "rejected": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b"}]},
      {"chosen": [{"role": "user", "content": "q1"}], "rejected": [{"role": "user", "content": "q2"}]},

@@ -13,6 +13,7 @@ from packtool.core.encoding.shapes.preference import (
     REJECTED,
     is_messages,
     no_template_kwargs,
+    one_reading,
     pair_tools,
     present,
     side,
@@ -22,6 +23,7 @@ from packtool.core.encoding.shapes.preference import (
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = text_only(as_object(record))
+    one_reading(record, True)
     no_template_kwargs(record)
     prompt = side(record, options.fields.prompt, True)
     chosen, rejected = side(record, CHOSEN, True), side(record, REJECTED, True)

@@ -15,6 +15,7 @@ from packtool.core.encoding.shapes.preference import (
     is_messages,
     no_prompt,
     no_template_kwargs,
+    one_reading,
     pair_tools,
     present,
     side,
@@ -24,6 +25,7 @@ from packtool.core.encoding.shapes.preference import (
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = text_only(as_object(record))
+    one_reading(record, True)
     no_template_kwargs(record)
     no_prompt(record, options.fields)
     prompt, chosen, rejected = extract_prompt(side(record, CHOSEN, True), side(record, REJECTED, True))

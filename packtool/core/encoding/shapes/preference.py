@@ -37,6 +37,8 @@ NO_IMAGES = (
     "pairs with images are not supported yet (TRL preprocesses vision preference records with the model's "
     "processor; packtool tokenizes text pairs only), drop the media or train on them with TRL's processor"
 )
+#: the fields besides the pair's that TRL's `is_conversational` may read (refused when they disagree: `one_reading`)
+TRL_EXTRA_KEYS = ("completion", "messages")
 #: a conversational TRL record's extra template arguments (refused: `no_template_kwargs`)
 TEMPLATE_KWARGS = "chat_template_kwargs"
 #: how a record of another shape than the run's is told apart (the end of its reason)
@@ -79,6 +81,22 @@ def side(record: dict[str, Any], name: str, conversational: bool) -> Any:
     if not isinstance(value, str):
         raise ShapeError(f"field {name!r} is not a string (got {type(value).__name__})")
     return plain_text(value)
+
+
+def one_reading(record: dict[str, Any], conversational: bool) -> None:
+    """TRL 1.16's `is_conversational` reads ONE of a record's `prompt`/`chosen`/`rejected`/`completion`/`messages`,
+    popped from a set (which one changes with each process's string hashing), and on it decides the chat template
+    and whether the EOS is added: a `completion` or `messages` field (null included: `datasets` gives every row
+    every column) that says otherwise than the pair makes TRL's ids a coin toss, so it is refused."""
+    for name in TRL_EXTRA_KEYS:
+        if name in record and is_messages(record[name]) != conversational:
+            what = "is not a list of messages" if conversational else "is a list of messages"
+            pair = "conversational" if conversational else "standard (strings)"
+            raise ShapeError(
+                f"the record's {name!r} field {what} while its pair is {pair}: TRL decides whether a record is "
+                "conversational from one of its prompt/chosen/rejected/completion/messages fields picked at random "
+                "(its ids then vary from run to run), drop or rename the field"
+            )
 
 
 def no_prompt(record: dict[str, Any], fields: ShapeFields) -> None:
@@ -214,6 +232,7 @@ def extract_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = text_only(as_object(record))
+    one_reading(record, False)
     prompt = side(record, options.fields.prompt, False)
     tools_of(record, options.fields.tools)  # TRL parses a JSON string of tools on every record: a bad one fails
     return Pair(prompt, side(record, CHOSEN, False), side(record, REJECTED, False))
