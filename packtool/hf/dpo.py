@@ -103,7 +103,9 @@ class PreferencePackCollator:
             if unpadded:
                 cu_real = torch.as_tensor(p[UNPADDED], dtype=torch.int64).reshape(-1)
                 if cu_real.shape != cu.shape:
-                    raise ConfigError(f"a pack's {UNPADDED} does not match its cu_seqlens, {WHERE}, pass PackedDataset items")
+                    raise ConfigError(
+                        f"a pack's {UNPADDED} does not match its cu_seqlens, {WHERE}, pass PackedDataset items"
+                    )
                 real_parts.append(cu_real[1:] + real_tokens)
                 real_tokens += int(cu_real[-1])
             if shared[0]:
