@@ -159,7 +159,7 @@ def test_a_tokenizer_revision_is_fetched_recorded_and_read_offline(tmp_path: Pat
     hub.requests.clear()
     again = run(tmp_path, hub, *args, str(tmp_path / "s2"), "-q", HF_HUB_OFFLINE="1")
     assert again.returncode == 0 and hub.requests == [], again.stderr
-    pinned = run(tmp_path, hub, *args[:-1] + ("acme/tiny-chat@" + sha, "--output"), str(tmp_path / "s3"), "-q",
+    pinned = run(tmp_path, hub, *args[:3] + ("acme/tiny-chat@" + sha, "--output"), str(tmp_path / "s3"), "-q",
                  HF_HUB_OFFLINE="1")  # fmt: skip  (a commit names its snapshot directly)
     assert pinned.returncode == 0, pinned.stderr
     line = _one_error_line(run(tmp_path, hub, *args[:-2], "acme/tiny-chat@v9", "--output", str(tmp_path / "n")))

@@ -245,11 +245,10 @@ def _config_splits(files: Sequence[str], config: dict[str, Any], name: str, give
 
 
 def _sanitize(spec: Any, name: str, given: str) -> dict[str, list[str]]:
-    """datasets' `sanitize_patterns`: a pattern, a list, {split: pattern(s)} or [{split, path}] -> split -> list."""
+    """datasets' `sanitize_patterns` of a card's data_files: a pattern, a list, or [{split, path}] -> split -> list
+    (a mapping is refused, as datasets refuses it in a card)."""
     if isinstance(spec, str):
         return {"train": [spec]}
-    if isinstance(spec, dict):
-        return {str(k): [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in spec.items()}
     if isinstance(spec, list) and all(isinstance(x, dict) and "split" in x and "path" in x for x in spec):
         return {str(x["split"]): [str(p) for p in (x["path"] if isinstance(x["path"], list) else [x["path"]])]
                 for x in spec}  # fmt: skip
