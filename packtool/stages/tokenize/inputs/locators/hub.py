@@ -24,7 +24,7 @@ import re
 from urllib.parse import unquote
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from packtool.errors import InputError
 from packtool.formats.hub_cache import (
@@ -95,7 +95,7 @@ class HubLocator:
         if cached is not None:
             return self._found(ref, *cached)
         if offline():
-            return _offline_error(ref, opts)
+            _offline_error(ref, opts)
         return self._found(ref, *self._fetch(ref))
 
     def _fetch(self, ref: HubRef) -> tuple[Path, Selected, str]:
@@ -284,35 +284,26 @@ def _complete(files: tuple[str, ...]) -> bool:
     return all(len(got) == int(total) for (_, total, _), got in families.items())
 
 
-def _offline_error(ref: HubRef, opts: HubOptions) -> Found:
-    what = f"dataset {ref.name}" + (f" at revision {ref.revision!r}" if ref.revision else "")
-    which = ", ".join(f"{k} {v}" for k, v in (("subset", opts.subset), ("split", opts.split or "train")) if v)
+def _offline_error(ref: HubRef, opts: HubOptions) -> NoReturn:
     snapshot = hub_snapshot("datasets", ref.name, Path.is_dir, ref.revision)
-    reason = ""
     if snapshot is not None:
         try:
             if _cached_select(ref, opts, snapshot, ref.revision == CONVERT_BRANCH) is None:
-                reason = ": the cached snapshot holds only some of its files"
+                _not_cached(ref, " (its cached snapshot holds only some of the files the selection reads)")
         except InputError as exc:  # the cache answers: the split or subset is not there
             raise InputError(
                 f"{exc.reason} (HF_HUB_OFFLINE is set: the cached snapshot {snapshot.name[:12]} was read)",
                 ref.given,
                 hint=exc.hint,
             ) from None
-    fetch = f"hf download {ref.name} --repo-type dataset" + (f" --revision {ref.revision}" if ref.revision else "")
-    raise InputError(
-        f"HF_HUB_OFFLINE is set and {what} ({which}) is not in the local Hugging Face cache ({hub_cache_dir()})"
-        f"{reason}",
-        ref.given,
-        hint=f"unset HF_HUB_OFFLINE to fetch it, or fetch it where the hub is reachable (`{fetch}`)",
-    )
+    _not_cached(ref)
 
 
-def _not_cached(ref: HubRef) -> None:
+def _not_cached(ref: HubRef, why: str = "") -> NoReturn:
     what = f"dataset {ref.name}" + (f" at revision {ref.revision!r}" if ref.revision else "")
     fetch = f"hf download {ref.name} --repo-type dataset" + (f" --revision {ref.revision}" if ref.revision else "")
     raise InputError(
-        f"HF_HUB_OFFLINE is set and {what} is not in the local Hugging Face cache ({hub_cache_dir()})",
+        f"{what} is not in the local Hugging Face cache ({hub_cache_dir()}){why} and HF_HUB_OFFLINE is set",
         ref.given,
         hint=f"unset HF_HUB_OFFLINE to fetch it, or fetch it with `{fetch}`, or set HF_HUB_CACHE / HF_HOME",
     )

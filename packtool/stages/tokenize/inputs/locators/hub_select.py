@@ -50,7 +50,6 @@ _FOREIGN = frozenset(
     ".tar .zip .xml .h5 .hdf5 .lance .vortex .eval .sql .npy .npz .pdf .wav .mp3 .flac .ogg .opus .m4a .mp4 "
     ".avi .mov .mkv .webm .jpg .jpeg .png .gif .bmp .tif .tiff .webp .nii .dcm".split()
 )
-_FAMILY_ORDER = {"parquet": 0, "arrow": 1, "json": 2, "csv": 3, "txt": 4}
 
 
 @dataclass(frozen=True)
@@ -299,14 +298,16 @@ def _converted_splits(
 def _readable(files: Sequence[str], name: str, split: str, given: str) -> list[str]:
     """The split's files of its most common readable family; a split mostly of a foreign kind is refused."""
     counts: dict[str, list[str]] = {}
+    ranks: dict[str, int] = {}
     foreign: dict[str, int] = {}
     for f in files:
         reader = reader_for(PurePosixPath(f))
-        if reader is not None and not PurePosixPath(f).name in reader.not_data:
+        if reader is not None and PurePosixPath(f).name not in reader.not_data:
             counts.setdefault(reader.family, []).append(f)
+            ranks[reader.family] = reader.family_rank
         elif (suffix := PurePosixPath(f).suffix.lower()) in _FOREIGN:
             foreign[suffix] = foreign.get(suffix, 0) + 1
-    best = min(counts, key=lambda k: (-len(counts[k]), _FAMILY_ORDER.get(k, 99), k)) if counts else None
+    best = min(counts, key=lambda k: (-len(counts[k]), ranks[k], k)) if counts else None  # a tie: Parquet first
     top_foreign = max(foreign, key=lambda k: foreign[k]) if foreign else None
     if top_foreign is not None and (best is None or foreign[top_foreign] > len(counts[best])):
         raise InputError(
