@@ -29,7 +29,7 @@ from packtool.stages.tokenize.inputs.locators.hub_select import select
 
 pytest.importorskip("huggingface_hub")
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the a model data token pack train loss GPU batch sequence answer question why how".split()
+WORDS = ["the", "a", "model", "data", "token", "pack", "train", "loss", "GPU", "batch", "sequence", "answer", "question", "why", "how"]
 
 
 def chats(n: int, seed: int) -> list[dict[str, object]]:
@@ -157,6 +157,10 @@ def test_revisions_and_the_parquet_export(tmp_path: Path, hub: Hub, bpe_tokenize
         "split": "train", "files": 1}  # fmt: skip
     assert "scripted.py" not in hub.fetched()
     assert (tmp_path / "c" / "tokens.bin").read_bytes() == local_store(tmp_path, hub, bpe_tokenizer_dir, TRAIN[:10], "r2")
+    hub.requests.clear()  # offline, the script's snapshot sends the run to the cached export
+    again = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/scripted", "c2", HF_HUB_OFFLINE="1")
+    assert again.returncode == 0 and hub.requests == [], again.stderr
+    assert (tmp_path / "c2" / "tokens.bin").read_bytes() == (tmp_path / "c" / "tokens.bin").read_bytes()
     other = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/scripted@refs/convert/parquet", "o",
                      "--subset", "other")  # fmt: skip
     assert other.returncode == 0, other.stderr

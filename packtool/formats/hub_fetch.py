@@ -75,7 +75,7 @@ def repo_revision(repo_type: str, name: str, revision: str | None) -> RepoRevisi
         info = api.repo_info(name, repo_type=repo_type, revision=revision)
     if not info.sha:
         raise TransferError(f"the hub gave no commit for {name} at {revision or 'main'}")
-    files = tuple(s.rfilename for s in (info.siblings or []))
+    files = tuple(s.rfilename for s in (getattr(info, "siblings", None) or []))
     return RepoRevision(info.sha, files)
 
 

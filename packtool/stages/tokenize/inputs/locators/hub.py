@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import glob
 import re
-from urllib.parse import unquote
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import unquote
 
 from packtool.errors import InputError
 from packtool.formats.hub_cache import (
@@ -132,8 +132,14 @@ class HubLocator:
             path = contained(snapshot.resolve(), rel, f"a file of {ref.name}", hint=_HINT, links_within=within)
             out.update(dataset(path.parent, str(path.parent), within) if is_saved_dataset(path.parent) else plain(path))
         self.options.resolved.append(
-            {"dataset": ref.name, "revision": revision, "commit": snapshot.name, "subset": chosen.subset,
-             "split": chosen.split, "files": len(chosen.files)}  # fmt: skip
+            {
+                "dataset": ref.name,
+                "revision": revision,
+                "commit": snapshot.name,
+                "subset": chosen.subset,
+                "split": chosen.split,
+                "files": len(chosen.files),
+            }  # fmt: skip
         )
         return out
 
@@ -160,8 +166,10 @@ class HubLocator:
                 hint="name a data file, directory or glob inside it: hf://datasets/ORG/NAME/PATH",
             )
         snapshot = _ask(
-            ref, lambda: fetch_files("dataset", ref.name, ref.revision or "main", remote.commit, wanted,
-                                     self.options.progress)  # fmt: skip
+            ref,
+            lambda: fetch_files(
+                "dataset", ref.name, ref.revision or "main", remote.commit, wanted, self.options.progress
+            ),  # fmt: skip
         )
         found = _in_snapshot(ref, snapshot.resolve(), quiet=False)
         self.options.resolved.append(
@@ -233,21 +241,22 @@ def _side_files(chosen: tuple[str, ...], files: tuple[str, ...]) -> list[str]:
 
 
 def _cached(ref: HubRef, opts: HubOptions) -> tuple[Path, Selected, str] | None:
-    """The selection from a cached snapshot of the revision, when it resolves there whole; else None."""
-    revisions = [ref.revision] if ref.revision else [None]
-    if ref.revision in (None, "main"):
-        revisions.append(CONVERT_BRANCH)  # a script dataset read before: its export is what was fetched
-    for revision in revisions:
-        snapshot = hub_snapshot("datasets", ref.name, Path.is_dir, revision)
-        if snapshot is None:
-            continue
-        try:
-            chosen = _cached_select(ref, opts, snapshot, revision == CONVERT_BRANCH)
-        except InputError:
-            continue
-        if chosen is not None:
-            return snapshot, chosen, revision or "main"
-    return None
+    """The selection from a cached snapshot of the revision, when it resolves there whole; else None.
+
+    A script dataset's own snapshot (its card and script) sends the default revision to its cached export."""
+    snapshot = hub_snapshot("datasets", ref.name, Path.is_dir, ref.revision)
+    converted = ref.revision == CONVERT_BRANCH
+    if snapshot is not None and not converted and ref.revision in (None, "main"):
+        listing = cached_listing("datasets", ref.name, snapshot.name) or tuple(_listing(snapshot))
+        if f"{ref.name.split('/')[-1]}.py" in listing:
+            snapshot, converted = hub_snapshot("datasets", ref.name, Path.is_dir, CONVERT_BRANCH), True
+    if snapshot is None:
+        return None
+    try:
+        chosen = _cached_select(ref, opts, snapshot, converted)
+    except InputError:
+        return None
+    return None if chosen is None else (snapshot, chosen, CONVERT_BRANCH if converted else ref.revision or "main")
 
 
 def _cached_select(ref: HubRef, opts: HubOptions, snapshot: Path, converted: bool) -> Selected | None:

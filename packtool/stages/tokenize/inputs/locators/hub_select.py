@@ -47,8 +47,41 @@ _SHARDED = re.compile(r"^data/(?P<split>[^/]+?)-[0-9]{5}-of-[0-9]{5}[^/]*\.[^/]*
 _OLD_CONVERTED = re.compile(r"^(?P<stem>.+)-(?P<split>[^-]+?)(-[0-9]{5}-of-[0-9]{5})?\.parquet$")
 #: data kinds `datasets` has builders for and packtool no reader: a split mostly of these is refused
 _FOREIGN = frozenset(
-    ".tar .zip .xml .h5 .hdf5 .lance .vortex .eval .sql .npy .npz .pdf .wav .mp3 .flac .ogg .opus .m4a .mp4 "
-    ".avi .mov .mkv .webm .jpg .jpeg .png .gif .bmp .tif .tiff .webp .nii .dcm".split()
+    [
+        ".tar",
+        ".zip",
+        ".xml",
+        ".h5",
+        ".hdf5",
+        ".lance",
+        ".vortex",
+        ".eval",
+        ".sql",
+        ".npy",
+        ".npz",
+        ".pdf",
+        ".wav",
+        ".mp3",
+        ".flac",
+        ".ogg",
+        ".opus",
+        ".m4a",
+        ".mp4",
+        ".avi",
+        ".mov",
+        ".mkv",
+        ".webm",
+        ".jpg",
+        ".jpeg",
+        ".png",
+        ".gif",
+        ".bmp",
+        ".tif",
+        ".tiff",
+        ".webp",
+        ".nii",
+        ".dcm",
+    ]
 )
 
 
@@ -71,7 +104,9 @@ def read_card_configs(readme: str | None, where: str) -> list[dict[str, Any]]:
     try:
         header = yaml.safe_load(readme[3:end])
     except yaml.YAMLError as exc:
-        raise InputError(f"the dataset card's YAML header does not parse ({exc})", where, hint="fix README.md") from None
+        raise InputError(
+            f"the dataset card's YAML header does not parse ({exc})", where, hint="fix README.md"
+        ) from None
     configs = header.get("configs") if isinstance(header, dict) else None
     if configs is None:
         return []
