@@ -10,8 +10,8 @@ It answers what huggingface_hub and `datasets` ask of the hub, on 127.0.0.1:
 A repo has commits (each a {path: bytes}) and refs naming them (`main`, tags, `refs/convert/parquet`). A gated
 repo's files need `Authorization: Bearer TOKEN` with a token it lists (none: 401, another: 403); its info is
 public, as on the hub. `faults[path]` breaks one file's transfer: "truncate" (full Content-Length, half the
-body, then the connection closes) or "overlong" (a Content-Length 100 bytes over the body, and the connection
-left open: a stall). Every request is recorded. The server stops itself after `lifetime` seconds at most.
+body, then the connection closes), "drop-once" (the same, once: a resumed request then gets the rest) or
+"overlong" (a Content-Length 100 bytes over the body, and the connection left open: a stall). Every request is recorded. The server stops itself after `lifetime` seconds at most.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ class Repo:
 class Hub:
     repos: dict[tuple[str, str], Repo] = field(default_factory=dict)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    ranges: list[tuple[str, str]] = field(default_factory=list)  # (path, Range header) of resumed requests
     faults: dict[str, str] = field(default_factory=dict)
+    dropped: set[str] = field(default_factory=set)
     url: str = ""
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -197,8 +199,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if data is None:
             return self._error(404, "EntryNotFound")
         fault = self.hub.faults.get(path)
+        if fault == "drop-once":
+            fault = None if path in self.hub.dropped or not body else "truncate"
+            if body:
+                self.hub.dropped.add(path)
         start = 0
         rng = self.headers.get("Range")
+        if rng:
+            self.hub.ranges.append((path, rng))
         if rng and rng.startswith("bytes=") and fault is None:
             start = int(rng[6:].split("-")[0] or 0)
         self.send_response(206 if start else 200)

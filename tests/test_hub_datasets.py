@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hub_loopback import Hub, loopback_hub
-from support import CHATML_TEMPLATE, write_jsonl
+from support import CHATML_TEMPLATE, cli, write_jsonl
 
 from packtool.errors import InputError
 from packtool.formats.token_store import open_token_store
@@ -74,19 +74,44 @@ def env(tmp_path: Path, hub: Hub, **extra: str) -> dict[str, str]:
     return base
 
 
-def tokenize(tmp_path: Path, hub: Hub, tok: Path, spec: str, out: str, *flags: str, **extra: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    (tmp_path / "chatml.jinja").write_text(CHATML_TEMPLATE)
-    args = ["tokenize", spec, "--format", "sharegpt", "--chat-template", str(tmp_path / "chatml.jinja"),
-            "--tokenizer", str(tok), "--output", str(tmp_path / out), "-q", *flags]  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "packtool", *args], env=env(tmp_path, hub, **extra),
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+class Run:
+    """`packtool tokenize SPEC --format sharegpt ...` in-process (`support.cli`), with the hub's settings in the
+    environment as a user sets them (packtool reads them at each call)."""
+
+    def __init__(self, tmp_path: Path, hub: Hub, tok: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tmp_path, self.hub, self.tok, self.mp = tmp_path, hub, tok, monkeypatch
+        (tmp_path / "chatml.jinja").write_text(CHATML_TEMPLATE)
+        for key in [k for k in os.environ if k.startswith(("HF_", "TRANSFORMERS_", "HUGGINGFACE_"))]:
+            monkeypatch.delenv(key)
+        for key, value in env(tmp_path, hub).items():
+            if key.startswith("HF_"):
+                monkeypatch.setenv(key, value)
+
+    def __call__(self, spec: str, out: str, *flags: str, **extra: str) -> tuple[int, str, str]:
+        with self.mp.context() as mp:
+            for key, value in extra.items():
+                mp.setenv(key, value)
+            return cli("tokenize", spec, "--format", "sharegpt", "--chat-template", str(self.tmp_path / "chatml.jinja"),
+                       "--tokenizer", str(self.tok), "--output", str(self.tmp_path / out), "-q", *flags)  # fmt: skip
+
+    def ok(self, spec: str, out: str, *flags: str, **extra: str) -> bytes:
+        code, _, err = self(spec, out, *flags, **extra)
+        assert code == 0 and err == "", err
+        return (self.tmp_path / out / "tokens.bin").read_bytes()
+
+    def error(self, spec: str, *flags: str, **extra: str) -> str:
+        code, _, err = self(spec, "x", *flags, **extra)
+        lines = err.strip().splitlines()
+        assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), err
+        return lines[0]
+
+    def local(self, rows: list[dict[str, object]], out: str) -> bytes:
+        return self.ok(str(write_jsonl(self.tmp_path / f"{out}.jsonl", rows)), out)
 
 
-def local_store(tmp_path: Path, hub: Hub, tok: Path, rows: list[dict[str, object]], out: str) -> bytes:
-    src = write_jsonl(tmp_path / f"{out}.jsonl", rows)
-    done = tokenize(tmp_path, hub, tok, str(src), out)
-    assert done.returncode == 0, done.stderr
-    return (tmp_path / out / "tokens.bin").read_bytes()
+@pytest.fixture
+def run(tmp_path: Path, hub: Hub, bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+    return Run(tmp_path, hub, bpe_tokenizer_dir, monkeypatch)
 
 
 def python(tmp_path: Path, hub: Hub, code: str, **extra: str) -> str:
@@ -96,29 +121,24 @@ def python(tmp_path: Path, hub: Hub, code: str, **extra: str) -> str:
     return done.stdout
 
 
-def test_a_chat_dataset_is_fetched_as_load_dataset_selects_it(tmp_path: Path, hub: Hub, bpe_tokenizer_dir: Path) -> None:
-    done = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/chat", "s")
-    assert done.returncode == 0 and done.stderr == "", done.stderr
+def test_a_chat_dataset_is_fetched_as_load_dataset_selects_it(tmp_path: Path, hub: Hub, run: Run) -> None:
+    first = run.ok("hf://datasets/acme/chat", "s")
     commit = hub.repo("dataset", "acme/chat").refs["main"]
     assert sorted(hub.fetched()) == ["README.md", "data/train-00000-of-00002.parquet",
                                      "data/train-00001-of-00002.parquet"]  # fmt: skip  (never the test split)
     manifest = open_token_store(tmp_path / "s").manifest
     assert manifest["hub"] == [{"dataset": "acme/chat", "revision": "main", "commit": commit, "subset": "default",
                                 "split": "train", "files": 2}]  # fmt: skip
-    assert (tmp_path / "s" / "tokens.bin").read_bytes() == local_store(tmp_path, hub, bpe_tokenizer_dir, TRAIN, "ref")
+    assert first == run.local(TRAIN, "ref")
     repo = tmp_path / "home" / "hub" / "datasets--acme--chat"
     assert (repo / "refs" / "main").read_text() == commit
     # offline: the cache alone, not one request, the same bytes
     hub.requests.clear()
-    again = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/chat", "s2", HF_HUB_OFFLINE="1")
-    assert again.returncode == 0 and hub.requests == [], again.stderr
-    assert (tmp_path / "s2" / "tokens.bin").read_bytes() == (tmp_path / "s" / "tokens.bin").read_bytes()
+    assert run.ok("hf://datasets/acme/chat", "s2", HF_HUB_OFFLINE="1") == first and hub.requests == []
     # --split test fetches the test shard only
     hub.requests.clear()
-    test = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/chat", "t", "--split", "test")
-    assert test.returncode == 0, test.stderr
+    assert run.ok("hf://datasets/acme/chat", "t", "--split", "test") == run.local(TEST, "rt")
     assert hub.fetched() == ["data/test-00000-of-00001.parquet"]
-    assert (tmp_path / "t" / "tokens.bin").read_bytes() == local_store(tmp_path, hub, bpe_tokenizer_dir, TEST, "rt")
     # datasets and hf see what packtool fetched: load_dataset offline on the cache gives the same records
     code = (
         "import json, datasets, huggingface_hub\n"
@@ -138,68 +158,82 @@ def test_a_chat_dataset_is_fetched_as_load_dataset_selects_it(tmp_path: Path, hu
     assert json.loads(online) == {"train": TRAIN, "test": TEST}
 
 
-def test_revisions_and_the_parquet_export(tmp_path: Path, hub: Hub, bpe_tokenizer_dir: Path) -> None:
+def test_revisions_and_the_parquet_export(tmp_path: Path, hub: Hub, run: Run) -> None:
     old = hub.dataset("acme/chat", {"train.jsonl": b"".join(json.dumps(r).encode() + b"\n" for r in TEST)}, "v1")
-    done = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/chat@v1", "v1")
-    assert done.returncode == 0, done.stderr
+    assert run.ok("hf://datasets/acme/chat@v1", "v1") == run.local(TEST, "r1")
     assert open_token_store(tmp_path / "v1").manifest["hub"][0]["commit"] == old
     assert (tmp_path / "home" / "hub" / "datasets--acme--chat" / "refs" / "v1").read_text() == old
-    assert (tmp_path / "v1" / "tokens.bin").read_bytes() == local_store(tmp_path, hub, bpe_tokenizer_dir, TEST, "r1")
     # a script dataset: read from refs/convert/parquet (CONFIG/SPLIT/NNNN.parquet)
     repo = hub.repo("dataset", "acme/scripted")
     repo.commit({"scripted.py": b"import datasets", "README.md": CARD}, "main")
     export = repo.commit({"default/train/0000.parquet": parquet(TRAIN[:10]), "default/test/0000.parquet": parquet(TEST),
                           "other/train/0000.parquet": parquet(TRAIN[10:])}, "refs/convert/parquet")  # fmt: skip
-    done = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/scripted", "c")
-    assert done.returncode == 0, done.stderr
+    converted = run.ok("hf://datasets/acme/scripted", "c")
     assert open_token_store(tmp_path / "c").manifest["hub"][0] == {
         "dataset": "acme/scripted", "revision": "refs/convert/parquet", "commit": export, "subset": "default",
         "split": "train", "files": 1}  # fmt: skip
-    assert "scripted.py" not in hub.fetched()
-    assert (tmp_path / "c" / "tokens.bin").read_bytes() == local_store(tmp_path, hub, bpe_tokenizer_dir, TRAIN[:10], "r2")
+    assert "scripted.py" not in hub.fetched() and converted == run.local(TRAIN[:10], "r2")
     hub.requests.clear()  # offline, the script's snapshot sends the run to the cached export
-    again = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/scripted", "c2", HF_HUB_OFFLINE="1")
-    assert again.returncode == 0 and hub.requests == [], again.stderr
-    assert (tmp_path / "c2" / "tokens.bin").read_bytes() == (tmp_path / "c" / "tokens.bin").read_bytes()
-    other = tokenize(tmp_path, hub, bpe_tokenizer_dir, "hf://datasets/acme/scripted@refs/convert/parquet", "o",
-                     "--subset", "other")  # fmt: skip
-    assert other.returncode == 0, other.stderr
-    assert (tmp_path / "o" / "tokens.bin").read_bytes() == local_store(tmp_path, hub, bpe_tokenizer_dir, TRAIN[10:], "r3")
+    assert run.ok("hf://datasets/acme/scripted", "c2", HF_HUB_OFFLINE="1") == converted and hub.requests == []
+    other = run.ok("hf://datasets/acme/scripted@refs/convert/parquet", "o", "--subset", "other")
+    assert other == run.local(TRAIN[10:], "r3")
 
 
-def _error(done: subprocess.CompletedProcess[str]) -> str:
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    return lines[0]
-
-
-def test_errors_are_one_line(tmp_path: Path, hub: Hub, bpe_tokenizer_dir: Path) -> None:
+def test_errors_are_one_line(hub: Hub, run: Run) -> None:
     gated = hub.repo("dataset", "acme/gated")
     gated.commit({"train.jsonl": json.dumps(TEST[0]).encode() + b"\n"}, "main")
     gated.tokens = {"hf_good"}
-    run = lambda spec, *flags, **extra: tokenize(tmp_path, hub, bpe_tokenizer_dir, spec, "x", *flags, **extra)  # noqa: E731
-    line = _error(run("hf://datasets/acme/gated"))
+    line = run.error("hf://datasets/acme/gated")
     assert "gated" in line and "HTTP 401" in line and "HF_TOKEN" in line and f"{hub.url}/datasets/acme/gated" in line
-    line = _error(run("hf://datasets/acme/gated", HF_TOKEN="hf_bad"))
+    line = run.error("hf://datasets/acme/gated", HF_TOKEN="hf_bad")
     assert "gated" in line and "HTTP 403" in line and "HF_TOKEN" in line
-    assert run("hf://datasets/acme/gated", HF_TOKEN="hf_good").returncode == 0
-    line = _error(run("hf://datasets/acme/nope"))
-    assert "the hub has no dataset repo acme/nope" in line
-    line = _error(run("hf://datasets/acme/chat", "--split", "validation"))
-    assert "has no validation split" in line and "train, test" in line
-    line = _error(run("hf://datasets/acme/chat", "--subset", "fr"))
-    assert "has no subset 'fr'" in line
-    line = _error(run("hf://datasets/acme/chat@v9"))
-    assert "has no revision 'v9'" in line
+    assert run("hf://datasets/acme/gated", "g", HF_TOKEN="hf_good")[0] == 0
+    assert "the hub has no dataset repo acme/nope" in run.error("hf://datasets/acme/nope")
+    line = run.error("hf://datasets/acme/chat", "--split", "validation")
+    assert "has no validation split" in line and "one of: train, test" in line
+    assert "has no subset 'fr'" in run.error("hf://datasets/acme/chat", "--subset", "fr")
+    assert "has no revision 'v9'" in run.error("hf://datasets/acme/chat@v9")
     hub.requests.clear()
-    line = _error(run("hf://datasets/acme/chat", HF_HUB_OFFLINE="1"))
-    assert "HF_HUB_OFFLINE is set" in line and "not in the local Hugging Face cache" in line and hub.requests == []
+    line = run.error("hf://datasets/acme/chat", HF_HUB_OFFLINE="1")
+    assert "not in the local Hugging Face cache" in line and "HF_HUB_OFFLINE is set" in line and hub.requests == []
     assert "hf download acme/chat --repo-type dataset" in line
     hub.faults["data/train-00001-of-00002.parquet"] = "truncate"
-    line = _error(run("hf://datasets/acme/chat"))
+    line = run.error("hf://datasets/acme/chat")
     assert "train-00001-of-00002.parquet" in line and "retry" in line
-    usage = run("hf://datasets/acme/chat/data/test-00000-of-00001.parquet", "--split", "test")
-    assert usage.returncode == 1 and "--split does not apply to a hub path" in usage.stderr
+    assert "--split does not apply to a hub path" in run.error("hf://datasets/acme/chat/data/x.parquet", "--split", "a")
+    line = run.error("hf://datasets/acme/chat", HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens there
+    assert "cannot reach the hub at http://127.0.0.1:9" in line and "HF_HUB_OFFLINE=1" in line
+
+
+def test_a_dropped_transfer_resumes_and_progress_counts_the_bytes(hub: Hub, run: Run,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A connection dropped mid-file: the rest is asked for with an HTTP Range and the file completes; the
+    download reports its bytes through the progress callback (the CLI draws it on a terminal)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 256)  # bytes reach the file before the drop (10 MB else)
+    shard = "data/train-00001-of-00002.parquet"
+    hub.faults[shard] = "drop-once"
+    calls: list[tuple[int, int]] = []
+    options = HubOptions(progress=lambda done, total: calls.append((done, total)))
+    paths = expand_inputs(["hf://datasets/acme/chat"], options)
+    size = len(hub.repo("dataset", "acme/chat").commits[options.resolved[0]["commit"]][shard])
+    assert [p.name for p in paths] == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
+    files = hub.repo("dataset", "acme/chat").commits[options.resolved[0]["commit"]]
+    assert paths[1].read_bytes() == files[shard] and hub.ranges == [(shard, f"bytes={size // 2 // 256 * 256}-")]
+    total = sum(len(files[f]) for f in ("data/train-00000-of-00002.parquet", shard))
+    assert calls and calls[-1] == (total, total) and all(d <= t for d, t in calls)
+
+
+def test_a_gated_refusal_is_one_line_from_the_command(tmp_path: Path, hub: Hub, bpe_tokenizer_dir: Path) -> None:
+    """As a user runs it (a process of its own): huggingface_hub's logging and warnings never reach stderr."""
+    hub.repo("dataset", "acme/gated").commit({"train.jsonl": b"{}\n"}, "main")
+    hub.repo("dataset", "acme/gated").tokens = {"hf_good"}
+    done = subprocess.run([sys.executable, "-m", "packtool", "tokenize", "hf://datasets/acme/gated", "--tokenizer",
+                           str(bpe_tokenizer_dir), "--output", str(tmp_path / "o")], env=env(tmp_path, hub),
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "is gated" in lines[0], done.stderr
 
 
 # ---- the selection, against datasets' own resolution of the same files ----
@@ -270,8 +304,6 @@ def test_several_subsets_and_no_default_lists_them(tmp_path: Path) -> None:
 
 
 def test_subset_and_split_need_a_hub_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from support import cli
-
     code, _, err = cli("tokenize", str(tmp_path / "a.jsonl"), "--tokenizer", "x", "--output", str(tmp_path / "o"),
                        "--split", "test")  # fmt: skip
     assert code == 2 and "--split 'test' applies to hub datasets only" in err

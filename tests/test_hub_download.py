@@ -122,7 +122,7 @@ def test_a_truncated_download_is_one_line_and_a_later_quiet_run_says_nothing(tmp
     assert "tokenizer.json" in line and "acme/tiny-chat" in line and "retry" in line, line
     assert not (tmp_path / "bad").exists()
     tries = [p for m, p, _ in hub.requests if m == "GET" and p.endswith("/tokenizer.json")]
-    assert 1 <= len(tries) <= 2, tries  # one resume at most: the second try brought no new byte
+    assert 1 <= len(tries) <= 4, tries  # three resumes at most without a new byte (six before, and 13 lines)
     del hub.faults["tokenizer.json"]
     ok = run(tmp_path, hub, *args, str(tmp_path / "ok"), "-q")
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr

@@ -5,7 +5,7 @@ Every call goes through `hub_session()`, which for its duration only (nothing is
   `packtool.progress.Progress` callback instead; the CLI draws it);
 - bounds its retries: a transfer that stalls (no byte within `HF_HUB_DOWNLOAD_TIMEOUT`, 10 s by default) fails
   at once instead of six times over (66 s), and a connection dropped mid-file is resumed (an HTTP Range
-  request) only while each try brings new bytes, at most `MAX_RESUMES` times. huggingface_hub retries inside
+  request) at most `MAX_RESUMES` times in a row without a new byte. huggingface_hub retries inside
   its `http_get`, which calls itself from its `except` block: the session wraps that one function.
 
 `hf_hub_download` lays the files out as `hf` and `datasets` expect (`blobs/`, `snapshots/<commit>/`); a
@@ -32,8 +32,9 @@ from typing import Any
 from packtool.formats.hub_cache import hub_cache_dir, record_ref, repo_dir
 from packtool.progress import Progress
 
-#: resumes of one file after a dropped connection, each only after a try that brought new bytes
+#: resumes of one file after a dropped connection: in a row without a new byte, and in all
 MAX_RESUMES = 3
+MAX_TRIES = 20
 _TRUE = {"1", "on", "yes", "true"}
 _lock = threading.Lock()
 _depth = 0
@@ -208,27 +209,31 @@ def _bounded(original: Callable[..., Any]) -> Callable[..., Any]:
     """huggingface_hub's `http_get` with its retries bounded (see the module docstring).
 
     Its retry is a call to itself made while it handles the error (the `_nb_retries` keyword is set only
-    then): `sys.exc_info()` names that error."""
-    tried: dict[str, tuple[int, int]] = {}  # url -> (bytes had at the last try, resumes so far)
+    then): `sys.exc_info()` names that error. A read timeout is a stall: never tried again. A dropped
+    connection is resumed at most `MAX_RESUMES` times in a row without a new byte (bytes reach the file in
+    chunks of up to 10 MB, so a short file's drop shows none), `MAX_TRIES` times in all."""
+    tried: dict[str, tuple[int, int, int]] = {}  # url -> (bytes had at the last try, tries since, tries in all)
 
     def http_get(url: str, temp_file: Any, *args: Any, **kwargs: Any) -> Any:
         resume_size = int(kwargs.get("resume_size", 0))
         if "_nb_retries" in kwargs:  # huggingface_hub retrying after an error
             error = sys.exc_info()[1]
-            last, resumes = tried.get(url, (0, 0))
+            last, idle, tries = tried.get(url, (0, 0, 0))
             name = url.rsplit("/", 1)[-1]
             if error is not None and "Timeout" in type(error).__name__:
                 raise TransferError(
                     f"the transfer of {name} stalled: no byte came for {_download_timeout()} s "
                     f"(HF_HUB_DOWNLOAD_TIMEOUT), {resume_size} bytes had come"
                 ) from error
-            if resume_size <= last or resumes >= MAX_RESUMES:
+            idle = 0 if resume_size > last else idle + 1
+            if idle > MAX_RESUMES or tries >= MAX_TRIES:
                 raise TransferError(
-                    f"the transfer of {name} kept breaking off ({_first_line(error)}) after {resume_size} bytes"
+                    f"the transfer of {name} kept breaking off ({_first_line(error)}; {tries + 1} tries, "
+                    f"{resume_size} bytes kept)"
                 ) from error
-            tried[url] = (resume_size, resumes + 1)
+            tried[url] = (resume_size, idle, tries + 1)
         else:
-            tried[url] = (resume_size, 0)
+            tried[url] = (resume_size, 0, 0)
         return original(url, temp_file, *args, **kwargs)
 
     return http_get
