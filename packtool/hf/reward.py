@@ -13,7 +13,7 @@ A reward model is trained on the same chosen/rejected pairs as DPO, so the packs
 followed by its completion, as TRL 1.16's RewardTrainer tokenizes `prompt + chosen`). The trainer
 runs the model ONCE per batch on the `[1, T]` row under attn_implementation="packtool", takes the
 head's per-token scores (a forward hook on the `score` head: the call itself goes through the
-model, so DDP, PEFT and gradient checkpointing see an ordinary forward) and reads each sequence's
+model's own forward, so a wrapper such as DDP sees an ordinary call) and reads each sequence's
 score where `*ForSequenceClassification` would read it on that sequence alone: the rightmost token
 that is not `config.pad_token_id` (`packtool.loss.pair_scores`). Then TRL's own arithmetic:
 `-logsigmoid(chosen - rejected - margin)`, `center_rewards_coefficient`, and the metrics TRL logs
@@ -90,7 +90,7 @@ def _score_head(model: Any) -> torch.nn.Module:
             return module
     raise ConfigError(
         f"{type(model).__name__} has no `score` head, {WHERE}, use an AutoModelForSequenceClassification whose head "
-        "scores every position (GenericForSequenceClassification: Llama, Qwen2/3, Mistral, Gemma 2/3, ...)"
+        "scores every position (GenericForSequenceClassification: Llama, Qwen2/3, Mistral, Gemma 2, ...)"
     )
 
 
