@@ -203,3 +203,29 @@ def test_refusals(tmp_path: Path) -> None:
         short.compute_loss(short.model, next(iter(short.get_train_dataloader())))
     with pytest.raises(ConfigError, match="margins has 2 values"):
         with_margins(packs, [0.0, 1.0])
+
+
+def test_the_trl_recipe_of_hf_md_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from support import cli
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "HF.md").read_text()
+    section = text[text.index("## Reward models on the same packs") :]
+    block = re.findall(r"```python\n(.*?)```", section[: section.index("\n## ", 5)], re.S)[1]
+    assert "PackedRewardTrainer(" in block
+    (tmp_path / "data").symlink_to(root / "data")
+    code, _, err = cli("tokenize", str(root / "data/sample/preference.jsonl"), "--format", "preference",
+                       "--tokenizer", str(root / "data/sample/tokenizer"), "--output", str(tmp_path / "t"), "-q")  # fmt: skip
+    assert code == 0, err
+    code, _, err = cli("pack", str(tmp_path / "t"), "--size", "4096", "--share-prompt", "--output",
+                       str(tmp_path / "packs"), "-q")  # fmt: skip
+    assert code == 0, err
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"__name__": "__recipe__"}
+    exec(compile(block, "docs/HF.md (reward TRL recipe)", "exec"), scope)
+    trainer = scope["trainer"]
+    logged = [h for h in trainer.state.log_history if "loss" in h or "train_loss" in h]
+    assert trainer.state.global_step == 2 and logged, trainer.state.log_history
+    assert trainer.model.config.pad_token_id == scope["tokenizer"].pad_token_id == 1
