@@ -53,8 +53,9 @@ class _CudaOps:
     """The CUDA side of a prefetch: pinned copies on a side stream, an event per batch, the consumer's wait."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device=device)
+        # "cuda" means the current device; the thread must be told which (set_device takes an index)
+        self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        self.stream = torch.cuda.Stream(device=self.device)
 
     def thread_start(self) -> None:
         torch.cuda.set_device(self.device)
