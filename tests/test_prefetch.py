@@ -227,3 +227,14 @@ def test_leaving_a_loop_stops_the_thread(fake: FakeOps, store: Path) -> None:
     run._thread.join(timeout=10)
     assert not run._thread.is_alive() and not run.finished
     assert pre.state_dict()["consumed"] == 2
+
+
+def test_a_loop_stopped_by_a_later_one_says_so(fake: FakeOps) -> None:
+    batches = [{"x": torch.full((2,), i)} for i in range(5)]
+    pre = DevicePrefetcher(batches, "cuda")
+    first = iter(pre)
+    next(first)
+    second = iter(pre)
+    assert torch.equal(next(second)["x"], torch.zeros(2))  # a list restarts: nothing to put back
+    with pytest.raises(ConfigError, match="stopped by a later iter"):
+        next(first)

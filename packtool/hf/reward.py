@@ -85,9 +85,9 @@ class RewardPackCollator(PreferencePackCollator):
 def _score_head(model: Any) -> torch.nn.Module:
     """The sequence-classification head (`score`, as `GenericForSequenceClassification` names it), wrappers
     (DDP, PEFT's ModulesToSaveWrapper) included: the outermost module so named."""
-    for name, module in model.named_modules():
-        if name == "score" or name.endswith(".score"):
-            return module
+    found = [(name.count("."), name) for name, _ in model.named_modules() if name == "score" or name.endswith(".score")]
+    if found:
+        return model.get_submodule(min(found)[1])  # type: ignore[no-any-return]
     raise ConfigError(
         f"{type(model).__name__} has no `score` head, {WHERE}, use an AutoModelForSequenceClassification whose head "
         "scores every position (GenericForSequenceClassification: Llama, Qwen2/3, Mistral, Gemma 2, ...)"
@@ -119,7 +119,10 @@ def packed_rewards(model: Any, batch: dict[str, Any], pad_token_id: int | None) 
             f"the `score` head ran {len(captured)} time(s) and not once over the {tokens} tokens of the row, {WHERE}, "
             "use a num_labels=1 GenericForSequenceClassification model (its head scores every position)"
         )
-    return pair_scores(captured[0], batch, pad_token_id=pad_token_id)
+    scores = pair_scores(captured[0], batch, pad_token_id=pad_token_id)
+    if not scores.pair_ids.numel():
+        raise ConfigError(f"a batch without a single pair, {WHERE}, pass packs of a preference pack store")
+    return scores
 
 
 class PackedRewardTrainer(RewardTrainer):  # type: ignore[misc]

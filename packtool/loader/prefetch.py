@@ -224,7 +224,15 @@ class _Run:
     def batches(self) -> Iterator[Any]:
         try:
             while True:
-                item = self._queue.get()
+                try:
+                    item = self._queue.get(timeout=0.1)
+                except queue.Empty:
+                    if self._stop.is_set():
+                        raise ConfigError(
+                            f"this loop's batches were stopped by a later iter() or load_state_dict(), {WHERE}, "
+                            "iterate the prefetcher again (one loop at a time)"
+                        ) from None
+                    continue
                 if item is _END:
                     self.finished = True
                     return

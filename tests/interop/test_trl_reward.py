@@ -229,3 +229,20 @@ def test_the_trl_recipe_of_hf_md_runs_as_written(tmp_path: Path, monkeypatch: py
     logged = [h for h in trainer.state.log_history if "loss" in h or "train_loss" in h]
     assert trainer.state.global_step == 2 and logged, trainer.state.log_history
     assert trainer.model.config.pad_token_id == scope["tokenizer"].pad_token_id == 1
+
+
+def test_the_outermost_score_head_is_read_and_an_empty_batch_is_refused(tmp_path: Path) -> None:
+    from packtool.hf.reward import _score_head, packed_rewards
+
+    m = model("llama")
+    m.model.layers[0].mlp.score = torch.nn.Identity()  # a module deeper down that happens to be named score
+    assert _score_head(m) is m.score
+    m.set_attn_implementation("packtool")
+    empty = {"input_ids": torch.zeros(1, 2, dtype=torch.long), "position_ids": torch.arange(2)[None],
+             "cu_seqlens": torch.tensor([0, 2], dtype=torch.int32), "cu_seq_lens_q": torch.tensor([0, 2], dtype=torch.int32),
+             "cu_seq_lens_k": torch.tensor([0, 2], dtype=torch.int32), "max_length_q": 2, "max_length_k": 2,
+             "pair_ids": torch.tensor([-1]), "chosen": torch.tensor([False])}  # fmt: skip
+    with pytest.raises(ConfigError, match="without a single pair"):
+        packed_rewards(m, empty, 0)
+    with pytest.raises(ConfigError, match="has no `score` head"):
+        _score_head(torch.nn.Linear(2, 2))
