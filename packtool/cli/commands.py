@@ -137,6 +137,12 @@ def tokenize(
     shard_index: Annotated[int, typer.Option("--shard-index", min=0, help="Which shard this run writes.")] = 0,
     executor: Executor = ExecutorName.LOCAL,
     ray_address: RayAddress = None,
+    subset: Annotated[
+        str | None, typer.Option("--subset", help="hf://datasets inputs: the config, as load_dataset names it.")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option("--split", help="hf://datasets inputs: the split (default: train).")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Tokenize raw data into a token store (tokens.bin + tokens.boundaries [+ tokens.loss] + manifest.json)."""

@@ -50,6 +50,7 @@ from packtool.stages.tokenize.engine.early import worth_loading
 from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.locators import expand_inputs
+from packtool.stages.tokenize.inputs.locators.hub import HubOptions
 from packtool.stages.tokenize.inputs.plan import SourceHashes, input_bytes, plan_chunks
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.manifest import token_manifest
@@ -88,12 +89,13 @@ def tokenize_corpus(
     cap_malloc_arenas()  # before the first thread: see packtool.exec.local
     with scoped_environ(worker_env(workers) if executor is None and config.executor == "local" else {}):
         fast = _preload_fast(config)
-        tokenizer = load_tokenizer(config.tokenizer, show_progress=progress is not None)
-        paths = expand_inputs(config.inputs)
+        tokenizer = load_tokenizer(config.tokenizer, progress)
+        hub = HubOptions(config.subset, config.split, progress)
+        paths = expand_inputs(config.inputs, hub)
         drops: list[Callable[[], None]] = []
         try:
             with guarded_output(output):
-                return _tokenize(config, output, tokenizer, paths, fast, progress, executor, drops)
+                return _tokenize(config, output, tokenizer, paths, fast, progress, executor, drops, hub.resolved)
         finally:
             for drop in drops:  # chunks rendered ahead that no task took (resumed, up to date, failed)
                 drop()
@@ -121,6 +123,7 @@ def _tokenize(
     progress: Progress | None,
     executor: Executor | None,
     drops: list[Callable[[], None]],
+    hub: list[dict[str, Any]],
 ) -> TokenizeResult:
     """The write phase, under the output's lock (`output.guarded_output`); `drops` collects what to free after."""
     tok, info = tokenizer
@@ -188,6 +191,7 @@ def _tokenize(
         manifest = token_manifest(
             chunks, results, sources, hashes.result(), settings, info, config, build_id, choice.manifest(), shape
         )
+        manifest = {**manifest, **({"hub": hub} if hub else {})}  # each hf:// input: repo, revision, commit
         manifest = writer.finish({**manifest, **({"shard": shard} if shard else {})})  # shard last: merge drops it
     except BaseException:
         writer.close()

@@ -23,6 +23,7 @@ from packtool.errors import TokenizerError
 from packtool.formats import jsontext
 from packtool.formats.files import sha256_file
 from packtool.formats.sidefiles import SideFileError, read_side_file
+from packtool.progress import Progress
 from packtool.stages.tokenize.engine.locate import (
     CHAT_TEMPLATE_DIR,
     CHAT_TEMPLATE_JINJA,
@@ -219,13 +220,13 @@ def _chat_template(folder: Path, config: dict[str, Any], config_path: Path) -> _
     return _Template(None, TOKENIZER_CONFIG)
 
 
-def load_tokenizer(spec: str, show_progress: bool = False) -> tuple[Tokenizer, TokenizerInfo]:
+def load_tokenizer(spec: str, progress: Progress | None = None) -> tuple[Tokenizer, TokenizerInfo]:
     """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour.
 
-    A hub name (`org/name`) not in the local cache is downloaded into it first (`download.py`; huggingface_hub's
-    progress bars with `show_progress`)."""
+    A hub name (`org/name[@rev]`) not in the local cache is downloaded into it first (`download.py`; its bytes
+    reported to `progress(done, total)`)."""
     try:
-        return _load_tokenizer(spec, show_progress)
+        return _load_tokenizer(spec, progress)
     except OSError as exc:  # a directory on the way that cannot be searched, an unreadable file
         where = exc.filename if exc.filename is not None else spec
         raise TokenizerError(
@@ -233,13 +234,13 @@ def load_tokenizer(spec: str, show_progress: bool = False) -> tuple[Tokenizer, T
         ) from exc
 
 
-def _load_tokenizer(spec: str, show_progress: bool) -> tuple[Tokenizer, TokenizerInfo]:
+def _load_tokenizer(spec: str, progress: Progress | None) -> tuple[Tokenizer, TokenizerInfo]:
     try:
         json_path, name = locate(spec)
     except NotCachedError:
         from packtool.stages.tokenize.engine.download import download_tokenizer
 
-        json_path, name = download_tokenizer(spec, show_progress) / TOKENIZER_JSON, spec
+        json_path, name = download_tokenizer(spec, progress) / TOKENIZER_JSON, spec
     try:
         tok = Tokenizer.from_file(str(json_path))
     except Exception as exc:  # the Rust side raises a plain Exception
