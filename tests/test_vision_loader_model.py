@@ -87,3 +87,53 @@ def test_packed_vision_batch_equals_each_record_alone(tmp_path: Path, attn: obje
     grads = {n: p.grad for n, p in ref.named_parameters()}
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.allclose(p.grad, grads[name], atol=1e-9, rtol=1e-7), name
+
+
+def tiny_gemma3() -> object:
+    small = {"vocab_size": 600, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256, "pad_token_id": 1,
+             "bos_token_id": None, "eos_token_id": None}  # fmt: skip
+    text = transformers.Gemma3TextConfig(**small, num_hidden_layers=2, sliding_window=6, query_pre_attn_scalar=8,
+                                         layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=16, patch_size=4)  # fmt: skip
+    return transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                                     image_token_index=IMG, boi_token_index=595, eoi_token_index=594)  # fmt: skip
+
+
+def test_gemma3_packed_store_equals_each_record_alone(tmp_path: Path) -> None:
+    """Gemma 3 through the store, the packer and the loader: token_type_ids per item, pixels [k, 3, 16, 16],
+    bidirectional image blocks inside causal documents (sliding layers included) exact under "packtool"."""
+    from vision_support import gemma_docs, make_gemma_store
+
+    torch.manual_seed(0)
+    store = make_gemma_store(tmp_path / "s", gemma_docs(10, seed=4))
+    res = pack_store(PackConfig(store, 96, tmp_path / "p"))
+    ds = PackedDataset(res.directory, size=96)
+    batch = PackedCollator(flatten=True, keys=HF_KEYS)(ds.__getitems__([0, 1]))
+    assert set(batch) == {*HF_KEYS, "pixel_values", "token_type_ids"} and batch["position_ids"].shape == (1, 192)
+    assert torch.equal(batch["token_type_ids"], (batch["input_ids"] == IMG).long())
+    model = transformers.Gemma3ForConditionalGeneration(tiny_gemma3()).double().eval()
+    model.set_attn_implementation("packtool")
+    ref = transformers.Gemma3ForConditionalGeneration(tiny_gemma3()).double().eval()
+    ref.load_state_dict(model.state_dict())
+    ref.set_attn_implementation("sdpa")
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits[0]
+    ids, pixels = batch["input_ids"][0], inputs["pixel_values"]
+    cu, r, worst = batch["cu_seq_lens_q"].tolist(), 0, 0.0
+    for a, e in zip(cu[:-1], cu[1:], strict=True):
+        seg = ids[a:e]
+        if not bool((seg != ds.pad_id).any()):
+            continue
+        k = int((seg == IMG).sum()) // 4
+        extra = {"pixel_values": pixels[r : r + k]} if k else {}
+        with torch.no_grad():
+            alone = ref(input_ids=seg[None], token_type_ids=(seg == IMG).long()[None], use_cache=False, **extra).logits[
+                0
+            ]
+        worst = max(worst, float((alone - logits[a:e]).abs().max()))
+        r += k
+    assert r == pixels.shape[0] > 0 and worst < 1e-9
