@@ -200,3 +200,15 @@ def test_mixture_of_vision_stores_with_validation(tmp_path: Path) -> None:
                 at = int(ps.seg_src[j]) - start
                 want += [data for off, data in store_docs[d].images if at <= off < at + int(ps.seg_lens[j])]
             assert torch.equal(ds[p]["pixel_values"], torch.from_numpy(proc.pixel_rows(want)[0]))
+
+
+def test_run_config_vision_budget(tmp_path: Path) -> None:
+    """`vision_budget:` under `pack:` in `packtool run` (a PackConfig field like every flag), then stats/verify."""
+    store = make_vision_store(tmp_path / "s", random_docs(80, seed=41, max_text=90))
+    (tmp_path / "run.yaml").write_text(
+        f"pack: {{tokens_dir: {store}, size: 128, output: p, vision-budget: 40}}\nverify: {{source: {store}}}\n"
+    )
+    code, out, err = cli("run", str(tmp_path / "run.yaml"))
+    assert code == 0, err
+    line = open_pack_split(next((tmp_path / "p" / "packed").iterdir()), "training", 128).metadata["vision"]
+    assert line["budget"] == 40 and line["max_pack_patches"] <= 40
