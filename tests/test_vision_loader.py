@@ -112,3 +112,11 @@ def test_moved_or_replaced_source_is_refused(packed, tmp_path: Path) -> None:  #
     with pytest.raises(FormatError, match="cannot be read .*PackedDataset\\(sources="):
         PackedDataset(directory, size=SIZE, sources=[tmp_path / "nowhere"])
     assert PackedDataset(directory, size=SIZE, sources=[store]).vision
+
+
+def test_document_dataset_refuses_a_store_with_images(packed) -> None:  # type: ignore[no-untyped-def]
+    from packtool.loader import DocumentDataset
+
+    store, _, _ = packed
+    with pytest.raises(ConfigError, match="holds images, DocumentDataset"):
+        DocumentDataset(store)
