@@ -25,7 +25,8 @@ from packtool.core.encoding.chat import (
 )
 from packtool.core.encoding.encode import Spans
 from packtool.core.encoding.pairs import PairTexts
-from packtool.core.encoding.shapes.base import Conversation, Pair
+from packtool.core.encoding.shapes.base import Conversation, Pair, ShapeError
+from packtool.core.encoding.shapes.images import ImageRef, images_in_record, with_images
 from packtool.errors import ConfigError
 from packtool.stages.tokenize.engine.tokenizer import cached_tokenizer
 from packtool.stages.tokenize.inputs.record import PlainText
@@ -47,7 +48,16 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | P
         if isinstance(got, Pair):
             return pair_texts(got, settings)
         if not isinstance(got, Conversation):
+            held = images_in_record(value)
+            if held is not None:  # never read as text alone
+                raise ShapeError(
+                    f"the record has {held} but is read as {spec.name} (text alone), "
+                    "pass --format chat, sharegpt or alpaca (or auto) to read its images with its messages"
+                )
             return got
+        got = with_images(value, got)
+        if got.images and settings.vision is None:
+            raise ShapeError(no_processor(got.images, settings.tokenizer_path))
         return render_with_spans(
             chat_template(settings),
             got.messages,
@@ -57,6 +67,18 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | P
         )
     except ChatRecordError as exc:
         return str(exc)
+
+
+def no_processor(images: tuple[ImageRef, ...], tokenizer: str) -> str:
+    """Why a record with images is refused under a tokenizer folder without an image processor."""
+    shown = ", ".join(ref.label() for ref in images[:3]) + (", ..." if len(images) > 3 else "")
+    folder = tokenizer.removesuffix("/tokenizer.json")
+    return (
+        f"the record has {len(images)} image{'s' if len(images) > 1 else ''} ({shown}) but the tokenizer "
+        f"folder {folder} has no image processor (no preprocessor_config.json), and images are never read as text: pass "
+        "--tokenizer the vision-language model's folder (preprocessor_config.json beside the tokenizer), "
+        "or drop the images"
+    )
 
 
 def pair_texts(pair: Pair, settings: ChunkSettings) -> PairTexts:

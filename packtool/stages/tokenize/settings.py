@@ -8,6 +8,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from packtool.choices import AssistantTurns
 from packtool.core.encoding.encode import SpecialPolicy
@@ -51,6 +52,9 @@ class ChunkSettings:
     #: `--format auto` that found several shapes: (path, format, shape, fields, loss) of every input file; a
     #: chunk reads its file's (`for_chunk`). Empty when one shape reads every file (the fields above).
     by_source: tuple[tuple[str, str, str, ShapeFields, bool], ...] = ()
+    #: the model folder's image processor (`VisionProcessor.config`), None when it has none: records with
+    #: images are then refused by name (never read as text)
+    vision: dict[str, Any] | None = None
 
     @cached_property
     def _by_path(self) -> dict[str, tuple[str, str, ShapeFields, bool]]:
@@ -80,6 +84,8 @@ class ChunkSettings:
         data["policy"].pop("manifest")
         if not self.by_source:  # the fingerprint of a run of one shape is what it was before per-file shapes
             data.pop("by_source")
+        if self.vision is None:  # nor that of a run without an image processor
+            data.pop("vision")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
