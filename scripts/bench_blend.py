@@ -229,7 +229,7 @@ def main() -> None:
             del fresh, old, balanced
         # baseline, same run: pricing one window's packs by opening each store (its segment table), the way before
         # `segment_lengths`; then the same packs priced in place, on another fresh blend
-        from packtool.loader.sampler import _costs_of, _sum_costs
+        from packtool.loader.sampler_costs import costs_of, sum_costs
 
         window = np.arange(boundary * old_world, boundary * old_world + 128 * args.world, dtype=np.int64)
         timings = []
@@ -241,9 +241,9 @@ def main() -> None:
             for s in np.unique(src).tolist():
                 sel = np.flatnonzero(src == s)
                 if how == "open":
-                    costs[sel] = _costs_of(kw["balance"], *fresh.segment_table(s), None, packs[sel])
+                    costs[sel] = costs_of(kw["balance"], *fresh.segment_table(s), None, packs[sel])
                 else:
-                    costs[sel] = _sum_costs(kw["balance"], *fresh.segment_lengths(s, packs[sel]), None)
+                    costs[sel] = sum_costs(kw["balance"], *fresh.segment_lengths(s, packs[sel]), None)
             timings.append((time.perf_counter() - t, costs, np.unique(src).size))
             del fresh
         (t_open, c_open, n_src), (t_read, c_read, _) = timings

@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "packtool"
 
-LAYERS = {"base": 0, "formats": 1, "core": 2, "exec": 2, "stages": 3, "cli": 4, "torch": 2}
+LAYERS = {"base": 0, "formats": 1, "vision": 1.5, "core": 2, "exec": 2, "stages": 3, "cli": 4, "torch": 2}
 TORCH_SIDE = ("packtool.loader", "packtool.attention", "packtool.loss", "packtool.audit", "packtool.hf")
 #: torch-side packages the CLI may import, inside a command function only (checked below)
 LAZY_FROM_CLI = ("packtool.audit",)
@@ -42,6 +42,7 @@ TORCH_ALLOWED = (
     "packtool.core.balance",
     "packtool.core.blend",
     "packtool.core.mixture",
+    "packtool.vision",
     "torch",
 )
 #: third-party modules the torch side must never import (directly or through packtool modules)

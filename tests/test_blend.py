@@ -396,7 +396,7 @@ def test_a_balanced_blend_prices_packs_without_opening_a_store(stores):
     """Pricing a window opened every store it drew from (every check, nine memory maps): 17-58 s a window at
     10,000 stores. The costs now come from each store's pack_offsets/seg_lens read in place, equal to the
     costs of the store's own segment table, and no store is opened until a pack is read."""
-    from packtool.loader.sampler import _costs_of
+    from packtool.loader.sampler_costs import costs_of
 
     ds = BlendedDataset([(stores[0], 1), (stores[1], 2.5), (stores[2], 3), (stores[3], 0.4)], seed=1)
     model = CostModel.from_shape(256)
@@ -414,7 +414,7 @@ def test_a_balanced_blend_prices_packs_without_opening_a_store(stores):
         assert lens.tolist() == want.tolist()
         keys = np.flatnonzero(sources == s)[:50]
         _, their_packs = ds.locate(keys)
-        np.testing.assert_allclose(sampler._pack_costs(keys), _costs_of(model, po, table, None, their_packs), rtol=0)
+        np.testing.assert_allclose(sampler._pack_costs(keys), costs_of(model, po, table, None, their_packs), rtol=0)
     assert ds.segment_lengths(0, np.zeros(0, np.int64))[0].size == 0
 
 

@@ -1,6 +1,7 @@
 """The varlen rows one attention call attends: what `layout.read` (and the shared-prompt layout) hand the kernels.
 
-Data only, imported by every reader (`layout.py`, `shared_prompt.py`), so a reader never imports another.
+Data (and `cu_seqlens`, the varlen offsets of lengths), imported by every reader (`layout.py`, `cached.py`,
+`shared_prompt.py`), so a reader never imports another.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,8 @@ class Reading:
     rows: Layout | None
     blocks: Blocks | None
     window: int | None
+
+
+def cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
+    """int32 `cu_seqlens` of segment `lengths`: 0, then their running sum."""
+    return F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))

@@ -22,7 +22,8 @@ from packtool.loader.documents import DocumentDataset
 from packtool.loader.dynamic import DynamicBatchSampler
 from packtool.loader.kernels import IGNORE_INDEX
 from packtool.loader.padded import PaddedCollator
-from packtool.loader.sampler import PackedSampler, ResumableLoader
+from packtool.loader.resumable import ResumableLoader
+from packtool.loader.sampler import PackedSampler
 
 __all__ = [
     "BlendedDataset",
