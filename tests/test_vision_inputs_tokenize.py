@@ -139,3 +139,35 @@ def test_a_missing_or_bad_image_is_a_bad_record_naming_it(tmp_path: Path, qwen: 
     assert "remote https:// URL" in reasons[2]
     assert "leads outside its folder" in reasons[3]
     assert "miscounted images" in reasons[4]
+
+
+@pytest.mark.parametrize("backend", ["auto", "hf"])
+def test_the_model_folder_is_located_once_per_run(
+    tmp_path: Path, bpe_tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """The fast engine's early start, its preload, the tokenizer's load and the image processor all come from ONE
+    lookup of `--tokenizer` (before: four, the early start and the engine each finding the folder again)."""
+    from support import cli, write_jsonl
+
+    from packtool.stages.tokenize.engine import early, locate
+
+    calls: list[str] = []
+    real = locate.locate
+
+    def counted(spec: str) -> Any:
+        calls.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(locate, "locate", counted)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "hello world"}] * 3)
+    code, _, err = cli("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "a"),
+                       "--backend", backend, "-q")
+    assert code == 0, err
+    assert calls == [str(bpe_tokenizer_dir)]
+    calls.clear()  # the console script's own early start from argv hands its lookup to the run
+    args = ["tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "b"),
+            "--backend", backend, "-q"]
+    early.start_from_argv(args)
+    code, _, err = cli(*args)
+    assert code == 0, err
+    assert calls == [str(bpe_tokenizer_dir)] and not early._FROM_ARGV
