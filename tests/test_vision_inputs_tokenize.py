@@ -171,3 +171,47 @@ def test_the_model_folder_is_located_once_per_run(
     code, _, err = cli(*args)
     assert code == 0, err
     assert calls == [str(bpe_tokenizer_dir)] and not early._FROM_ARGV
+
+
+def test_gemma3_ids_equal_the_processors(tmp_path: Path) -> None:
+    """Gemma 3: the template writes BOS and `<start_of_image>`; the ids are the processor's (no second BOS)."""
+    from test_vision_families_gemma3 import build_gemma_folder
+    from test_vision_families_gemma3 import reference_processor as gemma_processor
+
+    folder = build_gemma_folder(tmp_path / "gemma")
+    shutil.copytree(SAMPLE, tmp_path / "vision")
+    demo = json.loads((SAMPLE / "mllm_demo.json").read_text())
+    src = tmp_path / "vision" / "demo.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in demo[:3]))
+    result = run_chunks(src, folder)
+    processor = gemma_processor(folder)
+    for record, (ids, loss) in zip(demo[:3], documents(result), strict=True):
+        want, _ = reference(processor, record, "chat", src)
+        assert ids == want and ids.count(processor.tokenizer.bos_token_id) == 1
+        image = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
+        assert ids.count(image) == 16 * len(record["images"]) and not any(loss[i] for i, t in enumerate(ids) if t == image)
+    assert [r[2] for r in result.media] == [16] * 4
+
+
+def test_hostile_records_many_duplicate_and_system_images(tmp_path: Path, qwen: Path) -> None:
+    """50 images in one record (one file, so one unique image), an image in the system turn, and an image given by
+    bytes in a data URI beside the same image by path: each occurrence is a row, in order."""
+    shutil.copytree(SAMPLE, tmp_path / "vision")
+    img = "mllm_demo_data/2.jpg"
+    many = {"messages": [{"role": "user", "content": "<image>" * 50 + "Which differ?"},
+                         {"role": "assistant", "content": "None."}], "images": [img] * 50}
+    system = {"messages": [{"role": "system", "content": [{"type": "image", "path": img},
+                                                         {"type": "text", "text": "Keep this in mind."}]},
+                           {"role": "user", "content": "And now?"}, {"role": "assistant", "content": "Yes."}]}
+    src = tmp_path / "vision" / "hostile.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in [many, system]))
+    result = run_chunks(src, qwen, "chat")
+    assert result.n_documents == 2 and not result.reasons
+    rows = result.media
+    assert [r[0] for r in rows] == [0] * 50 + [1]
+    offsets = [r[1] for r in rows[:50]]
+    assert offsets == sorted(offsets) and all(b - a > r[2] for a, b, r in zip(offsets, offsets[1:], rows, strict=False))
+    processor = reference_processor(qwen, "qwen2_vl")
+    (ids, loss), (ids2, _) = documents(result)
+    assert ids == reference(processor, many, "chat", src)[0]
+    assert ids2 == reference(processor, system, "chat", src)[0]
