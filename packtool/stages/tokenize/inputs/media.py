@@ -19,6 +19,7 @@ import base64
 import binascii
 import os
 import stat
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -85,27 +86,35 @@ def _data_uri(text: str, ref: ImageRef) -> bytes:
     return _nonempty(data, ref)
 
 
+@lru_cache(maxsize=64)
+def _roots(folder: str, media_dir: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """(--media-dir, the folders a relative path is looked up in, in order), links followed, once per process."""
+    media = os.path.realpath(media_dir) if media_dir is not None else None
+    return media, tuple(b for b in (media, os.path.realpath(folder)) if b is not None)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def _file(name: str, ref: ImageRef, folder: Path, media_dir: str | None) -> bytes:
     """A path's bytes: relative to `--media-dir` (when given, first) or to the input's folder; the file must
     lie inside the folder it was found from, or anywhere under `--media-dir` (absolute paths: only there)."""
     if not name or "\x00" in name:
         raise MediaError(f"image {ref.label()} is not a path")
-    given = Path(name)
-    media = Path(media_dir).resolve() if media_dir is not None else None
-    bases = [b for b in (media, folder.resolve()) if b is not None]
-    candidates = [given] if given.is_absolute() else [base / given for base in bases]
+    media, bases = _roots(str(folder), media_dir)
+    absolute = os.path.isabs(name)
+    candidates = [name] if absolute else [os.path.join(base, name) for base in bases]
     for k, path in enumerate(candidates):
-        try:
-            resolved = path.resolve()
-        except (OSError, RuntimeError) as exc:  # a link loop
-            raise MediaError(f"image {ref.label()} cannot be resolved ({exc})") from None
         if k + 1 < len(candidates) and not os.path.lexists(path):
             continue  # not under --media-dir: the input's folder next
-        inside = (media is not None and resolved.is_relative_to(media)) or (
-            not given.is_absolute() and resolved.is_relative_to(bases[k])
-        )
+        try:
+            resolved = os.path.realpath(path)
+        except (OSError, ValueError) as exc:  # a link loop
+            raise MediaError(f"image {ref.label()} cannot be resolved ({exc})") from None
+        inside = (media is not None and _inside(resolved, media)) or (not absolute and _inside(resolved, bases[k]))
         if not inside:
-            how = "is an absolute path" if given.is_absolute() else "leads outside its folder"
+            how = "is an absolute path" if absolute else "leads outside its folder"
             where = f"--media-dir {media}" if media is not None else f"the input's folder {bases[0]}"
             raise MediaError(
                 f"image {ref.label()} {how} (to {resolved}), not inside {where}: pass --media-dir DIR holding it "
@@ -115,18 +124,22 @@ def _file(name: str, ref: ImageRef, folder: Path, media_dir: str | None) -> byte
     raise MediaError(f"image {ref.label()} is missing (no file {candidates[0]})")  # never: the last one is read
 
 
-def _read(resolved: Path, ref: ImageRef) -> bytes:
+def _read(resolved: str, ref: ImageRef) -> bytes:
+    """The bytes of a regular file of at most MAX_IMAGE_BYTES (opened once: checked on the open file)."""
     try:
-        info = resolved.stat()
+        with open(resolved, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise MediaError(f"image {ref.label()} is not a regular file ({resolved})")
+            if info.st_size > MAX_IMAGE_BYTES:
+                raise MediaError(
+                    f"image {ref.label()} is {info.st_size} bytes, more than the {MAX_IMAGE_BYTES} an image may"
+                )
+            data = fh.read()  # the size is known: no buffer of the limit allocated; _nonempty checks it again
     except FileNotFoundError:
         raise MediaError(f"image {ref.label()} is missing (no file {resolved})") from None
+    except IsADirectoryError:
+        raise MediaError(f"image {ref.label()} is not a regular file ({resolved})") from None
     except OSError as exc:
         raise MediaError(f"image {ref.label()} cannot be read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise MediaError(f"image {ref.label()} is not a regular file ({resolved})")
-    if info.st_size > MAX_IMAGE_BYTES:
-        raise MediaError(f"image {ref.label()} is {info.st_size} bytes, more than the {MAX_IMAGE_BYTES} an image may")
-    try:
-        return _nonempty(resolved.read_bytes(), ref)
-    except OSError as exc:
-        raise MediaError(f"image {ref.label()} cannot be read ({exc.strerror or exc})") from None
+    return _nonempty(data, ref)
