@@ -149,3 +149,9 @@ def test_bad_images_fail_the_run_in_one_line(world: dict[str, Path], tmp_path: P
                      "--format", "chat", "-q")
     assert words in line and f"{src}:1" in line, line
     assert not out.exists()
+
+
+def test_the_summary_line_counts_the_images(world: dict[str, Path], tmp_path: Path) -> None:
+    code, out, err = cli(*[a for a in args(world, tmp_path / "s", "--workers", "1") if a != "-q"])
+    assert code == 0, err
+    assert "tokenized 20 documents with 24 images (3 unique, " in out and "qwen2_vl)" in out, out
