@@ -206,3 +206,21 @@ def test_media_dir_flag_is_checked(tmp_path: Path, bpe_tokenizer_dir: Path) -> N
     line = cli_error("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "o"),
                      "--format", "chat", "--media-dir", str(tmp_path / "nope"))
     assert "--media-dir" in line and "is not a directory" in line
+
+
+SHIPPED = ("mllm_demo.json", "mllm_demo_transformers.jsonl", "mllm_demo_openai.jsonl", "mllm_demo.parquet")
+
+
+def test_the_shipped_demo_in_four_shapes_gives_one_canonical_record_each() -> None:
+    """data/sample/vision holds the demo as LLaMA-Factory wrote it, in transformers parts with an images column,
+    in OpenAI data URIs and as a Parquet of `datasets` Image features (bytes embedded)."""
+    got = {}
+    for name in SHIPPED:
+        path = SAMPLE / name
+        _, chunks = plan_chunks([path], 1 << 20)
+        records = [r.value for c in chunks for r in read_chunk(c, separator=None, max_record_bytes=64 << 20)]
+        got[name] = [canonical(r, "chat", path) for r in records]
+    first = got[SHIPPED[0]]
+    assert len(first) == 6 and sum(len(images) for _, images in first) == 8
+    for name in SHIPPED[1:]:
+        assert got[name] == first, name

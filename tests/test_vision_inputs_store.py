@@ -155,3 +155,15 @@ def test_the_summary_line_counts_the_images(world: dict[str, Path], tmp_path: Pa
     code, out, err = cli(*[a for a in args(world, tmp_path / "s", "--workers", "1") if a != "-q"])
     assert code == 0, err
     assert "tokenized 20 documents with 24 images (3 unique, " in out and "qwen2_vl)" in out, out
+
+
+def test_the_demo_in_four_shapes_gives_the_same_store(world: dict[str, Path], tmp_path: Path) -> None:
+    stores = []
+    for name in ("mllm_demo.json", "mllm_demo_transformers.jsonl", "mllm_demo_openai.jsonl", "mllm_demo.parquet"):
+        out = tmp_path / name.replace(".", "_")
+        code, _, err = cli("tokenize", str(SAMPLE / name), "--tokenizer", str(world["model"]), "--output", str(out),
+                           "--format", "auto", "--workers", "1", "-q")
+        assert code == 0, err
+        stores.append({k: v for k, v in store_bytes(out).items() if k != "manifest.json"})  # it names its input
+    assert all(s == stores[0] for s in stores[1:])
+    assert set(stores[0]) >= {"tokens.bin", "tokens.boundaries", "tokens.loss"} and len(stores[0]) > 3
