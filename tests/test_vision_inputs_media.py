@@ -224,3 +224,34 @@ def test_the_shipped_demo_in_four_shapes_gives_one_canonical_record_each() -> No
     assert len(first) == 6 and sum(len(images) for _, images in first) == 8
     for name in SHIPPED[1:]:
         assert got[name] == first, name
+
+
+def test_a_csv_cell_of_images_and_a_save_to_disk_dataset_are_read(tmp_path: Path) -> None:
+    """A CSV's `images` cell holding a JSON list (the messages cell too), and a `save_to_disk` dataset of Image
+    features, give the canonical record."""
+    import csv
+
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "mllm_demo_data").mkdir()
+    (tmp_path / IMG).write_bytes(JPEG)
+    path = tmp_path / "demo.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["messages", "images"])
+        writer.writerow([json.dumps(DEMO["messages"]), json.dumps(DEMO["images"])])
+    _, chunks = plan_chunks([path], 1 << 20)
+    records = [r.value for c in chunks for r in read_chunk(c, separator=None, max_record_bytes=1 << 20)]
+    assert canonical(records[0], "chat", path) == (CANONICAL, [JPEG, JPEG])
+    image = {"bytes": JPEG, "path": "1.jpg"}
+    features = datasets.Features({
+        "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+        "images": datasets.Sequence(datasets.Image()),
+    })
+    datasets.Dataset.from_dict({"messages": [DEMO["messages"]], "images": [[image, image]]}, features=features) \
+        .save_to_disk(str(tmp_path / "saved"))
+    from packtool.stages.tokenize.inputs.locators import expand_inputs
+
+    paths = expand_inputs([str(tmp_path / "saved")])
+    _, chunks = plan_chunks(paths, 1 << 20)
+    records = [r.value for c in chunks for r in read_chunk(c, separator=None, max_record_bytes=1 << 20)]
+    assert canonical(records[0], "chat", paths[0]) == (CANONICAL, [JPEG, JPEG])

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from packtool.core.encoding.shapes.base import Conversation, ShapeError
+from packtool.core.encoding.shapes.fields import structured
 
 #: LLaMA-Factory's `IMAGE_PLACEHOLDER` (its default; it reads the environment variable of that name)
 IMAGE_PLACEHOLDER = "<image>"
@@ -62,7 +63,7 @@ def with_images(record: Any, conversation: Conversation) -> Conversation:
     """`conversation` in canonical form with its images (see the module docstring), or as it is when the
     record carries none; ShapeError for what cannot be read exactly."""
     _no_other_media(record)
-    listed = record.get(IMAGES) if isinstance(record, dict) else None
+    listed = structured(record.get(IMAGES)) if isinstance(record, dict) else None  # a CSV cell may hold JSON
     has_list = listed is not None
     if has_list and not isinstance(listed, (list, tuple)):
         listed = [listed]  # one image: a bare path or struct (LLaMA-Factory accepts a string)
