@@ -215,3 +215,20 @@ def test_hostile_records_many_duplicate_and_system_images(tmp_path: Path, qwen: 
     (ids, loss), (ids2, _) = documents(result)
     assert ids == reference(processor, many, "chat", src)[0]
     assert ids2 == reference(processor, system, "chat", src)[0]
+
+
+def test_the_image_token_as_text_is_a_bad_record(tmp_path: Path, qwen: Path) -> None:
+    """A text-only record (or an image record) whose text holds the image token itself would give image tokens
+    without an image: refused at its line, never written."""
+    shutil.copytree(SAMPLE, tmp_path / "vision")
+    demo = json.loads((SAMPLE / "mllm_demo.json").read_text())
+    literal = {"messages": [{"role": "user", "content": "What is <|image_pad|>?"}, {"role": "assistant", "content": "A"}]}
+    extra = demo[1] | {"messages": [{"role": "user", "content": "<image>and <|image_pad|>"},
+                                    {"role": "assistant", "content": "B"}]}
+    src = tmp_path / "vision" / "bad.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in [literal, extra, demo[1]]))
+    result = run_chunks(src, qwen, "chat", on_error="skip")
+    reasons = [json.loads(line) for line in result.rejects.decode().splitlines()]
+    assert [r["line"] for r in reasons] == [1, 2] and result.n_documents == 1
+    assert "image token '<|image_pad|>' as text" in reasons[0]["reason"]
+    assert "miscounted" in reasons[1]["reason"]

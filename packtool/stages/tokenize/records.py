@@ -32,7 +32,7 @@ from packtool.stages.tokenize.engine.tokenizer import cached_tokenizer
 from packtool.stages.tokenize.inputs.media import MediaError, image_bytes
 from packtool.stages.tokenize.inputs.record import PlainText
 from packtool.stages.tokenize.settings import ChunkSettings
-from packtool.stages.tokenize.vision import VisionText, expand, measure
+from packtool.stages.tokenize.vision import VisionText, expand, measure, no_image_token
 
 
 def extract(
@@ -75,6 +75,8 @@ def extract(
             targets=got.targets,
         )
         if not images:
+            if settings.vision is not None:
+                no_image_token(settings.vision, text)
             return text, spans
         return VisionText(*expand(settings.vision or {}, text, spans, infos), images, infos)
     except (ChatRecordError, MediaError) as exc:

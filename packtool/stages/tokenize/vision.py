@@ -57,8 +57,22 @@ def measure(vision: dict[str, Any], images: Sequence[bytes], labels: Sequence[st
 
 
 def expand(vision: dict[str, Any], text: str, spans: Spans | None, infos: Sequence[Any]) -> tuple[str, Spans | None]:
-    """The rendered text with each placeholder expanded (InputError when they are miscounted)."""
-    return processor_of(vision).expand(text, spans, list(infos))  # type: ignore[no-any-return]
+    """The rendered text with each placeholder expanded (InputError when they are miscounted, or when the text
+    holds the image token itself: its ids would be image tokens without an image)."""
+    processor = processor_of(vision)
+    no_image_token(vision, text, processor.placeholder)
+    return processor.expand(text, spans, list(infos))  # type: ignore[no-any-return]
+
+
+def no_image_token(vision: dict[str, Any], text: str, allowed: str | None = None) -> None:
+    """InputError when a rendered text holds the family's image token as text (unless it is the placeholder,
+    which `expand` counts): a text-only record in an image run, or a literal `<image_soft_token>`."""
+    token = vision.get("image_token")
+    if isinstance(token, str) and token and token != allowed and token in text:
+        raise InputError(
+            f"the rendered text holds the image token {token!r} as text, which would become image tokens without "
+            "an image; remove it from the record (images go in image parts or <image> placeholders)"
+        )
 
 
 def image_rows(
