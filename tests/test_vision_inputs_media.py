@@ -255,3 +255,13 @@ def test_a_csv_cell_of_images_and_a_save_to_disk_dataset_are_read(tmp_path: Path
     _, chunks = plan_chunks(paths, 1 << 20)
     records = [r.value for c in chunks for r in read_chunk(c, separator=None, max_record_bytes=1 << 20)]
     assert canonical(records[0], "chat", paths[0]) == (CANONICAL, [JPEG, JPEG])
+
+
+def test_media_dir_is_a_run_config_path_relative_to_the_yaml(tmp_path: Path) -> None:
+    from packtool.cli.runconfig import load_run_config
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("tokenize:\n  inputs: data.jsonl\n  tokenizer: tok\n  output: out\n  format: chat\n"
+                   "  media-dir: images\n")
+    (step,) = load_run_config(cfg)
+    assert step.tokenize is not None and step.tokenize.media_dir == str(tmp_path / "images")
