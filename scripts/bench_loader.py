@@ -15,12 +15,20 @@ B x N:
 Prints batches/s, tokens/s and the ratio of each time to the raw read times (best of
 --repeat runs each: the machine may be shared). No assertions.
 
+Then, on a CUDA GPU, DevicePrefetcher: the median step of a loop whose step is GPU matmuls calibrated to
+--prefetch-ms and a `.item()` sync (as logging the loss does), fed by the w=0 loader of the first shape,
+made slower by --prefetch-ms of sleep per batch (a slow file system) and as it is: `serial` copies each
+batch with `.to("cuda")` in the step, `prefetched` gets it from DevicePrefetcher (copied ahead on a side
+stream while the step runs). Printed as seconds and as a ratio to max(load, compute), the floor when
+loading and computing overlap (serial sits near load + compute). On CPU the section says it is skipped.
+
     python scripts/bench_loader.py [--tokens 100000000] [--shapes 8x4096,32x4096,16x8192] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +39,7 @@ import torch
 
 from packtool.formats.pack_store import FORMAT_VERSION
 from packtool.formats.pack_writer import PackSplitWriter
-from packtool.loader import PackedCollator, PackedDataset, PackedSampler
+from packtool.loader import DevicePrefetcher, PackedCollator, PackedDataset, PackedSampler
 
 
 def build_store(directory: Path, n_tokens: int, size: int, seed: int = 0, unit: int = 30) -> None:
@@ -116,6 +124,71 @@ def bench_shape(ds: PackedDataset, batch_size: int, repeat: int, max_batches: in
         print(f"{name:14} {len(batches) / sec:10.0f} {n_tok / sec / 1e6:10.1f} {sec / raw:12.2f} {sec / raw64:12.2f}")
 
 
+class _Delayed:
+    """The batches of a loader, each `delay` seconds late (a slow file system)."""
+
+    def __init__(self, loader, delay: float) -> None:  # type: ignore[no-untyped-def]
+        self.loader, self.delay = loader, delay
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for batch in self.loader:
+            time.sleep(self.delay)
+            yield batch
+
+
+def _median_step(batches, x: torch.Tensor, k: int, copy: bool, steps: int) -> float:  # type: ignore[no-untyped-def]
+    times, t = [], time.perf_counter()
+    for i, batch in enumerate(batches):
+        ids = batch["input_ids"].to("cuda", non_blocking=False) if copy else batch["input_ids"]
+        z = x
+        for _ in range(k):
+            z = x @ x
+        (z[0, 0] + ids.reshape(-1)[:1].float().sum()).item()  # a sync per step, as logging the loss does
+        now = time.perf_counter()
+        times.append(now - t)
+        t = now
+        if i + 1 >= steps:
+            break
+    warm = sorted(times[2:])
+    return warm[len(warm) // 2]
+
+
+def bench_prefetch(ds: PackedDataset, batch_size: int, compute_ms: float, steps: int) -> None:
+    if not torch.cuda.is_available():
+        print("\nDevicePrefetcher: skipped (no CUDA device; on CPU it passes the loader's batches through unchanged)")
+        return
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        x @ x
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        x @ x
+    torch.cuda.synchronize()
+    k = max(1, round(compute_ms / 1e3 / ((time.perf_counter() - t) / 20)))
+    print(f"\nDevicePrefetcher on {torch.cuda.get_device_name()}: B={batch_size} x N={ds.size}, step = {k} matmuls "
+          f"4096^2 + .item(), median of {steps} steps")
+    print(f"{'loader':22} {'load s':>8} {'compute s':>10} {'serial s':>9} {'prefetched s':>13} {'serial/floor':>13} "
+          f"{'prefetched/floor':>17}")
+    compute = _median_step(({"input_ids": x} for _ in range(steps)), x, k, False, steps)
+    for name, delay in ((f"w=0 + {compute_ms:.0f} ms sleep", compute_ms / 1e3), ("w=0 as it is", 0.0)):
+
+        def loader(delay: float = delay):  # type: ignore[no-untyped-def]
+            sampler = PackedSampler(ds, seed=0)
+            inner = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=sampler,
+                                                collate_fn=PackedCollator(flatten=True))  # fmt: skip
+            return _Delayed(inner, delay)
+
+        t = time.perf_counter()
+        n = sum(1 for _ in itertools.islice(loader(), steps))
+        load = (time.perf_counter() - t) / n
+        serial = _median_step(loader(), x, k, True, steps)
+        prefetched = _median_step(DevicePrefetcher(loader(), "cuda"), x, k, False, steps)
+        floor = max(load, compute)
+        print(f"{name:22} {load:8.4f} {compute:10.4f} {serial:9.4f} {prefetched:13.4f} {serial / floor:13.2f} "
+              f"{prefetched / floor:17.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=100_000_000, help="tokens per store (uint16: 2 bytes each)")
@@ -125,6 +198,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=min(2, numba.config.NUMBA_NUM_THREADS),
                     help="numba threads for the parallel w=0 run (at most NUMBA_NUM_THREADS)")
     ap.add_argument("--dir", type=Path, default=None, help="where to build the stores (default: a temp dir)")
+    ap.add_argument("--prefetch-ms", type=float, default=30.0, help="DevicePrefetcher: load delay and compute per step")
+    ap.add_argument("--prefetch-steps", type=int, default=30, help="DevicePrefetcher: steps timed per run")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,6 +218,8 @@ def main() -> None:
         for b, n in shapes:
             bench_shape(datasets[n], b, args.repeat, args.max_batches, threads)
         print(f"numba threading layer: {numba.threading_layer() if threads > 1 else 'none (serial kernel)'}")
+        b, n = shapes[0]
+        bench_prefetch(datasets[n], b, args.prefetch_ms, args.prefetch_steps)
 
 
 if __name__ == "__main__":

@@ -1,98 +1,28 @@
 """`--tokenizer ORG/NAME` not in the cache: downloaded with huggingface_hub from HF_ENDPOINT into HF_HUB_CACHE.
 
-Every test talks to a loopback server on 127.0.0.1 that answers as the hub does for what huggingface_hub asks
-(HEAD/GET `/{repo}/resolve/{revision}/{file}` with X-Repo-Commit, ETag and Content-Length; the tree listing of
-`additional_chat_templates`; 404s with X-Error-Code). The CLI runs in a subprocess, as a user runs it: the
+Every test talks to a loopback hub on 127.0.0.1 (`hub_loopback.py`) that answers as the hub does for what
+huggingface_hub asks. The CLI runs in a subprocess, as a user runs it: the
 hub client reads its settings when it is imported. Never the real network."""
 
 from __future__ import annotations
 
-import hashlib
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hub_loopback import Hub, loopback_hub
 from support import CHATML_TEMPLATE, cli_error, write_jsonl
 
 from packtool.formats.token_store import open_token_store
 
 pytest.importorskip("huggingface_hub")
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass
-class Hub:
-    """A fake hub: repos of {path: bytes}, every request recorded as (method, path, Authorization header)."""
-
-    repos: dict[str, dict[str, bytes]]
-    requests: list[tuple[str, str, str | None]] = field(default_factory=list)
-    url: str = ""
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    hub: Hub
-
-    def _answer(self, body: bool) -> None:
-        self.hub.requests.append((self.command, self.path, self.headers.get("Authorization")))
-        path = self.path.split("?")[0]
-        if path.startswith("/api/models/"):
-            return self._tree(path.removeprefix("/api/models/"))
-        parts = path.lstrip("/").split("/")
-        if len(parts) < 5 or parts[2] != "resolve":
-            return self._error(404, "RepoNotFound")
-        repo, file = f"{parts[0]}/{parts[1]}", "/".join(parts[4:])
-        if repo not in self.hub.repos:
-            return self._error(401 if not self.headers.get("Authorization") else 404, "RepoNotFound")
-        data = self.hub.repos[repo].get(file)
-        if data is None:
-            return self._error(404, "EntryNotFound")
-        self.send_response(200)
-        self.send_header("X-Repo-Commit", COMMIT)
-        self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Content-Type", "application/octet-stream")
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-    def _tree(self, rest: str) -> None:  # {org}/{name}/tree/{revision}/{folder}
-        parts = rest.split("/")
-        repo, folder = f"{parts[0]}/{parts[1]}", "/".join(parts[4:])
-        files = self.hub.repos.get(repo, {})
-        entries = [{"type": "file", "path": p, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
-                   for p, d in files.items() if p.startswith(folder + "/")]  # fmt: skip
-        if repo not in self.hub.repos or not entries:
-            return self._error(404, "EntryNotFound" if repo in self.hub.repos else "RepoNotFound")
-        data = json.dumps(entries).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, status: int, code: str) -> None:
-        self.send_response(status)
-        self.send_header("X-Error-Code", code)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self._answer(body=True)
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._answer(body=False)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
@@ -104,16 +34,9 @@ def hub(bpe_tokenizer_dir: Path) -> Iterator[Hub]:
         "additional_chat_templates/tool_use.jinja": b"{{ messages }}",
         "model.safetensors": b"weights are never fetched",
     }
-    state = Hub({"acme/tiny-chat": files})
-    handler = type("Handler", (_Handler,), {"hub": state})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with loopback_hub(lifetime=300) as state:
+        state.model("acme/tiny-chat", files)
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def run(tmp_path: Path, hub: Hub, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -136,12 +59,14 @@ def test_a_hub_tokenizer_is_downloaded_then_read_from_the_cache(tmp_path: Path, 
     store = open_token_store(tmp_path / "s")
     assert store.manifest["tokenizer"]["name"] == "acme/tiny-chat"
     assert store.loss is not None and store.manifest["eos"]["enabled"] is False  # the chat template was fetched
-    snapshot = tmp_path / "hub" / "models--acme--tiny-chat" / "snapshots" / COMMIT
+    commit = hub.repo("model", "acme/tiny-chat").refs["main"]
+    snapshot = tmp_path / "hub" / "models--acme--tiny-chat" / "snapshots" / commit
     fetched = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
     assert fetched == ["additional_chat_templates/tool_use.jinja", "chat_template.jinja", "tokenizer.json",
                        "tokenizer_config.json"]  # fmt: skip
     got = [(m, p.split("?")[0]) for m, p, _ in hub.requests]
-    assert ("GET", f"/acme/tiny-chat/resolve/{COMMIT}/tokenizer.json") in got
+    assert ("GET", f"/acme/tiny-chat/resolve/{commit}/tokenizer.json") in got
+    assert (tmp_path / "hub" / "models--acme--tiny-chat" / "refs" / "main").read_text() == commit
     assert not any("safetensors" in p for _, p in got)
     assert all(auth == "Bearer hf_secret" for _, _, auth in hub.requests), hub.requests
     # the second run reads the cache: not one request, even offline
@@ -157,8 +82,8 @@ def test_absent_and_unreachable_are_one_line(tmp_path: Path, hub: Hub) -> None:
     absent = run(tmp_path, hub, "tokenize", src, "--tokenizer", "acme/nope", "--output", str(tmp_path / "n"))
     lines = absent.stderr.strip().splitlines()
     assert absent.returncode == 1 and len(lines) == 1 and "Traceback" not in absent.stderr, absent.stderr
-    assert "the hub has no repo acme/nope" in lines[0] and "HF_TOKEN" in lines[0] and not (tmp_path / "n").exists()
-    hub.repos["acme/spm-only"] = {"tokenizer.model": b"sentencepiece", "tokenizer_config.json": b"{}"}
+    assert "the hub has no model repo acme/nope" in lines[0] and "HF_TOKEN" in lines[0] and not (tmp_path / "n").exists()
+    hub.model("acme/spm-only", {"tokenizer.model": b"sentencepiece", "tokenizer_config.json": b"{}"})
     spm = run(tmp_path, hub, "tokenize", src, "--tokenizer", "acme/spm-only", "--output", str(tmp_path / "m"))
     lines = spm.stderr.strip().splitlines()
     assert spm.returncode == 1 and len(lines) == 1 and "hub repo acme/spm-only has no tokenizer.json" in lines[0]
@@ -180,3 +105,62 @@ def test_offline_names_the_hf_command_and_asks_nothing(tmp_path: Path, hub: Hub,
     assert "HF_HUB_OFFLINE" in line and "huggingface-cli" not in line
     assert 'hf download Qwen/Qwen2.5-0.5B-Instruct --include "*.json" --include "*.jinja"' in line
     assert hub.requests == [] and not (tmp_path / "o").exists()
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+def test_a_truncated_download_is_one_line_and_a_later_quiet_run_says_nothing(tmp_path: Path, hub: Hub) -> None:
+    """Full Content-Length, half the body: huggingface_hub's retry warnings (13 lines before) never show."""
+    src = str(write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}]))
+    hub.faults["tokenizer.json"] = "truncate"
+    args = ("tokenize", src, "--tokenizer", "acme/tiny-chat", "--output")
+    line = _one_error_line(run(tmp_path, hub, *args, str(tmp_path / "bad")))
+    assert "tokenizer.json" in line and "acme/tiny-chat" in line and "retry" in line, line
+    assert not (tmp_path / "bad").exists()
+    tries = [p for m, p, _ in hub.requests if m == "GET" and p.endswith("/tokenizer.json")]
+    assert 1 <= len(tries) <= 4, tries  # three resumes at most without a new byte (six before, and 13 lines)
+    del hub.faults["tokenizer.json"]
+    ok = run(tmp_path, hub, *args, str(tmp_path / "ok"), "-q")
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+
+
+def test_a_stalled_download_fails_after_one_timeout_not_six(tmp_path: Path, hub: Hub) -> None:
+    """A Content-Length 100 bytes over the body, the connection left open: one read timeout, then one line
+    (it took 6 retries x the timeout, 66 s at the default 10 s)."""
+    src = str(write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}]))
+    hub.faults["tokenizer.json"] = "overlong"
+    start = time.monotonic()
+    done = run(tmp_path, hub, "tokenize", src, "--tokenizer", "acme/tiny-chat", "--output", str(tmp_path / "s"),
+               HF_HUB_DOWNLOAD_TIMEOUT="2")  # fmt: skip
+    took = time.monotonic() - start
+    line = _one_error_line(done)
+    assert "stalled" in line and "HF_HUB_DOWNLOAD_TIMEOUT" in line, line
+    assert took < 2 * 2 + 6, took  # one timeout (+ the start of python); six would be >= 12 s
+
+
+def test_a_tokenizer_revision_is_fetched_recorded_and_read_offline(tmp_path: Path, hub: Hub,
+                                                                   bpe_tokenizer_dir: Path) -> None:  # fmt: skip
+    old = {"tokenizer.json": (bpe_tokenizer_dir / "tokenizer.json").read_bytes(),
+           "tokenizer_config.json": json.dumps({"eos_token": "<|endoftext|>"}).encode()}  # fmt: skip
+    sha = hub.model("acme/tiny-chat", old, "v1")
+    src = str(write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}]))
+    args = ("tokenize", src, "--tokenizer", "acme/tiny-chat@v1", "--output")
+    done = run(tmp_path, hub, *args, str(tmp_path / "s"), "-q")
+    assert done.returncode == 0, done.stderr
+    repo = tmp_path / "hub" / "models--acme--tiny-chat"
+    assert (repo / "refs" / "v1").read_text() == sha and not (repo / "refs" / "main").exists()
+    assert sorted(p.name for p in (repo / "snapshots" / sha).iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    store = open_token_store(tmp_path / "s")
+    assert store.manifest["tokenizer"]["name"] == "acme/tiny-chat@v1"
+    hub.requests.clear()
+    again = run(tmp_path, hub, *args, str(tmp_path / "s2"), "-q", HF_HUB_OFFLINE="1")
+    assert again.returncode == 0 and hub.requests == [], again.stderr
+    pinned = run(tmp_path, hub, *args[:3] + ("acme/tiny-chat@" + sha, "--output"), str(tmp_path / "s3"), "-q",
+                 HF_HUB_OFFLINE="1")  # fmt: skip  (a commit names its snapshot directly)
+    assert pinned.returncode == 0, pinned.stderr
+    line = _one_error_line(run(tmp_path, hub, *args[:-2], "acme/tiny-chat@v9", "--output", str(tmp_path / "n")))
+    assert "has no revision 'v9'" in line, line

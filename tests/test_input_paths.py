@@ -60,11 +60,11 @@ def test_hub_path_cannot_leave_the_snapshot(tmp_path: Path, bpe_tokenizer_dir: P
 
 def test_a_link_in_a_snapshot_cannot_lead_out_of_the_repo(tmp_path: Path, bpe_tokenizer_dir: Path, hub: Path) -> None:
     snapshot = hub / "datasets--org--ds" / "snapshots" / "0f1e2d3c"
-    (snapshot / "data" / "leak.jsonl").symlink_to(tmp_path / "outside" / "secret.jsonl")
-    for spec in ("hf://datasets/org/ds", "hf://datasets/org/ds/data", "hf://datasets/org/ds/data/leak.jsonl",
+    (snapshot / "data" / "train_leak.jsonl").symlink_to(tmp_path / "outside" / "secret.jsonl")
+    for spec in ("hf://datasets/org/ds", "hf://datasets/org/ds/data", "hf://datasets/org/ds/data/train_leak.jsonl",
                  "hf://datasets/org/ds/data/*.jsonl"):
         line = _tokenize_error(tmp_path, bpe_tokenizer_dir, spec)
-        assert "leak.jsonl" in line and f"outside {hub / 'datasets--org--ds'}" in line, (spec, line)
+        assert "train_leak.jsonl" in line and f"outside {hub / 'datasets--org--ds'}" in line, (spec, line)
 
 
 @pytest.mark.parametrize("ref", ["../../../outside", "../snapshots/../../../outside", "/abs/path", "a/b"])
@@ -135,9 +135,10 @@ def test_snapshot_with_split_names_and_no_train_split_is_refused(tmp_path: Path,
     cache = tmp_path / "hub"
     hub_repo(cache, "datasets", "org/evals", {"validation.jsonl": _jsonl(ROWS), "test.jsonl": _jsonl(SECRET)})
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cache answers; online, the hub would be asked for the split
     line = _tokenize_error(tmp_path, bpe_tokenizer_dir, "hf://datasets/org/evals")
     assert "org/evals has no train split" in line and "validation and test splits" in line
-    assert "hf://datasets/org/evals/validation.jsonl" in line
+    assert "pass --split NAME with one of: validation, test" in line
     code, out, err = cli("tokenize", "hf://datasets/org/evals/validation.jsonl", "--tokenizer", str(bpe_tokenizer_dir),
                          "--output", str(tmp_path / "ok"), "-q")
     assert code == 0 and out.startswith("tokenized 5 documents"), err

@@ -20,7 +20,7 @@ import zstandard
 from support import cli, cli_error, write_jsonl
 
 from packtool.stages.tokenize.inputs.locators import expand_inputs
-from packtool.stages.tokenize.inputs.locators.hub import pick_data_files
+from packtool.stages.tokenize.inputs.locators.hub_select import select
 from packtool.stages.tokenize.inputs.plan import plan_chunks, read_chunk
 from packtool.stages.tokenize.inputs.readers import registry
 from packtool.stages.tokenize.inputs.readers.base import Numbering
@@ -77,13 +77,13 @@ def test_every_reader_has_a_hub_family(tmp_path: Path) -> None:
         assert ranks.setdefault(reader.family, reader.family_rank) == reader.family_rank, reader.kind
         for suffix in reader.suffixes:
             data = tmp_path / f"train{suffix}"
-            assert pick_data_files([data, tmp_path / "README.md"], tmp_path, "o/n", "hf://datasets/o/n") == [data]
+            assert select([data.name, "README.md"], None, None, None, "o/n", "hf://datasets/o/n").files == (data.name,)
     assert len(set(ranks.values())) == len(ranks), ranks  # the tie order is explicit
     families = sorted(ranks, key=ranks.__getitem__)
-    one_each = [tmp_path / f"f{i}{next(r.suffixes[0] for r in registry.readers() if r.family == f)}"
+    one_each = [f"f{i}{next(r.suffixes[0] for r in registry.readers() if r.family == f)}"
                 for i, f in enumerate(families)]
-    picked = pick_data_files(one_each, tmp_path, "o/n", "hf://datasets/o/n")
-    assert picked == [one_each[0]]  # a tie: the lowest rank
+    picked = select(one_each, None, None, None, "o/n", "hf://datasets/o/n").files
+    assert picked == (one_each[0],)  # a tie: the lowest rank
 
 
 def test_numbering_and_labels() -> None:

@@ -164,3 +164,19 @@ def test_refusals_name_what_is_wrong() -> None:
         pair_scores(torch.zeros(1, 1), empty)
     with pytest.raises(ConfigError, match="margin holds 2 values for 1 pairs"):
         reward_loss(pair_scores(torch.zeros(1, t), b), margin=torch.zeros(2))
+
+
+def test_an_unflattened_batch_and_an_empty_one() -> None:
+    pairs = [([5, 6], [7], [8, 9]), ([10], [11, 12], [13])]
+    b = batch(pairs, False, pad=4)
+    t = b["input_ids"].shape[1]  # 3 + 4 + 3 + 2 + 4 = 16 tokens: two rows of 8
+    flat = pair_scores(torch.arange(t, dtype=torch.float64)[None], b)
+    rows = pair_scores(torch.arange(t, dtype=torch.float64).reshape(2, 8, 1), b)
+    assert torch.equal(rows.chosen, flat.chosen) and torch.equal(rows.rejected, flat.rejected)
+    with pytest.raises(ConfigError, match=r"scores \(1, 8, 2\) are not one score per token"):
+        pair_scores(torch.zeros(1, 8, 2), b)  # num_labels=2 over half the tokens: refused, not misread
+    only_pad = batch([], False, pad=4)
+    empty = pair_scores(torch.zeros(1, 4), only_pad)
+    assert empty.pair_ids.numel() == 0
+    with pytest.raises(ConfigError, match="no pairs to score"):
+        reward_loss(empty)

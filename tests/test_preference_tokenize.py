@@ -23,7 +23,16 @@ import pyarrow.parquet as pq
 import pytest
 from input_support import hub_repo, same_store_bytes, tokenize_ok
 from support import cli, cli_error, write_jsonl
-from trl_preference_reference import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference
+from trl_preference_reference import (
+    LIST_TOOLS,
+    MIXED_PARTS,
+    SHAPES,
+    as_trl,
+    build_tokenizers,
+    hf_tokenizer,
+    sequences,
+    trl_reference,
+)
 
 from packtool.formats.token_store import open_token_store
 
@@ -65,6 +74,23 @@ def test_every_shape_gives_trl_ids_and_completion_masks(tmp_path: Path, tokenize
         fast = tokenize_ok([src], tok_dir, tmp_path / f"{family}_{name}_fast", "--format", "preference",
                            "--backend", "fast", "--workers", "2")
         same_store_bytes(out, fast)
+
+
+@pytest.mark.parametrize(("family", "case"), [("llama3_1", MIXED_PARTS), ("qwen2_5", LIST_TOOLS)])
+def test_objects_with_mixed_keys_are_read_as_datasets_gives_them_to_trl(tmp_path: Path, tokenizers: dict[str, Path],
+                                                                         family: str, case: Any) -> None:
+    """`datasets` gives every content part every key of any part in its column (None where it has none), every
+    tool every property, every tool call's arguments every name: a template that prints a content list (Llama 3.1)
+    or `tojson`s the tools (Qwen2.5) renders those Nones. The ids are TRL's of the records as it reads them (written
+    out in `trl_preference_reference`; tests/interop checks them against TRL's own preprocessing)."""
+    written, read = case
+    hf = hf_tokenizer(tokenizers[family], family)
+    want = sequences(trl_reference(hf, read))
+    assert want != sequences(trl_reference(hf, written))  # the Nones are in the text
+    for fmt in ("preference", "auto"):
+        out = tokenize_ok([write_jsonl(tmp_path / "p.jsonl", written)], tokenizers[family], tmp_path / fmt,
+                          "--format", fmt)
+        assert store_sequences(out) == want
 
 
 def test_the_boundary_cases_are_covered(tokenizers: dict[str, Path]) -> None:
@@ -130,6 +156,13 @@ def test_the_same_records_give_the_same_bytes_from_every_source(tmp_path: Path, 
     same_store_bytes(ref, small)
 
 
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
 GOOD = {"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}
 CONV = {"prompt": [{"role": "user", "content": "USR hi"}], "chosen": [{"role": "assistant", "content": "Hello."}],
         "rejected": [{"role": "assistant", "content": "Go."}]}
@@ -143,8 +176,25 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     (GOOD, CONV, "field 'prompt' is a list, but the first record holds strings"),
     (GOOD, {"prompt": "x", "chosen": "a", "rejected": "b", "tools": "{not json"}, "field 'tools' is a string that is not JSON"),
     (GOOD, "just a string", "the record is not a JSON object"),
-    (GOOD, {**GOOD, "images": ["cat.png"]}, "the record has 'images': vision preference records"),
+    (GOOD, {**GOOD, "messages": [{"role": "user", "content": "hi"}]}, "the record's 'messages' field is a list of "
+     "messages while its pair is standard (strings): TRL decides whether a record is conversational from one of"),
+    (GOOD, {**GOOD, "images": ["cat.png"]}, "the record has 'images': pairs with images are not supported yet"),
     (CONV, {**CONV, "chosen": []}, "field 'chosen' is an empty list of messages"),
+    (CONV, {**CONV, "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}]},
+     "message 0 of field 'prompt' holds a content part of type 'image': pairs with images are not supported yet"),
+    (CONV, {**CONV, "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [
+        {"type": "text", "text": "What?"}, {"type": "image_url", "image_url": {"url": "https://x/cat.png"}}]}]},
+     "message 1 of field 'prompt' holds a content part of type 'image_url': pairs with images are not supported yet"),
+    (CONV, {**CONV, "rejected": [{"role": "assistant", "content": [{"type": "video", "video": "a.mp4"}]}]},
+     "message 0 of field 'rejected' holds a content part of type 'video': pairs with images are not supported yet"),
+    (CONV, {**CONV, "image": "cat.png"}, "the record has 'image': pairs with images are not supported yet"),
+    (CONV, {**CONV, "images": []}, "the record has 'images' (empty: TRL reads a dataset with this column as vision"),
+    (CONV, {**CONV, "completion": "Hello."}, "the record's 'completion' field is not a list of messages while its "
+     "pair is conversational"),
+    (CONV, {**CONV, "messages": None}, "the record's 'messages' field is not a list of messages"),
+    (CONV, {**CONV, "image": None}, "the record has 'image' (empty: TRL reads a dataset with this column as vision"),
+    (CONV, {**CONV, "prompt": [{"role": "user", "content": [{"type": "text", "text": "q", "meta": _nested(900)}]}]},
+     "field 'prompt' nests objects too deeply to read"),
     (CONV, {**CONV, "chat_template_kwargs": {"enable_thinking": False}}, "the record sets 'chat_template_kwargs'"),
     (CONV, {**CONV, "chosen": "Hello."}, "field 'chosen' is a string, but the first record holds lists of messages"),
     (CONV, {**CONV, "rejected": [{"role": "robot", "content": "x"}]}, "message 1 has unknown role 'robot'"),
@@ -158,6 +208,9 @@ HOSTILE: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     ({"chosen": "Same start, yes", "rejected": "Same start, no"}, {"chosen": "", "rejected": "x"},
      "field 'chosen' is empty"),
     ({"chosen": "Same start, yes", "rejected": "Same start, no"}, GOOD, "the record has a 'prompt' field but the first"),
+    ({"chosen": "Same start, yes", "rejected": "Same start, no"},
+     {"chosen": "Same yes", "rejected": "Same no", "completion": [{"role": "assistant", "content": "x"}]},
+     "the record's 'completion' field is a list of messages while its pair is standard"),
     ({"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
       "rejected": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b"}]},
      {"chosen": [{"role": "user", "content": "q1"}], "rejected": [{"role": "user", "content": "q2"}]},

@@ -340,6 +340,7 @@ def test_hub_dataset_paths_globs_and_missing(tmp_path: Path, bpe_tokenizer_dir: 
     notes = _tokenize(["hf://datasets/org/ds/extra/notes.jsonl"], bpe_tokenizer_dir, tmp_path / "n")
     assert packtool.formats.token_store.open_token_store(notes).manifest["n_documents"] == 1
     base = ("--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "x"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what the cache lacks is otherwise fetched (test_hub_datasets.py)
     err = cli_error("tokenize", "hf://datasets/org/absent", *base)
     assert "org/absent is not in the local Hugging Face cache" in err and "hf download org/absent --repo-type dataset" in err
     assert str(cache) in err
@@ -487,6 +488,7 @@ def test_hub_dataset_at_a_revision(tmp_path: Path, bpe_tokenizer_dir: Path, monk
                        ("hf://datasets/org/ds@v1.0", want_old), (f"hf://datasets/org/ds@{'a' * 40}/data.jsonl", want_old)):
         _same_bytes(want, _tokenize([spec], bpe_tokenizer_dir, tmp_path / "s", "--overwrite"))
     base = ("--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "x"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what the cache lacks is otherwise fetched (test_hub_datasets.py)
     err = cli_error("tokenize", "hf://datasets/org/ds@v2.0", *base)
     assert "org/ds at revision 'v2.0' is not in the local Hugging Face cache" in err
     assert "hf download org/ds --repo-type dataset --revision v2.0" in err

@@ -29,7 +29,7 @@ from PIL import Image
 from support import zipf_texts
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from packtool.errors import ConfigError, InputError
+from packtool.errors import ConfigError, FormatError, InputError
 from packtool.vision import ImageInfo, VisionProcessor
 
 FIXTURE = Path(__file__).parent / "fixtures" / "chat_templates" / "qwen2_vl.json"
@@ -110,6 +110,7 @@ def hostile_images(seed: int = 0) -> list[bytes]:
         encode(rotated, "JPEG", exif=exif.tobytes()),
         encode(noise(28, 28).convert("RGB")),
         encode(noise(1000, 12).convert("RGB")),  # very wide: resized up to min_pixels
+        encode(noise(1, 1).convert("RGB")),  # one pixel
     ]
 
 
@@ -126,7 +127,7 @@ def conversations(n_images: int) -> list[tuple[list[dict[str, Any]], list[int]]]
           {"role": "assistant", "content": [{"type": "text", "text": "Two more."}]}], [1, 2, 3, 4, 5]),
         ([{"role": "system", "content": [img[6], text[1]]}, {"role": "user", "content": [img[7], img[7], img[8]]},
           {"role": "assistant", "content": [{"type": "text", "text": "Duplicates."}]}], [6, 7, 7, 8]),
-        ([{"role": "user", "content": [img[9], text[0]]}], [9]),
+        ([{"role": "user", "content": [img[9], text[0], img[10]]}], [9, 10]),
         ([{"role": "user", "content": [text[0]]}, {"role": "assistant", "content": [text[1]]}], []),
     ]
 
@@ -141,9 +142,9 @@ def with_paths(messages: list[dict[str, Any]], paths: list[Path]) -> list[dict[s
 
 # -- the transformers side ------------------------------------------------------------------------
 def reference_processor(folder: Path, family: str) -> Any:
-    """The family's real processor, its image processor the PIL one (as with or without torchvision)."""
+    """The family's real processor; its image processor read from the folder by transformers itself, the PIL
+    backend named explicitly (the same check with or without torchvision)."""
     transformers = pytest.importorskip("transformers")
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     cls = getattr(transformers, FAMILIES[family]["processor_class"])
 
@@ -153,13 +154,13 @@ def reference_processor(folder: Path, family: str) -> Any:
         def check_argument_for_proper_class(self, name: str, arg: Any) -> Any:
             return None if arg is None else super().check_argument_for_proper_class(name, arg)
 
-    raw = json.loads((folder / "preprocessor_config.json").read_text())
-    kwargs = {k: v for k, v in raw.items() if k not in ("image_processor_type", "processor_class")}
+    image_processor = transformers.AutoImageProcessor.from_pretrained(str(folder), backend="pil")
+    assert type(image_processor).__name__ == "Qwen2VLImageProcessorPil"
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_file(str(folder / "tokenizer.json")), eos_token="<|im_end|>")
     template = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
-    return NoVideo(image_processor=Qwen2VLImageProcessorPil(**kwargs), tokenizer=tokenizer, video_processor=None,
-                   chat_template=template)
+    # AutoProcessor would also build the video processor, which needs torchvision: the class is built directly
+    return NoVideo(image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=template)
 
 
 def tiny_model(family: str) -> Any:
@@ -236,6 +237,10 @@ def test_family_settings_read_from_the_folder(tmp_path: Path) -> None:
     (tmp_path / "q3" / "preprocessor_config.json").write_text(json.dumps({**raw, "max_pixels": 20000}))
     q3b = VisionProcessor.from_dir(tmp_path / "q3", vocab_of(tmp_path / "q3"))
     assert q3b is not None and q3b.config["max_pixels"] == 20000
+    for size in (448, {"height": 448, "width": 448}):  # the processor's resize fails on these: refused, not defaulted
+        (tmp_path / "q3" / "preprocessor_config.json").write_text(json.dumps({**raw, "size": size}))
+        with pytest.raises(ConfigError, match="'size' must hold 'shortest_edge'"):
+            VisionProcessor.from_dir(tmp_path / "q3", vocab_of(tmp_path / "q3"))
 
 
 def test_picklable_and_rebuilt_from_its_config(tmp_path: Path) -> None:
@@ -248,8 +253,12 @@ def test_picklable_and_rebuilt_from_its_config(tmp_path: Path) -> None:
     assert again == adapter == rebuilt and rebuilt.family == "qwen2_5_vl"
     assert rebuilt.measure(blob) == adapter.measure(blob)
     assert np.array_equal(rebuilt.pixel_rows([blob])[0], adapter.pixel_rows([blob])[0])
-    with pytest.raises(ConfigError, match="unknown to this packtool"):
+    with pytest.raises(FormatError, match="unknown to this packtool"):
         VisionProcessor.from_config({**adapter.config, "family": "qwen9_vl"})
+    with pytest.raises(FormatError, match="config is damaged.*patch_size"):
+        VisionProcessor.from_config({k: v for k, v in adapter.config.items() if k != "patch_size"})
+    with pytest.raises(FormatError, match="no family"):
+        VisionProcessor.from_config({"patch_size": 14})
 
 
 def test_expand_splits_target_spans_and_refuses_miscounts(tmp_path: Path) -> None:
@@ -267,6 +276,9 @@ def test_expand_splits_target_spans_and_refuses_miscounts(tmp_path: Path) -> Non
         adapter.expand(text, None, infos[:1])
     with pytest.raises(InputError, match="miscounted"):
         adapter.expand("no image here", None, infos[:1])
+    # a literal video token would make get_rope_index look for a video grid: refused by name
+    with pytest.raises(InputError, match="literal special token '<\\|video_pad\\|>'"):
+        adapter.expand(text + "<|video_pad|>", None, infos)
     # adjacent image runs cannot be told apart by get_rope_index: refused, not guessed
     ids = np.array([1] + [adapter.image_token_id] * 2, dtype=np.int64)
     with pytest.raises(InputError, match="run"):
@@ -290,6 +302,7 @@ def test_hostile_bytes_are_refused_by_name(tmp_path: Path) -> None:
     good = hostile_images()[0]
     cases = [
         (b"not an image at all", "not a readable image"),
+        (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n", "not a readable image.*formats read: JPEG, PNG"),
         (good[: len(good) // 2], "cannot be decoded"),  # truncated
         (b"", "empty"),
         (png_header_only(30000, 30000), "refused.*pixel limit"),  # a decompression bomb, never decoded
@@ -308,15 +321,15 @@ def test_from_dir_text_only_unsupported_and_mixed_folders(tmp_path: Path) -> Non
     text_only.mkdir()
     (text_only / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     assert VisionProcessor.from_dir(text_only, {}) is None
-    for name, files in [
-        ("LLaVA-1.5", {"config.json": {"model_type": "llava"}, "preprocessor_config.json": {"image_processor_type": "CLIPImageProcessor"}}),
+    for name, files in [  # (LLaVA-1.5 is built: tests/test_vision_families_llava.py)
+        ("LLaVA-NeXT", {"config.json": {"model_type": "llava_next"}, "preprocessor_config.json": {"image_processor_type": "CLIPImageProcessor"}}),
         ("LLaVA-NeXT", {"preprocessor_config.json": {"image_processor_type": "LlavaNextImageProcessor"}}),
         ("LLaVA-OneVision", {"processor_config.json": {"processor_class": "LlavaOnevisionProcessor"},
                              "preprocessor_config.json": {"image_processor_type": "LlavaOnevisionImageProcessorFast"}}),
         ("SmolVLM", {"preprocessor_config.json": {"processor_class": "SmolVLMProcessor"}}),
         ("Idefics3", {"config.json": {"model_type": "idefics3"}, "preprocessor_config.json": {}}),
     ]:
-        folder = tmp_path / name
+        folder = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}"
         folder.mkdir()
         for file, content in files.items():
             (folder / file).write_text(json.dumps(content))
@@ -368,3 +381,30 @@ print(json.dumps([adapter.measure(data).n_tokens, grids.tolist(), sorted(m for m
     assert adapter is not None and heavy == []
     assert n_tokens == adapter.measure(blob).n_tokens and grids == adapter.pixel_rows([blob])[1].tolist()
     assert np.array_equal(np.load(tmp_path / "pixels.npy"), adapter.pixel_rows([blob])[0])
+
+
+def test_registry_is_the_one_table_docs_and_detection_follow(tmp_path: Path) -> None:
+    """Every family key and every refused family is in docs/VISION.md; every adapter has its comparison
+    test module; every name an adapter claims is detected as that adapter and claimed by no other."""
+    from packtool.vision.base import REGISTRY, UNSUPPORTED, _detect
+    from packtool.vision.folder import ModelFolder
+
+    docs = (Path(__file__).parents[1] / "docs" / "VISION.md").read_text("utf-8")
+    assert all(f"`{key}`" in docs for key in REGISTRY)
+    assert all(name in docs for name in UNSUPPORTED)
+    adapters = set(REGISTRY.values())
+    for adapter in adapters:
+        module = "test_vision_families.py" if adapter.family == "qwen2_vl" else f"test_vision_families_{adapter.family}.py"
+        assert (Path(__file__).parent / module).exists(), adapter
+    claimed: dict[str, Any] = {}
+    for adapter in adapters:
+        for name in (*adapter.processor_classes, *adapter.model_types, *adapter.image_processor_types):
+            assert claimed.setdefault(name, adapter) is adapter, name
+            assert not any(name in table for row in UNSUPPORTED.values() for table in row), name
+    for adapter in adapters:
+        for name in adapter.processor_classes:
+            folder = ModelFolder(path=tmp_path, image_processor={"processor_class": name}, image_processor_file=tmp_path)
+            assert _detect(folder) is adapter
+        for name in adapter.model_types:
+            folder = ModelFolder(path=tmp_path, image_processor={}, image_processor_file=tmp_path, model={"model_type": name})
+            assert _detect(folder) is adapter

@@ -41,7 +41,8 @@ def build_gemma_folder(directory: Path, **preprocessor: Any) -> Path:
     spec = json.loads(FIXTURE.read_text("utf-8"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "chat_template": spec["chat_template"],
-        "extra_special_tokens": EXTRA}))
+        "extra_special_tokens": EXTRA, "tokenizer_class": "PreTrainedTokenizerFast"}))  # tokenizer.json as it is
+    (directory / "chat_template.jinja").write_text(spec["chat_template"])  # where the processor reads it
     (directory / "preprocessor_config.json").write_text(json.dumps({
         "do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None, "do_rescale": True, "do_resize": True,
         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "image_processor_type": "Gemma3ImageProcessor",
@@ -63,7 +64,7 @@ def images(seed: int = 0) -> list[bytes]:
     rng = np.random.default_rng(seed)
     out = []
     for mode, (w, h), fmt in [("RGB", (123, 77), "PNG"), ("RGBA", (40, 300), "PNG"), ("L", (64, 64), "PNG"),
-                              ("P", (90, 50), "PNG"), ("CMYK", (33, 45), "JPEG"), ("LA", (20, 20), "PNG")]:
+                              ("P", (90, 50), "PNG"), ("CMYK", (33, 45), "JPEG"), ("LA", (1, 1), "PNG")]:
         img = Image.fromarray(rng.integers(0, 256, (h, w, 4), dtype=np.uint8), "RGBA").convert(mode)
         buf = io.BytesIO()
         img.save(buf, fmt)
@@ -72,17 +73,13 @@ def images(seed: int = 0) -> list[bytes]:
 
 
 def reference_processor(folder: Path) -> Any:
+    """`AutoProcessor.from_pretrained(folder)`, the PIL image processor named (the same with or without torchvision)."""
     transformers = pytest.importorskip("transformers")
-    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
-
-    raw = json.loads((folder / "preprocessor_config.json").read_text())
-    kwargs = {k: v for k, v in raw.items() if k not in ("image_processor_type", "processor_class")}
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_file(str(folder / "tokenizer.json")), bos_token="<bos>", eos_token="<eos>",
-        pad_token="<pad>", extra_special_tokens=EXTRA)
-    template = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
-    return transformers.Gemma3Processor(image_processor=Gemma3ImageProcessorPil(**kwargs), tokenizer=tokenizer,
-                                        chat_template=template, image_seq_length=N_TOKENS)
+    processor = transformers.AutoProcessor.from_pretrained(str(folder), backend="pil")
+    assert type(processor).__name__ == "Gemma3Processor"
+    assert type(processor.image_processor).__name__ == "Gemma3ImageProcessorPil"
+    assert processor.image_seq_length == N_TOKENS
+    return processor
 
 
 def conversations(paths: list[Path]) -> list[list[dict[str, Any]]]:
@@ -156,6 +153,8 @@ def test_expand_keeps_targets_off_the_image_block(tmp_path: Path) -> None:
     assert "\n\n<start_of_image>" + "<image_soft_token>" * N_TOKENS + "<end_of_image>\n\n" in out
     with pytest.raises(InputError, match="miscounted"):
         adapter.expand(text + "<start_of_image>", None, [adapter.measure(images()[0])])
+    with pytest.raises(InputError, match="literal special token '<image_soft_token>'"):
+        adapter.expand(text + "<image_soft_token>", None, [adapter.measure(images()[0])])
 
 
 def test_pan_and_scan_and_mismatched_folders_are_refused(tmp_path: Path) -> None:
@@ -177,5 +176,20 @@ def test_config_round_trip(tmp_path: Path) -> None:
     adapter = VisionProcessor.from_dir(folder, vocab_of(folder))
     assert adapter is not None
     rebuilt = VisionProcessor.from_config(json.loads(json.dumps(adapter.config)))
+    square = build_gemma_folder(tmp_path / "square", size=64)  # an integer size is a square, as get_size_dict reads it
+    assert VisionProcessor.from_dir(square, vocab_of(square)) == adapter
     assert rebuilt == adapter and rebuilt.replacement(ImageInfo(1, (1, 1, 1), 1)) == adapter.replacement(
         ImageInfo(1, (1, 1, 1), 1))
+
+
+def test_a_folder_transformers_5_saved_reads_the_same(tmp_path: Path) -> None:
+    """`save_pretrained` in transformers 5 nests the image processor in processor_config.json (no
+    preprocessor_config.json): read from there, the adapter is the same."""
+    transformers = pytest.importorskip("transformers")
+    folder = build_gemma_folder(tmp_path / "model")
+    saved = tmp_path / "saved"
+    transformers.AutoProcessor.from_pretrained(str(folder), backend="pil").save_pretrained(str(saved))
+    assert not (saved / "preprocessor_config.json").exists()
+    assert "image_processor" in json.loads((saved / "processor_config.json").read_text())
+    (saved / "config.json").write_bytes((folder / "config.json").read_bytes())
+    assert VisionProcessor.from_dir(saved, vocab_of(saved)) == VisionProcessor.from_dir(folder, vocab_of(folder))

@@ -189,3 +189,57 @@ def sequences(reference: list[tuple[list[int], list[int], list[int]]]) -> list[t
         for completion in (chosen, rejected):
             out.append((prompt + completion, [0] * len(prompt) + [1] * len(completion)))
     return out
+
+
+# ---- what `datasets.Dataset.from_list` gives TRL: every object of a kind in a column holds every key of any ----
+
+TIME = {"type": "function", "function": {"name": "get_time", "description": "Time in a zone",
+                                         "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}
+
+
+def _parts(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": list(parts)}
+
+
+def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+
+EPHEMERAL = {"type": "ephemeral"}
+#: (records as written, the same records as TRL reads them): content parts with mixed keys, under a template that
+#: prints a content list (Llama 3.1's); every record's parts hold the same keys, so the file's union is each one's
+MIXED_PARTS = (
+    [{"prompt": [_parts({"type": "text", "text": "USR What is"}, {"type": "text", "text": " this?", "cache_control": EPHEMERAL})],
+      "chosen": [A("A cat.")], "rejected": [A("A dog.")]},
+     {"prompt": [_parts({"type": "text", "text": "USR hi", "cache_control": EPHEMERAL}, {"type": "text", "text": "USR again"})],
+      "chosen": [A("Hello.")], "rejected": [A("Go.")]}],
+    [{"prompt": [_parts({"type": "text", "text": "USR What is", "cache_control": None},
+                        {"type": "text", "text": " this?", "cache_control": EPHEMERAL})],
+      "chosen": [A("A cat.")], "rejected": [A("A dog.")]},
+     {"prompt": [_parts({"type": "text", "text": "USR hi", "cache_control": EPHEMERAL},
+                        {"type": "text", "text": "USR again", "cache_control": None})],
+      "chosen": [A("Hello.")], "rejected": [A("Go.")]}],
+)
+#: the tools of LIST_TOOLS as TRL reads them: each tool's properties hold the other's, None
+LIST_TOOLS_READ = [
+    {**TOOLS[0], "function": {**TOOLS[0]["function"], "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "tz": None}}}},
+    {**TIME, "function": {**TIME["function"], "parameters": {
+        "type": "object", "properties": {"city": None, "tz": {"type": "string"}}}}},
+]
+#: the same for a list of `tools` (not a JSON string) and tool calls whose arguments differ, under Qwen2.5's template
+#: (it prints both with `tojson`): each tool's properties and each call's arguments hold every name of any, and an
+#: integer beside a float is a float (`1.0`), as Arrow reads them
+LIST_TOOLS = (
+    [{"prompt": [U("USR weather and time?"), _call("get_weather", {"city": "Paris", "days": 2.5}),
+                 {"role": "tool", "content": "21"}, _call("get_time", {"tz": "UTC", "days": 1}),
+                 {"role": "tool", "content": "noon"}, U("USR so?")],
+      "chosen": [A("Nice.")], "rejected": [A("Bad.")], "tools": [*TOOLS, TIME]},
+     {"prompt": [U("USR hi")], "chosen": [A("Hello.")], "rejected": [A("Go.")], "tools": [*TOOLS, TIME]}],
+    [{"prompt": [U("USR weather and time?"), _call("get_weather", {"city": "Paris", "days": 2.5, "tz": None}),
+                 {"role": "tool", "content": "21"}, _call("get_time", {"city": None, "days": 1.0, "tz": "UTC"}),
+                 {"role": "tool", "content": "noon"}, U("USR so?")],
+      "chosen": [A("Nice.")], "rejected": [A("Bad.")], "tools": LIST_TOOLS_READ},
+     {"prompt": [U("USR hi")], "chosen": [A("Hello.")], "rejected": [A("Go.")], "tools": LIST_TOOLS_READ}],
+)

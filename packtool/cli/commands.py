@@ -141,6 +141,12 @@ def tokenize(
     shard_index: Annotated[int, typer.Option("--shard-index", min=0, help="Which shard this run writes.")] = 0,
     executor: Executor = ExecutorName.LOCAL,
     ray_address: RayAddress = None,
+    subset: Annotated[
+        str | None, typer.Option("--subset", help="hf://datasets inputs: the config, as load_dataset names it.")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option("--split", help="hf://datasets inputs: the split (default: train).")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Tokenize raw data into a token store (tokens.bin + tokens.boundaries [+ tokens.loss] + manifest.json)."""
@@ -169,6 +175,9 @@ def pack(
     overlong: Annotated[Overlong, typer.Option("--overlong", help="Documents longer than N.")] = Overlong.SPLIT,
     pad_multiple: Annotated[int, typer.Option("--pad-multiple", help="Pad every segment to a multiple of M.")] = 1,
     max_docs_per_pack: Annotated[int | None, typer.Option("--max-docs-per-pack", help="At most K per pack.")] = None,
+    vision_budget: Annotated[
+        int | None, typer.Option("--vision-budget", help="Image stores: at most PATCHES vision patches per pack.")
+    ] = None,
     split: Annotated[Split, typer.Option("--split", help="Which split this is.")] = Split.TRAINING,
     workers: Workers = None,
     executor: Executor = ExecutorName.LOCAL,

@@ -80,7 +80,7 @@ METAVARS: dict[str, str] = {
     "--system-field": "FIELD", "--role-map": "FROM=TO,...", "--chat-template": "FILE", "--separator": "STR", "--media-dir": "DIR",
     "--assistant-turns": "TURNS", "--on-error": "MODE", "--workers": "N", "--max-record-bytes": "BYTES",
     "--chunk-bytes": "BYTES", "--num-shards": "N", "--shard-index": "I", "--ray-address": "ADDRESS",
-    "--size": "N", "--seed": "SEED", "--overlong": "POLICY", "--pad-multiple": "M", "--max-docs-per-pack": "K",
+    "--size": "N", "--seed": "SEED", "--overlong": "POLICY", "--pad-multiple": "M", "--max-docs-per-pack": "K", "--vision-budget": "PATCHES",
     "--validation": "FRACTION", "--batch-size": "B", "--plot": "FILE.png", "--world-size": "W",
     "--micro-batches": "B", "stats --model": "CONFIG.json", "--hidden-size": "H", "--source": "STORE",
     "--to": "TRAINER", "--eos-id": "ID", "--attn-implementation": "NAME",

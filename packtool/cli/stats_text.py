@@ -40,6 +40,7 @@ def _token_lines(s: dict[str, Any]) -> list[str]:
         *_wrapped("  note: ", notes.get("sorting", "")),
         *_wrapped("  pairs: ", notes.get("pairs", "")),
         *_pair_token_lines(s.get("preference")),
+        *_vision_lines(s.get("vision")),
     ]
 
 
@@ -79,6 +80,21 @@ def _pack_lines(s: dict[str, Any]) -> list[str]:
         ),
         *(_step_lines(s["step_efficiency"]) if s.get("step_efficiency") else []),
         *_pair_pack_lines(s.get("preference")),
+        *_vision_lines(s.get("vision")),
+    ]
+
+
+def _vision_lines(v: dict[str, Any] | None) -> list[str]:
+    """Images of a token store (per document) or of a pack split (per pack)."""
+    if not v:
+        return []
+    per = "pack" if "images_per_pack" in v else "document"
+    images, patches = v[f"images_per_{per}"], v[f"patches_per_{per}"]
+    budget = f" (budget {v['budget']})" if v.get("budget") else ""
+    return [
+        f"  images {v['n_images']}, image tokens {v['n_image_tokens']} ({v['image_token_share']:.2%} of tokens), "
+        f"images per {per} mean {images['mean']:.2f} max {images['max']:.0f}, patches per {per} mean "
+        f"{patches['mean']:.1f} p99 {patches['p99']:.0f} max {patches['max']:.0f}{budget}"
     ]
 
 

@@ -1,5 +1,5 @@
-"""The local Hugging Face hub cache, read without `huggingface_hub` and without the network (a `--tokenizer`
-repo that is not there is fetched into it by `stages/tokenize/engine/download.py`; datasets never are).
+"""The local Hugging Face hub cache, read without `huggingface_hub` and without the network (what is not there is
+fetched into it by `formats/hub_fetch.py`, for a `--tokenizer` repo and an `hf://datasets/...` input).
 
 Layout: `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`; a repo `org/name` is
 `{models,datasets}--org--name/snapshots/<rev>/`, the current revision named by `refs/main` (another branch or
@@ -71,6 +71,53 @@ def hub_snapshot(repo_type: str, name: str, usable: Callable[[Path], bool], revi
     return check_within(found[-1], snapshots, "the newest snapshot", hint=_HINT) if found else None
 
 
+def record_ref(repo_type: str, name: str, revision: str, commit: str) -> None:
+    """`refs/REVISION` names `commit`, as huggingface_hub records a branch or tag it resolved (written whole:
+    a temporary file renamed), so that the cache, `hf` and `datasets` find the snapshot offline by its name."""
+    if not is_revision(revision) or not commit:
+        return
+    ref = repo_dir(repo_type, name) / "refs" / revision
+    if ref.is_file() and ref.read_text(encoding="utf-8", errors="replace").strip() == commit:
+        return
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+    tmp.write_text(commit, encoding="utf-8")
+    os.replace(tmp, ref)
+
+
+#: beside `snapshots/` in a repo's cache directory (huggingface_hub reads only refs/, snapshots/ and blobs/)
+LISTINGS = ".packtool"
+
+
+def record_listing(repo_type: str, name: str, commit: str, files: list[str] | tuple[str, ...]) -> None:
+    """The repo's file list at `commit` as the hub gave it, kept so that the cache alone resolves a selection
+    exactly later (offline too): a snapshot holds only the files fetched."""
+    import json
+
+    folder = repo_dir(repo_type, name) / LISTINGS
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"files-{commit}.json"
+    tmp = folder / f".files-{commit}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(sorted(files)), encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def cached_listing(repo_type: str, name: str, commit: str) -> tuple[str, ...] | None:
+    """The file list `record_listing` kept for `commit`, or None (none kept, or not a list of names)."""
+    import json
+
+    if not is_revision(commit) or "/" in commit:
+        return None
+    path = repo_dir(repo_type, name) / LISTINGS / f"files-{commit}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, list) or not all(isinstance(f, str) for f in data):
+        return None
+    return tuple(data)
+
+
 def repo_dir(repo_type: str, name: str) -> Path:
     """The cache directory of repo `org/name` (`models` or `datasets`): every file of it lies inside."""
     return hub_cache_dir() / f"{repo_type}--{name.replace('/', '--')}"
@@ -98,13 +145,14 @@ def _snapshot(repo: Path, commit: str, what: str) -> Path:
     return contained(repo / "snapshots", commit, what, hint=_HINT, one_part=True)
 
 
-def resolve_snapshot(name: str, needed: str) -> Path | None:
-    """The cached snapshot directory of model repo `org/name` holding the file `needed`, or None.
+def resolve_snapshot(name: str, needed: str, revision: str | None = None) -> Path | None:
+    """The cached snapshot directory of model repo `org/name` (at `revision`, when given: that one or None)
+    holding the file `needed`, or None.
 
     The file (in the cache, a link into the repo's `blobs/`) must lie inside the repo: `formats.paths`."""
     from packtool.formats.paths import check_within
 
-    snapshot = hub_snapshot("models", name, lambda p: (p / needed).is_file())
+    snapshot = hub_snapshot("models", name, lambda p: (p / needed).is_file(), revision)
     if snapshot is not None:
         check_within(snapshot / needed, repo_dir("models", name), f"the cached {needed} of {name}", hint=_HINT)
     return snapshot

@@ -21,6 +21,7 @@ from packtool.formats import jsontext
 from packtool.formats.atomic import atomic_file
 from packtool.formats.files import check_file_records, sha256_bytes, sha256_file
 from packtool.formats.files import file_records as file_records  # re-exported for writers and tests
+from packtool.formats.pack_checks import VISION_COMPANIONS, check_metadata_numbers, check_vision_arrays, vision_of
 from packtool.formats.sidefiles import SideFileError, read_side_file
 from packtool.formats.token_store import MAX_STORE_JSON_BYTES, is_token_store, parse_dtype
 
@@ -45,7 +46,7 @@ PAIR_COMPANIONS: dict[str, np.dtype] = {
     "seg_pair": np.dtype("<i8"),  # [n_segments] pair index in the token store(s) (= seg_doc // 2)
     "seg_role": np.dtype("u1"),  # [n_segments] ROLE_* below: which part of its pair the segment is
 }
-ALL_COMPANIONS: dict[str, np.dtype] = {**COMPANIONS, **PAIR_COMPANIONS}
+ALL_COMPANIONS: dict[str, np.dtype] = {**COMPANIONS, **PAIR_COMPANIONS, **VISION_COMPANIONS}
 LOSS_DTYPE = np.dtype("u1")
 
 #: `seg_role` values. A pair is 2 consecutive segments [CHOSEN][REJECTED] (whole sequences) or, with
@@ -125,12 +126,20 @@ def metadata_name(size: int) -> str:
     return f"{size}_metadata.jsonl"
 
 
-def file_names(split: str, size: int, with_loss: bool, build: str | None = None, with_pairs: bool = False) -> list[str]:
+def file_names(
+    split: str,
+    size: int,
+    with_loss: bool,
+    build: str | None = None,
+    with_pairs: bool = False,
+    with_vision: bool = False,
+) -> list[str]:
     """Every file of one (split, size) in a fixed order: of build `build`, or version-1 names when None.
-    `with_pairs`: a preference pack store's `seg_pair`/`seg_role` too (after the other companions)."""
+    `with_pairs`: a preference pack store's `seg_pair`/`seg_role` too (after the other companions);
+    `with_vision`: a vision pack store's image CSR (`pack_checks.VISION_COMPANIONS`)."""
     names = [data_name(split, size, build)] + [companion_name(split, size, c, build) for c in COMPANIONS]
-    if with_pairs:
-        names += [companion_name(split, size, c, build) for c in PAIR_COMPANIONS]
+    names += [companion_name(split, size, c, build) for c in PAIR_COMPANIONS] if with_pairs else []
+    names += [companion_name(split, size, c, build) for c in VISION_COMPANIONS] if with_vision else []
     return names + ([loss_name(split, size, build)] if with_loss else [])
 
 
@@ -261,6 +270,7 @@ class PackSplit:
     build: str | None = None  # version 2: the build whose files these are (None: version-1 names)
     seg_pair: np.ndarray | None = None  # a preference pack store: pair index per segment
     seg_role: np.ndarray | None = None  # a preference pack store: ROLE_* per segment
+    images: dict[str, np.ndarray] | None = None  # a vision pack store: `pack_checks.VISION_COMPANIONS` by name
 
     @property
     def preference(self) -> dict[str, Any] | None:
@@ -321,7 +331,8 @@ def open_pack_split(
     with_pairs = preference_of(meta, where) is not None
     if with_pairs and build is None:
         raise FormatError(f"a preference split must be a version-2 build, {where}, re-run `packtool pack`")
-    names = file_names(split, size, with_loss, build, with_pairs)
+    with_vision = vision_of(meta, where) is not None
+    names = file_names(split, size, with_loss, build, with_pairs, with_vision)
     check_file_records(d, files, names, check_hashes=check_hashes, where=where, fix="re-run `packtool pack`")
     if build is not None and set(files) != set(names):  # type: ignore[arg-type]
         extra = sorted(set(files) - set(names))  # type: ignore[arg-type]
@@ -330,7 +341,7 @@ def open_pack_split(
         )
     token_dtype = parse_dtype(meta.get("dtype"), str(d / metadata_name(size)))
     tokens = _load(d / data_name(split, size, build), token_dtype, 2)
-    wanted = ALL_COMPANIONS if with_pairs else COMPANIONS
+    wanted = {**COMPANIONS, **(PAIR_COMPANIONS if with_pairs else {}), **(VISION_COMPANIONS if with_vision else {})}
     arrays = {c: _load(d / companion_name(split, size, c, build), dt, 1) for c, dt in wanted.items()}
     lname = loss_name(split, size, build)
     loss = _load(d / lname, LOSS_DTYPE, 2) if with_loss else None
@@ -353,6 +364,9 @@ def open_pack_split(
     if loss is not None and loss.shape != tokens.shape:
         raise FormatError(f"{lname} has shape {loss.shape}, expected {tokens.shape}, {d}, re-run `packtool pack`")
     check_metadata_numbers(meta, size, n_packs, n_seg, tokens.dtype, where)
+    vision = {c: arrays[c] for c in VISION_COMPANIONS} if with_vision else None
+    if vision is not None:
+        check_vision_arrays(vision, n_packs, size, where)
     if check_hashes and build is not None:
         _check_alias(d, split, size, build, meta)
     return PackSplit(
@@ -370,31 +384,8 @@ def open_pack_split(
         build,
         arrays.get("seg_pair"),
         arrays.get("seg_role"),
+        vision,
     )
-
-
-def check_metadata_numbers(
-    meta: dict[str, Any], size: int, n_packs: int, n_segments: int, dtype: np.dtype, where: str
-) -> None:
-    """The cheap lies a metadata line can tell (no hashes): size, row and segment counts, pad id range.
-
-    `pad_id` must be a token id: below the tokenizer's `vocab_size` when the line records it, and
-    representable in the token dtype always.
-    """
-    fix = "re-run `packtool pack`"
-    for key, want in (("pack_size", size), ("n_packs", n_packs), ("n_segments", n_segments)):
-        got = meta.get(key)
-        if key == "n_segments" and got is None:
-            continue  # optional in hand-written version-1 lines
-        if isinstance(got, bool) or not isinstance(got, int) or got != want:
-            raise FormatError(f"metadata {key} is {got!r} but the files give {want}, {where}, {fix}")
-    bound = int(np.iinfo(dtype).max) + 1
-    vocab = meta.get("vocab_size")
-    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
-        bound = min(bound, vocab)
-    pad_id = meta.get("pad_id")
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < bound:
-        raise FormatError(f"metadata pad_id {pad_id!r} is not a token id (expected 0..{bound - 1}), {where}, {fix}")
 
 
 def _check_alias(d: Path, split: str, size: int, build: str, meta: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from packtool.formats.faults import fault_point
 from packtool.formats.files import sha256_file
 from packtool.formats.locks import exclusive_output
 from packtool.formats.oserrors import os_reason, write_error_message
+from packtool.formats.pack_checks import VISION_COMPANIONS
 from packtool.formats.pack_store import (
     ALL_COMPANIONS,
     BUILD_FILE,
@@ -202,10 +203,12 @@ class PackSplitWriter:
         *,
         n_segments: int = 0,
         with_pairs: bool = False,
+        with_vision: bool = False,
     ) -> None:
         self.directory = prepare_pack_dir(directory)
         self.split, self.size, self.with_loss = split, int(size), with_loss
         self.with_pairs = with_pairs  # a preference split: seg_pair and seg_role too
+        self.with_vision = with_vision  # a vision split: the image CSR too (`pack_checks.VISION_COMPANIONS`)
         self._temps: dict[str, Path] = {}
         self._created: list[Path] = []  # build files renamed into place but not yet committed
         self._build: str | None = None  # set just before the metadata line is written
@@ -255,8 +258,8 @@ class PackSplitWriter:
         """Write one CSR companion (`pack_offsets`, `seg_lens`, ...) with its fixed dtype."""
         name = companion_name(self.split, self.size, what)
         fault_point(f"pack.write.before:{name}")
-        if what in PAIR_COMPANIONS and not self.with_pairs:
-            raise FormatError(f"{what} belongs to a preference split, {self.directory}, this is a bug")
+        if (what in PAIR_COMPANIONS and not self.with_pairs) or (what in VISION_COMPANIONS and not self.with_vision):
+            raise FormatError(f"{what} belongs to a preference or vision split, {self.directory}, this is a bug")
         arr = np.ascontiguousarray(values, dtype=ALL_COMPANIONS[what])
         tmp = self._temp(name)
         try:
@@ -277,7 +280,7 @@ class PackSplitWriter:
             if isinstance(arr, np.memmap):
                 arr.flush()
         self.tokens = self.loss = None  # drop the maps before renaming
-        plain = file_names(self.split, self.size, self.with_loss, None, self.with_pairs)
+        plain = file_names(self.split, self.size, self.with_loss, None, self.with_pairs, self.with_vision)
         missing = [n for n in plain if n not in self._temps]
         if missing:
             self.abort()
@@ -289,7 +292,7 @@ class PackSplitWriter:
                     os.fsync(fh.fileno())
                 digests[name] = sha256_file(self._temps[name])
             build = build_id(digests, salt)
-            final = file_names(self.split, self.size, self.with_loss, build, self.with_pairs)
+            final = file_names(self.split, self.size, self.with_loss, build, self.with_pairs, self.with_vision)
             files: dict[str, dict[str, Any]] = {}
             for name, target in zip(plain, final, strict=True):
                 files[target] = {"bytes": self._temps[name].stat().st_size, "sha256": digests[name]}

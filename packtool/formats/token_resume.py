@@ -17,11 +17,18 @@ from typing import Any
 import numpy as np
 
 from packtool.formats.files import HASH_BLOCK
+from packtool.formats.media import MEDIA_FILES
 from packtool.formats.token_store import BOUNDARIES, LOSS, REJECTS, TOKENS_BIN, StoreMark, TokenStoreWriter
 
 
 def resume_token_store(
-    directory: Path, dtype: np.dtype, marks: Sequence[StoreMark], *, with_loss: bool, with_rejects: bool
+    directory: Path,
+    dtype: np.dtype,
+    marks: Sequence[StoreMark],
+    *,
+    with_loss: bool,
+    with_rejects: bool,
+    with_media: bool = False,
 ) -> tuple[TokenStoreWriter, int]:
     """Reopen a staging store at the last of `marks` (in write order) that its files still match.
 
@@ -32,6 +39,7 @@ def resume_token_store(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     names = [TOKENS_BIN, BOUNDARIES] + ([LOSS] if with_loss else []) + ([REJECTS] if with_rejects else [])
+    names += list(MEDIA_FILES) if with_media else []  # a vision store's images resume with its tokens
     kept = len(marks)
     states: dict[str, list[Any]] = {}
     for name in names:
@@ -40,10 +48,17 @@ def resume_token_store(
     if kept == 0:
         for name in names:
             (directory / name).unlink(missing_ok=True)
-        return TokenStoreWriter(directory, dtype, with_loss=with_loss, with_rejects=with_rejects), 0
+        return TokenStoreWriter(
+            directory, dtype, with_loss=with_loss, with_rejects=with_rejects, with_media=with_media
+        ), 0
     digests = {n: states[n][kept - 1] for n in names}
     writer = TokenStoreWriter(
-        directory, dtype, with_loss=with_loss, with_rejects=with_rejects, _resume=(marks[kept - 1], digests)
+        directory,
+        dtype,
+        with_loss=with_loss,
+        with_rejects=with_rejects,
+        with_media=with_media,
+        _resume=(marks[kept - 1], digests),
     )
     return writer, kept
 

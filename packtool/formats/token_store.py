@@ -29,6 +29,10 @@ from packtool.formats.atomic import (
 )
 from packtool.formats.faults import fault_point
 from packtool.formats.files import HashedFile, check_file_records, file_records, sha256_bytes
+from packtool.formats.media import MEDIA_FILES, VISION, MediaTable, MediaWriter, check_vision_key
+from packtool.formats.preference import PREFERENCE, preference_pairs
+from packtool.formats.preference import PREFERENCE_LAYOUT as PREFERENCE_LAYOUT  # re-exported
+from packtool.formats.preference import preference_key as preference_key  # re-exported
 from packtool.formats.sidefiles import SideFileError, read_side_file
 
 FORMAT_NAME = "packtool.tokens"
@@ -38,9 +42,6 @@ BOUNDARIES = "tokens.boundaries"
 LOSS = "tokens.loss"
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
-#: the manifest key that makes a token store a preference store (documents 2i chosen, 2i+1 rejected)
-PREFERENCE = "preference"
-PREFERENCE_LAYOUT = "chosen,rejected"
 BOUNDARY_DTYPE = np.dtype("<i8")
 LOSS_DTYPE = np.dtype("u1")
 #: the only token dtypes, by their manifest name (little-endian on disk)
@@ -107,6 +108,7 @@ class TokenStoreWriter:
         *,
         with_loss: bool = True,
         with_rejects: bool = False,
+        with_media: bool = False,
         _resume: tuple[StoreMark, dict[str, Any]] | None = None,
     ) -> None:
         self.directory = Path(directory)
@@ -118,6 +120,8 @@ class TokenStoreWriter:
         self.n_documents = mark.n_documents
         self.n_target_tokens = mark.n_target_tokens
         self.finished: dict[str, Any] | None = None
+        #: a vision store's images (`media.add(doc, ...)`, doc a global document index); None for text
+        self.media = MediaWriter(self.directory, _resume=(mark.files, digests)) if with_media else None
 
     def append(self, ids: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None = None) -> None:
         """Append documents: `ids` concatenated, `lengths` per document, `loss` per token (1 = target)."""
@@ -155,12 +159,15 @@ class TokenStoreWriter:
         for f in self._files.values():
             f.fh.flush()
         files = {n: (f.size, f.digest.copy().hexdigest()) for n, f in self._files.items()}
+        files.update(self.media.mark() if self.media is not None else {})
         return StoreMark(self.n_documents, self.n_tokens, self.n_target_tokens, files)
 
     def close(self) -> None:
         for f in self._files.values():
             if not f.fh.closed:
                 f.fh.close()
+        if self.media is not None:
+            self.media.close()
 
     def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Close the files, drop an all-ones loss file (a preference store keeps it: its readers find each pair's
@@ -177,6 +184,7 @@ class TokenStoreWriter:
         extra = [REJECTS] if REJECTS not in self._files and (self.directory / REJECTS).exists() else []
         records = {n: {"bytes": self._files[n].size, "sha256": self._files[n].digest.hexdigest()} for n in names}
         records.update(file_records(self.directory, extra))  # written by hand beside the writer (merge)
+        manifest = self._vision(manifest, records)
         full = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -185,7 +193,7 @@ class TokenStoreWriter:
             "n_documents": self.n_documents,
             "n_tokens": self.n_tokens,
             "n_target_tokens": self.n_target_tokens,
-            "files": {n: records[n] for n in [TOKENS_BIN, BOUNDARIES, LOSS, REJECTS] if n in records},
+            "files": {n: records[n] for n in [TOKENS_BIN, BOUNDARIES, LOSS, REJECTS, *MEDIA_FILES] if n in records},
         }
         fault_point("tokens.store:manifest")
         write_bytes_atomic(self.directory / MANIFEST, (json.dumps(full, indent=2, sort_keys=False) + "\n").encode())
@@ -193,17 +201,22 @@ class TokenStoreWriter:
         self.finished = full
         return full
 
-
-def preference_key(n_documents: int) -> dict[str, Any]:
-    """The manifest's `preference` value of a store of `n_documents` (chosen and rejected of each pair)."""
-    if n_documents % 2:
-        raise FormatError(f"a preference store of {n_documents} documents (an odd count), tokenize, this is a bug")
-    return {"pairs": n_documents // 2, "layout": PREFERENCE_LAYOUT}
+    def _vision(self, manifest: dict[str, Any], records: dict[str, Any]) -> dict[str, Any]:
+        """The manifest with its `vision` counts filled from the media writer, the media files recorded."""
+        if self.media is None and VISION not in manifest:
+            return manifest
+        if not isinstance(manifest.get(VISION), dict):
+            raise FormatError(f"a store with images finished without its {VISION!r} object, this is a bug")
+        if self.media is None:  # a MediaWriter used beside this writer wrote them (its counts are in the key)
+            records.update(file_records(self.directory, list(MEDIA_FILES)))
+            return manifest
+        records.update(self.media.close())
+        return {**manifest, VISION: {**manifest[VISION], **self.media.counts()}}
 
 
 @contextlib.contextmanager
 def write_token_store(
-    final: str | os.PathLike[str], dtype: np.dtype, *, with_loss: bool = True
+    final: str | os.PathLike[str], dtype: np.dtype, *, with_loss: bool = True, with_media: bool = False
 ) -> Iterator[TokenStoreWriter]:
     """A `TokenStoreWriter` on a hidden staging directory that replaces `final` only on success.
 
@@ -214,7 +227,7 @@ def write_token_store(
     if Path(final).parent.is_dir():
         recover_token_store(final)
     with atomic_directory(final) as staging:
-        writer = TokenStoreWriter(staging, dtype, with_loss=with_loss)
+        writer = TokenStoreWriter(staging, dtype, with_loss=with_loss, with_media=with_media)
         try:
             yield writer
         finally:
@@ -231,7 +244,7 @@ def commit_token_store(staging: Path, final: Path) -> None:
 
 
 #: every file a token store may hold; a directory holding anything else is not (only) a store
-STORE_FILES = frozenset({TOKENS_BIN, BOUNDARIES, LOSS, MANIFEST, REJECTS})
+STORE_FILES = frozenset({TOKENS_BIN, BOUNDARIES, LOSS, MANIFEST, REJECTS, *MEDIA_FILES})
 
 
 #: the largest manifest or metadata file read (a manifest lists its inputs: ~300 bytes each; a pack store's
@@ -279,6 +292,14 @@ class TokenStore:
     boundaries: np.ndarray
     loss: np.ndarray | None
     _starts: np.ndarray | None = field(default=None, repr=False)
+    _media: MediaTable | None = field(default=None, repr=False)
+
+    @property
+    def media(self) -> MediaTable | None:
+        """The store's images (`formats.media`), validated on first use; None for a text-only store."""
+        if self._media is None and VISION in self.manifest:
+            self._media = MediaTable.open(self.path, self.manifest, self.boundaries)
+        return self._media
 
     @property
     def n_documents(self) -> int:
@@ -322,24 +343,6 @@ class TokenStore:
         `n_documents` (which must be twice it) is a FormatError, never a guess.
         """
         return preference_pairs(self.manifest, self.n_documents, self.path)
-
-
-def preference_pairs(manifest: dict[str, Any], n_documents: int | None = None, where: object = "") -> int | None:
-    """The `preference.pairs` count of a token store manifest (None: not a preference store)."""
-    pref = manifest.get("preference")
-    if pref is None:
-        return None
-    pairs = pref.get("pairs") if isinstance(pref, dict) else None
-    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 0:
-        raise FormatError(
-            f"manifest preference.pairs is {pairs!r}, expected a pair count >= 0, {where}, re-run `packtool tokenize`"
-        )
-    if n_documents is not None and n_documents != 2 * pairs:
-        raise FormatError(
-            f"manifest preference.pairs is {pairs} but the store holds {n_documents} documents (expected "
-            f"{2 * pairs}: chosen and rejected per pair), {where}, re-run `packtool tokenize`"
-        )
-    return pairs
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -404,12 +407,13 @@ def open_token_store(path: str | os.PathLike[str], *, check_hashes: bool = False
     _check_size(root / TOKENS_BIN, n_tokens * dtype.itemsize, TOKENS_BIN)
     _check_size(root / BOUNDARIES, n_docs * BOUNDARY_DTYPE.itemsize, BOUNDARIES)
     has_loss = LOSS in manifest["files"]
+    media = list(MEDIA_FILES) if check_vision_key(manifest, root / MANIFEST) is not None else []
     if has_loss:
         _check_size(root / LOSS, n_tokens, LOSS)
     check_file_records(
         root,
         manifest["files"],
-        [TOKENS_BIN, BOUNDARIES] + ([LOSS] if has_loss or (root / LOSS).exists() else []),
+        [TOKENS_BIN, BOUNDARIES] + ([LOSS] if has_loss or (root / LOSS).exists() else []) + media,
         check_hashes=check_hashes,
         where=str(root / MANIFEST),
         fix="re-run `packtool tokenize`",

@@ -22,12 +22,14 @@ from packtool.loader.documents import DocumentDataset
 from packtool.loader.dynamic import DynamicBatchSampler
 from packtool.loader.kernels import IGNORE_INDEX
 from packtool.loader.padded import PaddedCollator
+from packtool.loader.prefetch import DevicePrefetcher
 from packtool.loader.resumable import ResumableLoader
 from packtool.loader.sampler import PackedSampler
 
 __all__ = [
     "BlendedDataset",
     "CostModel",
+    "DevicePrefetcher",
     "HF_KEYS",
     "IGNORE_INDEX",
     "DocumentDataset",

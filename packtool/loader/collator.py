@@ -47,6 +47,7 @@ from packtool.loader import context_parallel
 from packtool.loader.buffers import BufferPool
 from packtool.loader.dataset import segment_arrays
 from packtool.loader.kernels import IGNORE_INDEX, check_cu
+from packtool.loader.vision import vision_outputs
 
 HF_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """The keys `transformers` models accept in `model(**batch)` for padding-free packed training."""
@@ -234,6 +235,9 @@ class PackedCollator:
             out["seq_idx"] = torch.from_numpy(seq)
         if pairs is not None:
             out.update(_pair_tensors(pairs, at, self.static_segments))
+        refuse = "cp_size > 1" if self.cp_size > 1 else "pad_to_length" if self.pad_to_length is not None else None
+        vision = vision_outputs(stacked, items, pos, refuse)  # {} for a batch without images
+        out.update(vision)
         if padded_keys:
             out["cu_seqlens_q_padded"] = cu_t
             out["cu_seqlens_kv_padded"] = cu_t
@@ -243,6 +247,8 @@ class PackedCollator:
                 keep |= {"pair_ids", "chosen"}
             if shared:
                 keep.add("prefix_segment")
+            if "input_ids" in keep:  # the images go wherever their tokens go
+                keep |= set(vision)
             out = {k: v for k, v in out.items() if k in keep}
         return out
 
@@ -346,7 +352,9 @@ def _from_items(
     join = torch.cat if flatten else torch.stack
     ids = join([it["input_ids"].reshape(-1) for it in items])
     labels = join([it["labels"].reshape(-1) for it in items])
-    pos = join([it["position_ids"].reshape(-1) for it in items])
+    pos = join(
+        [(it["position_ids"][0] if it["position_ids"].ndim == 2 else it["position_ids"]).reshape(-1) for it in items]
+    )
     if flatten:
         ids, labels, pos = ids[None], labels[None], pos[None]
     lens_l, real_l = [], []

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from packtool.errors import ConfigError, FormatError
+from packtool.formats.pack_checks import vision_of
 from packtool.formats.pack_store import (
     ROLE_CHOSEN,
     ROLE_CHOSEN_COMPLETION,
@@ -77,7 +78,13 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     directory holds one size only.
     """
 
-    def __init__(self, path: str | os.PathLike[str], split: str = "training", size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        split: str = "training",
+        size: int | None = None,
+        sources: Sequence[str | os.PathLike[str]] | None = None,
+    ) -> None:
         p = Path(path)
         if p.is_file():
             named = parse_data_name(p.name)
@@ -115,6 +122,11 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         self._views: tuple[np.ndarray, ...] | None = None
         self._pairs: PairViews | None = None
         self._pool: BufferPool | None = None
+        #: a vision split: items add pixels, grids, M-RoPE positions [4, N], token types (`loader/vision.py`);
+        #: its images are read from its source token stores (`sources` where they moved)
+        self.vision = vision_of(self.metadata) is not None
+        self._sources = None if sources is None else [str(p) for p in sources]
+        self._vis: Any = None
         store = self._open()  # validate now, in the parent, so errors surface before workers start
         self.n_packs = store.n_packs
         #: Megatron's *_padded cu_seqlens only make sense when --pad-multiple padded something
@@ -131,6 +143,10 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
             self._views = plain_views(self._store)
             self._pairs = pair_views(self._store)
             self._pool = BufferPool()
+            if self.vision:
+                from packtool.loader.vision import VisionViews
+
+                self._vis = VisionViews(self._store, self._sources)
             self._pid = os.getpid()
         return self._store
 
@@ -140,6 +156,7 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         state["_views"] = None
         state["_pairs"] = None
         state["_pool"] = None
+        state["_vis"] = None
         state["_pid"] = -1
         return state
 
@@ -158,6 +175,10 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         store = self._open()
         stacked = build_batch(store, np.asarray(indices, dtype=np.int64), self._views, self._pool, self._pairs)
         stacked["has_segment_padding"] = self.has_segment_padding
+        if self._vis is not None:  # decoded and processed here: in the DataLoader worker
+            from packtool.loader.vision import vision_batch
+
+            stacked["vision"] = vision_batch(self._vis, np.asarray(indices, np.int64), stacked["rows"], stacked)
         return PackedBatchItems(stacked)
 
 
@@ -338,12 +359,14 @@ def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:
                 "chosen": torch.from_numpy(stacked["chosen"][a:c]),
                 "prefix_segment": torch.from_numpy(np.where(prefix >= 0, prefix - a, -1)),
             }
+        vis = _vision_item(stacked.get("vision"), r, pos[r])
         items.append(
             {
                 **pair,
+                **vis,
                 "input_ids": ids[r],
                 "labels": labels[r],
-                "position_ids": pos[r],
+                "position_ids": vis.pop("position_ids", pos[r]),
                 "cu_seqlens": torch.from_numpy(cu),
                 "cu_seqlens_unpadded": torch.from_numpy(cu_real),
                 "max_seqlen": int(lens.max()) if lens.size else 0,
@@ -351,3 +374,17 @@ def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return items
+
+
+def _vision_item(v: dict[str, Any] | None, r: int, pos: torch.Tensor) -> dict[str, Any]:
+    """Pack r's vision keys (`loader/vision.py`): `position_ids` [4, N] for M-RoPE families (row 0 = `pos`)."""
+    if v is None:
+        return {}
+    out: dict[str, Any] = {"pixel_values": torch.from_numpy(v["pixel_values"][r])}
+    if "image_grid_thw" in v:
+        out["image_grid_thw"] = torch.from_numpy(v["image_grid_thw"][r])
+    if "mrope" in v:
+        out["position_ids"] = torch.cat([pos[None], torch.from_numpy(np.ascontiguousarray(v["mrope"][:, r]))])
+    if "token_type_ids" in v:
+        out["token_type_ids"] = torch.from_numpy(v["token_type_ids"][r])
+    return out

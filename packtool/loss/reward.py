@@ -44,26 +44,23 @@ class PairScores:
 
 
 def _flat_scores(scores: torch.Tensor, total: int) -> torch.Tensor:
-    shape = tuple(scores.shape)
-    flat = scores
-    if flat.ndim == 3 and flat.shape[0] == 1 and flat.shape[-1] == 1:
-        flat = flat[0, :, 0]
-    elif flat.ndim == 2 and flat.shape[0] == 1:
-        flat = flat[0]
-    elif flat.ndim == 2 and flat.shape[-1] == 1:
-        flat = flat[:, 0]
-    if flat.ndim != 1 or flat.numel() != total:
+    """`[1, T]`, `[1, T, 1]`, `[T]`, `[T, 1]` or the `[B, N]` / `[B, N, 1]` of an unflattened batch (its
+    `cu_seqlens` run over the rows one after another) -> `[T]`."""
+    three = scores.ndim == 3 and scores.shape[-1] == 1
+    if not (three or scores.ndim in (1, 2)) or scores.numel() != total:
         raise ConfigError(
-            f"scores {shape} are not one score per token of the batch's row ({total} tokens), {WHERE}, pass "
-            "[1, T] or [1, T, 1] per-token scores (model.score of the base model's last hidden state, num_labels=1)"
+            f"scores {tuple(scores.shape)} are not one score per token of the batch ({total} tokens), {WHERE}, "
+            "pass [1, T] or [1, T, 1] per-token scores (model.score of the base model's last hidden state, "
+            "num_labels=1)"
         )
-    return flat
+    return scores.reshape(-1)
 
 
 def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: int | None = None) -> PairScores:
     """Each pair's chosen and rejected reward from the per-token scores of a packed preference batch.
 
-    `scores`: `[1, T]`, `[1, T, 1]`, `[T]` or `[T, 1]` over the batch's row. `batch` carries
+    `scores`: `[1, T]`, `[1, T, 1]`, `[T]` or `[T, 1]` over the batch's row (`[B, N]` / `[B, N, 1]` for an
+    unflattened batch, whose `cu_seqlens` run over its rows in order). `batch` carries
     `cu_seqlens` (or `cu_seq_lens_q`), `pair_ids`, `chosen`, `prefix_segment` when shared, and
     `input_ids` when `pad_token_id` is given. A sequence's score is read at its last token; with
     `pad_token_id`, at its rightmost token that is not `pad_token_id` (its first token when every
@@ -150,6 +147,8 @@ def reward_loss(
     (per pair; its mean is the "mean")."""
     if reduction not in ("mean", "none"):
         raise ConfigError(f"unknown reduction {reduction!r}, reward_loss, use mean or none")
+    if not scores.pair_ids.numel():
+        raise ConfigError("no pairs to score (the mean would be NaN), reward_loss, pass a batch holding pairs")
     delta = scores.chosen - scores.rejected
     if margin is not None:
         m = torch.as_tensor(margin, device=delta.device)

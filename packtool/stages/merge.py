@@ -19,6 +19,7 @@ import numpy as np
 
 from packtool.errors import ConfigError, FormatError, OutputExistsError
 from packtool.formats.locks import exclusive_output
+from packtool.formats.media import COUNTS, VISION, MediaWriter
 from packtool.formats.oserrors import writing
 from packtool.formats.overwrite import check_replaceable
 from packtool.formats.token_store import (
@@ -48,6 +49,7 @@ _PER_SHARD = {
     "build",
     "shard",
     PREFERENCE,  # a preference store's pairs: summed (its presence must agree: `_check_preference`)
+    VISION,  # a vision store's image counts: summed by the writer (the rest must agree: `_check_vision`)
 }
 
 
@@ -90,12 +92,14 @@ def merge_shards(
     total = sum(s.n_tokens for s in stores)
     done = 0
     # one writer per output (a second merge or tokenize fails at once, naming this one); OS errors are one line
-    with writing(out), exclusive_output(out), write_token_store(out, stores[0].dtype) as writer:
+    vision = VISION in first
+    with writing(out), exclusive_output(out), write_token_store(out, stores[0].dtype, with_media=vision) as writer:
         if REJECTS in first["files"]:
             with open(writer.directory / REJECTS, "wb") as rejects:
                 for store in stores:
                     rejects.write((store.path / REJECTS).read_bytes())
         for store in stores:
+            _append_media(writer.media, store, writer.n_documents)
             for lo in range(0, store.n_documents, MERGE_BLOCK_DOCS):
                 hi = min(lo + MERGE_BLOCK_DOCS, store.n_documents)
                 a, b = int(store.starts[lo]), int(store.boundaries[hi - 1])
@@ -163,6 +167,7 @@ def _check_shards(stores: list[TokenStore]) -> list[TokenStore]:
                     "re-run that shard with the same inputs and settings"
                 )
     _check_preference(stores)
+    _check_vision(stores)
     indices = [int(s.manifest["shard"]["index"]) for s in stores]
     if len(set(indices)) != len(indices):
         dup = sorted({i for i in indices if indices.count(i) > 1})
@@ -206,6 +211,35 @@ def _check_preference(stores: list[TokenStore]) -> None:
         raise ConfigError(
             f"shard {pref[0]} is a preference store (pairs of chosen and rejected sequences) but {plain[0]} is not, "
             "merge only shards of one run (`tokenize --format preference` for every shard)"
+        )
+
+
+def _check_vision(stores: list[TokenStore]) -> None:
+    """Image shards merge only with image shards of the same processor (its counts are per shard)."""
+    first = stores[0]
+    for store in stores:
+        mine, theirs = store.manifest.get(VISION), first.manifest.get(VISION)
+        same = (mine is None) == (theirs is None)
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            same = {k: v for k, v in mine.items() if k not in COUNTS} == {
+                k: v for k, v in theirs.items() if k not in COUNTS
+            }
+        if not same:
+            raise ConfigError(
+                f"shard {store.path} differs from {first.path} in 'vision' (its images or image processor), "
+                "merge only shards of one run (same inputs, tokenizer, settings, backend)"
+            )
+
+
+def _append_media(media: MediaWriter | None, store: TokenStore, shift: int) -> None:
+    """The shard's image rows, their documents shifted by the documents before it (bytes deduplicated again)."""
+    table = store.media
+    if media is None or table is None:
+        return
+    for i in range(len(table)):
+        grid = (int(table.grid[i, 0]), int(table.grid[i, 1]), int(table.grid[i, 2]))
+        media.add(
+            int(table.doc[i]) + shift, table.offset[i], table.n_tokens[i], grid, table.n_patches[i], table.data(i)
         )
 
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from packtool.errors import ConfigError, InputError
+from packtool.errors import ConfigError, FormatError, InputError
 
 Spans = list[tuple[int, int]]
 
@@ -57,6 +57,8 @@ class VisionProcessor:
         self.image_token_id = int(config["image_token_id"])
         #: the text the chat template renders once per image
         self.placeholder = str(config["placeholder"])
+        #: special tokens the model reads as media that no record's text may hold literally
+        self.reserved = [str(t) for t in config.get("reserved_tokens", [])]
 
     # -- building -------------------------------------------------------------------------------
     @classmethod
@@ -75,14 +77,23 @@ class VisionProcessor:
     def from_config(cls, config: Mapping[str, Any]) -> VisionProcessor:
         """Rebuild the adapter a store's manifest recorded (`config` is `VisionProcessor.config`)."""
         if not isinstance(config, Mapping) or not isinstance(config.get("family"), str):
-            raise ConfigError(f"vision processor config has no family, got {str(config)[:80]!r}, the store is damaged")
+            raise FormatError(
+                f"the store's vision processor config has no family, got {str(config)[:80]!r}: the manifest is damaged, "
+                "tokenize the store again"
+            )
         adapter = REGISTRY.get(config["family"])
         if adapter is None:
-            raise ConfigError(
-                f"vision family {config['family']!r} is unknown to this packtool (knows {', '.join(sorted(REGISTRY))}), "
+            raise FormatError(
+                f"vision family {config['family']!r} is unknown to this packtool (knows {supported_names()}), "
                 "use the packtool version that wrote the store"
             )
-        return adapter.rebuild(dict(config))
+        try:
+            return adapter.rebuild(dict(config))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(
+                f"the store's {config['family']} vision processor config is damaged ({type(exc).__name__}: {exc}), "
+                "tokenize the store again"
+            ) from None
 
     @classmethod
     def build(cls, folder: Any, vocab: Mapping[str, int]) -> VisionProcessor:
@@ -117,6 +128,13 @@ class VisionProcessor:
         `get_text_with_replacements` does; target spans shifted, and split around every expansion
         (no image token, nor the text the expansion adds, is ever a target). InputError when the
         text holds a different number of placeholders than `infos` (the processor refuses too)."""
+        for token in self.reserved:
+            if token in text:
+                raise InputError(
+                    f"the chat text holds the literal special token {token!r}, which the model reads as media "
+                    "with no image behind it",
+                    hint="remove it from the record's text",
+                )
         starts = [m.start() for m in re.finditer(re.escape(self.placeholder), text)]
         if len(starts) != len(infos):
             raise InputError(

@@ -169,6 +169,18 @@ def float_list(raw: Mapping[str, Any], key: str, default: list[float], where: Pa
     return [float(v) for v in value]
 
 
+def square_setting(raw: Mapping[str, Any], key: str, default: int, where: Path) -> dict[str, Any]:
+    """A `size` / `crop_size` object; an integer is a square (transformers' `get_size_dict` for square sizes)."""
+    value = raw.get(key)
+    if value is None:
+        return {"height": default, "width": default}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"height": value, "width": value}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key!r} must be an object or an integer, got {value!r}, {where}")
+    return dict(value)
+
+
 def bool_setting(raw: Mapping[str, Any], key: str, default: bool, where: Path) -> bool:
     value = raw.get(key)
     if value is None:

@@ -26,7 +26,15 @@ import numpy as np
 from packtool.errors import ConfigError
 from packtool.vision import images
 from packtool.vision.base import ImageInfo, VisionProcessor, register
-from packtool.vision.folder import ModelFolder, bool_setting, float_list, float_setting, int_setting, token_id
+from packtool.vision.folder import (
+    ModelFolder,
+    bool_setting,
+    float_list,
+    float_setting,
+    int_setting,
+    square_setting,
+    token_id,
+)
 
 IMAGENET_STANDARD = [0.5, 0.5, 0.5]
 
@@ -60,8 +68,8 @@ class Gemma3(VisionProcessor):
                 )
         if not bool_setting(raw, "do_resize", True, where):
             raise ConfigError(f"do_resize: false is not supported for gemma3, {where}")
-        size: Mapping[str, Any] = raw["size"] if isinstance(raw.get("size"), Mapping) else {}
-        if not (size.get("height") and size.get("width")) and size:
+        size = square_setting(raw, "size", 224, where)
+        if not (size.get("height") and size.get("width")):
             raise ConfigError(f"Gemma 3 'size' must hold height and width, got {size!r}, {where}")
         model = folder.model
         # Gemma3Processor(image_seq_length=256) takes it from processor_config.json, never from the image processor's
@@ -93,6 +101,7 @@ class Gemma3(VisionProcessor):
             {
                 "family": "gemma3",
                 "placeholder": boi,
+                "reserved_tokens": [soft],
                 "boi_token": boi,
                 "eoi_token": eoi,
                 "image_token": soft,

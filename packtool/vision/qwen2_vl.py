@@ -65,16 +65,26 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
+def _tuple(values: list[float] | None) -> tuple[float, ...] | None:
+    return None if values is None else tuple(values)
+
+
 def _pixel_bound(raw: Mapping[str, Any], key: str, size_keys: tuple[str, ...], default: int, where: Path) -> int:
     """A top-level `min_pixels` / `max_pixels` wins over `size` (the processor's `__init__` does so)."""
     if raw.get(key) is not None:
         return int_setting(raw, key, None, where)
     size = raw.get("size")
+    if size is None:
+        return default
     if isinstance(size, Mapping):
         for k in size_keys:
             if size.get(k) is not None:
                 return int_setting(size, k, None, where)
-    return default
+    # the processor's resize needs shortest_edge and longest_edge: anything else fails there
+    raise ConfigError(
+        f"'size' must hold {size_keys[0]!r} (or a top-level {key!r}), got {size!r}, {where}, "
+        "write the pixel range as the family's preprocessor_config.json does"
+    )
 
 
 @register
@@ -133,6 +143,7 @@ class QwenVL(VisionProcessor):
         config: dict[str, Any] = {
             "family": family,
             "placeholder": image_token,
+            "reserved_tokens": [t for t in (folder.special_token("video_token", "<|video_pad|>"),) if t in vocab],
             "image_token": image_token,
             "image_token_id": image_id,
             "patch_size": int_setting(raw, "patch_size", 14, where, high=1024),
@@ -180,21 +191,30 @@ class QwenVL(VisionProcessor):
             name = names[i] if names is not None else f"image {i}"
             img = images.decode(data, name, c["do_convert_rgb"])
             size = self._target_size(img.height, img.width, name)
-            chw = images.to_floats(img, size, c["resample"], c["rescale_factor"], c["image_mean"], c["image_std"])
-            rows.append(self._patchify(chw))
+            hwc = images.resized(img, size, c["resample"])
+            rows.append(
+                self._patch_rows(
+                    hwc, images.value_table(c["rescale_factor"], _tuple(c["image_mean"]), _tuple(c["image_std"]))
+                )
+            )
             grids.append(self._info(*size).grid)
         dim = 3 * self.temporal * self.patch * self.patch
         pixels = np.concatenate(rows, axis=0) if rows else np.zeros((0, dim), np.float32)
         return pixels, np.asarray(grids, dtype=np.int64).reshape(-1, 3)
 
-    def _patchify(self, image: np.ndarray) -> np.ndarray:
-        """`Qwen2VLImageProcessorPil.patchify`: [C, H, W] -> [gh*gw, C*T*p*p] in merge-window order."""
+    def _patch_rows(self, hwc: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """`Qwen2VLImageProcessorPil.patchify` of the rescaled, normalised image: [gh*gw, C*T*p*p] float32,
+        rows in merge-window order, columns (channel, temporal copy, patch row, patch column). The uint8
+        pixels are put in patch order first, then looked up in the value table (`images.value_table`)."""
         p, m, t = self.patch, self.merge, self.temporal
-        channel, height, width = image.shape
+        height, width, channels = hwc.shape
         gh, gw = height // p, width // p
-        patches = image.reshape(channel, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-        patches = np.broadcast_to(patches[:, :, :, :, :, None, :, :], (*patches.shape[:5], t, *patches.shape[5:]))
-        return np.ascontiguousarray(patches.reshape(gh * gw, channel * t * p * p), dtype=np.float32)
+        chw = hwc.transpose(2, 0, 1).reshape(channels, gh // m, m, p, gw // m, m, p)
+        u8 = np.ascontiguousarray(chw.transpose(1, 4, 2, 5, 0, 3, 6)).reshape(gh * gw, channels, p * p)
+        out = np.empty((gh * gw, channels, t, p * p), dtype=np.float32)
+        for c in range(channels):  # per channel, never per pixel
+            out[:, c, :, :] = np.take(table[c], u8[:, c, :])[:, None, :]  # the still image, repeated over time
+        return out.reshape(gh * gw, channels * t * p * p)
 
     # -- positions ------------------------------------------------------------------------------
     def rope_positions(self, ids: np.ndarray, grids: np.ndarray) -> np.ndarray:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from packtool.vision.base import unsupported
 
-unsupported("LLaVA-1.5", ("llava",), ("LlavaProcessor",), ())
 unsupported("LLaVA-NeXT", ("llava_next",), ("LlavaNextProcessor",), ("LlavaNextImageProcessor",))
 unsupported("LLaVA-OneVision", ("llava_onevision",), ("LlavaOnevisionProcessor",), ("LlavaOnevisionImageProcessor",))
 unsupported("SmolVLM", ("smolvlm",), ("SmolVLMProcessor",), ("SmolVLMImageProcessor",))

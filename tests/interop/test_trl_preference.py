@@ -25,7 +25,16 @@ trl = pytest.importorskip("trl")
 from input_support import tokenize_ok  # noqa: E402
 from support import write_jsonl  # noqa: E402
 from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer  # noqa: E402
-from trl_preference_reference import SHAPES, as_trl, build_tokenizers, hf_tokenizer, sequences, trl_reference  # noqa: E402
+from trl_preference_reference import (  # noqa: E402
+    LIST_TOOLS,
+    MIXED_PARTS,
+    SHAPES,
+    as_trl,
+    build_tokenizers,
+    hf_tokenizer,
+    sequences,
+    trl_reference,
+)
 
 from packtool.formats.token_store import open_token_store  # noqa: E402
 
@@ -35,12 +44,12 @@ def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_tokenizers(tmp_path_factory.mktemp("trl_pref_tok"), FAMILIES)
 
 
-def trl_sequences(hf: Any, records: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+def trl_sequences(hf: Any, records: list[dict[str, Any]], tools_as_text: bool = True) -> list[tuple[list[int], list[int]]]:
     """TRL's own preprocessing and collator: (ids, completion mask) of chosen_0, rejected_0, chosen_1, ..."""
     trainer = SimpleNamespace(_tokenizer=hf)  # what _prepare_dataset reads of the trainer
     args = SimpleNamespace(dataset_num_proc=None, max_length=None, truncation_mode="keep_start")
     rows = [{**r, "tools": r["tools"]} if "tools" in r else r for r in records]
-    if any("tools" in r for r in rows):  # one Arrow type for the column: TRL json.loads a string
+    if tools_as_text and any("tools" in r for r in rows):  # one Arrow type for the column: TRL json.loads a string
         rows = [{**r, "tools": json.dumps(r["tools"]) if isinstance(r.get("tools"), list) else r.get("tools")}
                 for r in rows]
     prepared = DPOTrainer._prepare_dataset(trainer, datasets.Dataset.from_list(rows), hf, args, "train")  # type: ignore[arg-type]
@@ -78,3 +87,21 @@ def test_trl_dpo_preprocessing_equals_the_preference_store(tmp_path: Path, token
                for d in range(store.n_documents)]
         assert got == want, (family, name)
         assert store.preference_pairs == len(records)
+
+
+@pytest.mark.parametrize(("family", "case"), [("llama3_1", MIXED_PARTS), ("qwen2_5", LIST_TOOLS)])
+def test_objects_with_mixed_keys_equal_trl(tmp_path: Path, tokenizers: dict[str, Path], family: str, case: Any) -> None:
+    """Content parts with mixed keys (a template that prints the list), a list of tools and tool calls whose
+    arguments differ (a template that prints them with `tojson`): `datasets.Dataset.from_list` gives every object
+    of a kind every key of any in its column, and TRL renders those Nones; the store holds TRL's ids. The default
+    suite's written-out reading (`case[1]`) is TRL's."""
+    written, read = case
+    hf = hf_tokenizer(tokenizers[family], family)
+    want = trl_sequences(hf, written, tools_as_text=False)
+    assert sequences(trl_reference(hf, read)) == want
+    out = tokenize_ok([write_jsonl(tmp_path / "p.jsonl", written)], tokenizers[family], tmp_path / "out",
+                      "--format", "preference")
+    store = open_token_store(out)
+    got = [(store.document(d).tolist(), store.loss[store.starts[d]: store.boundaries[d]].tolist())
+           for d in range(store.n_documents)]
+    assert got == want

@@ -50,6 +50,8 @@ class PackConfig:
     fractional part adds a seeded subset (`packtool.core.mixture`). `STORE:WEIGHT` on the command line."""
     validation: float | None = None
     """Fraction of documents held out by a hash of their tokens into `validation_N` (same run, own line)."""
+    vision_budget: int | None = None
+    """A second capacity: at most this many vision-encoder patches per pack (image stores only; None: no bound)."""
     share_prompt: bool = False
     """Preference stores only: hold each pair's prompt once, as segments [prompt][chosen completion][rejected
     completion] (positions as each sequence alone); without it a pair is [chosen][rejected]."""
@@ -74,6 +76,7 @@ class PackConfig:
             ("--pad-multiple", self.pad_multiple, 1, "leave it out for no padding"),
             ("--workers", self.workers, 1, "leave it out to use all cores"),
             ("--max-docs-per-pack", self.max_docs_per_pack, 1, "leave it out for no cap"),
+            ("--vision-budget", self.vision_budget, 1, "leave it out for no bound on patches"),
         ):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise UsageError(f"{flag} must be an integer >= {low}, got {value!r}, {fix}")

@@ -54,6 +54,7 @@ from packtool.stages.pack.pairs import (
     preference_record,
     selected_pairs,
 )
+from packtool.stages.pack.vision import VisionPlan, plan_vision, vision_companions, vision_key, vision_record
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
         stores = open_store_set([p for p, _ in specs], check_hashes=True)
         preference = is_preference(stores)
         check_pair_config(config, preference)
+        vision = vision_key(stores, config, preference)  # None: text-only stores, packed exactly as before
         selections: list[SplitSelection | None] = [None]
         if config.is_mixture:
             with signals_deferred():
@@ -162,7 +164,7 @@ def pack_store(config: PackConfig, progress: Progress | None = None) -> PackResu
         with signals_deferred():  # compiled: first target and common prefix of every pair, once for both splits
             scan = global_scan(stores) if preference else None
         with contextlib.ExitStack() as stack:  # any failure aborts every writer: no split is committed
-            staged = [_write_split(config, stores, sel, progress, stack, scan) for sel in selections]
+            staged = [_write_split(config, stores, sel, progress, stack, scan, vision) for sel in selections]
             for writer, meta, salt in staged:
                 writer.commit(meta, salt, publish=False)
             records = publish_together([writer for writer, _, _ in staged], _stale_validation(directory, config))
@@ -210,6 +212,7 @@ def _write_split(
     progress: Progress | None,
     stack: contextlib.ExitStack,
     scan: np.ndarray | None = None,
+    vision: dict[str, Any] | None = None,
 ) -> tuple[PackSplitWriter, dict[str, Any], str | None]:
     """Segments -> layout -> matrices of one split (the stores' documents, or a selection of them), written
     under temp names by a writer entered into `stack`; returns it with the split's metadata and build salt.
@@ -218,6 +221,7 @@ def _write_split(
     store = stores.first
     split = str(config.split) if selection is None else selection.split
     role: np.ndarray | None = None
+    plan: VisionPlan | None = None
     with signals_deferred():  # compiled planning: signals land after it, never in numba's return path
         if scan is not None:
             docs = None if selection is None else selection.docs
@@ -225,13 +229,23 @@ def _write_split(
             layout, role = plan_pair_layout(items, config)
             lengths = stores.lengths if docs is None else stores.lengths[docs]
             segments = as_segments(items, int(np.count_nonzero(lengths == 0)))
+        elif vision is not None:  # images whole, both capacities (`stages.pack.vision`)
+            docs = None if selection is None else selection.docs
+            starts, lengths = (
+                (stores.starts, stores.lengths) if docs is None else (stores.starts[docs], stores.lengths[docs])
+            )
+            plan = plan_vision(stores, docs, starts, lengths, config)
+            segments, layout = plan.segments.segments, plan.layout
+            if docs is not None:
+                segments = replace(segments, doc=docs[segments.doc])
+                layout = replace(layout, doc=docs[layout.doc])
         elif selection is None:
             segments = build_segments(store.starts, store.lengths, config.size, config.overlong, config.pad_multiple)
         else:
             docs, starts, lengths = selection.docs, stores.starts, stores.lengths
             segments = build_segments(starts[docs], lengths[docs], config.size, config.overlong, config.pad_multiple)
             segments = replace(segments, doc=docs[segments.doc])
-        if role is None:
+        if role is None and plan is None:
             layout = plan_layout(segments, config)
     pad_id = pad_id_for(store)
     log.info("packing %d segments of %s into %d packs of %d", len(segments), split, layout.n_packs, config.size)
@@ -245,6 +259,7 @@ def _write_split(
             stores.has_loss,
             n_segments=len(segments),
             with_pairs=role is not None,
+            with_vision=plan is not None,
         )
     )
     _write_matrices(layout, stores, writer, config, pad_id, progress)
@@ -259,12 +274,17 @@ def _write_split(
     if role is not None:
         companions["seg_pair"] = layout.doc // 2
         companions["seg_role"] = role
+    images = vision_companions(plan, config.size) if plan is not None else {}
+    companions.update(images)
     for what, values in companions.items():
         writer.write_companion(what, values)
     meta = _metadata(config, store, segments, layout, pad_id)
     if role is not None:
         meta["lower_bound_packs"] = pair_lower_bound(items, config)
         meta["preference"] = preference_record(items, config)
+    if plan is not None and vision is not None:
+        meta["vision"] = vision_record(vision, plan, images, config.vision_budget)
+        meta["lower_bound_packs"] = plan.lower_bound
     if selection is None:
         return writer, meta, None
     weights = [w for _, w in config.stores()]

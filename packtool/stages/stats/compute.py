@@ -41,6 +41,7 @@ from packtool.stages.pack.config import validate_pack_size
 from packtool.stages.stats.balance import cost_model, step_balance
 from packtool.stages.stats.blend import BlendStats, blend_stats, check_blend
 from packtool.stages.stats.explain import PAIRS_NOTE, ROWS_NOTE, SORT_NOTE, WASTE_NOTE, Note, size_note, strategy_notes
+from packtool.stages.stats.vision import pack_vision_stats, token_vision_stats
 
 DEFAULT_SIZE = 4096
 DYNAMIC = "dynamic (padded)"
@@ -118,6 +119,7 @@ class TokenStoreStats:
     kind: str = "tokens"
     overlong_note: str = "documents longer than N are counted as their fragments of <= N tokens (pack --overlong split)"
     preference: dict[str, Any] | None = None  # a preference store: pairs, pair-atomic packing, shared-prompt savings
+    vision: dict[str, Any] | None = None  # a store with images: image tokens, images and patches (stats/vision.py)
     _doc_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     size_source: str = "given"  # "default": no --size, N is DEFAULT_SIZE (a token store does not know its packs)
     notes: dict[str, str] = field(default_factory=dict)  # what `rows`, `waste` and `size` mean (explain.py)
@@ -155,6 +157,7 @@ class PackStoreStats:
     _pack_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)  # for the plot
     preference: dict[str, Any] | None = None  # a preference split: its metadata's pairs, layout, over-long pairs
     _docs_per_pack: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)  # for the plot
+    vision: dict[str, Any] | None = None  # a vision split: image tokens, images and patches per pack (stats/vision.py)
 
     def to_dict(self) -> dict[str, Any]:
         return _public(self)
@@ -234,6 +237,7 @@ def token_store_stats(path: Path, size: int, batch_size: int, seed: int) -> Toke
         waste={k: _waste(dynamic_total if k == DYNAMIC else total, v) for k, v in computed.items()},
         rows=rows,
         preference=preference_stats(store, size, seed) if store.preference_pairs is not None else None,
+        vision=token_vision_stats(store),
         _doc_lengths=np.asarray(doc_lengths),
         notes={
             "rows": ROWS_NOTE,
@@ -323,6 +327,7 @@ def pack_store_stats(path: Path, size: int | None, split: str) -> PackStoreStats
         _pack_offsets=np.asarray(ps.pack_offsets),
         _docs_per_pack=np.asarray(docs_per_pack, np.int64),
         preference=meta.get("preference") if isinstance(meta.get("preference"), dict) else None,
+        vision=pack_vision_stats(ps),
     )
 
 

@@ -88,6 +88,10 @@ class TokenizeConfig:
     """Where chunks run: local (process pool) or ray."""
     ray_address: str | None = None
     """Ray cluster to join with --executor ray; None starts a local Ray with num_cpus = workers."""
+    subset: str | None = None
+    """hf://datasets/ORG/NAME inputs: the config (subset) to read, as `load_dataset(NAME, SUBSET)` names it."""
+    split: str | None = None
+    """hf://datasets/ORG/NAME inputs: the split to read (None: train), as `load_dataset(..., split=SPLIT)`."""
 
     def resolved_workers(self) -> int:
         """The workers (and Rust tokenizer threads) the run uses: `--workers`, capped at the machine's cores."""
@@ -139,7 +143,21 @@ class TokenizeConfig:
         from packtool.exec import parse_executor
 
         parse_executor(self.executor, self.ray_address)
+        self._check_hub_flags()
         return self
+
+    def _check_hub_flags(self) -> None:
+        """--subset / --split name a hub dataset's config and split: they need an hf://datasets/ORG/NAME input."""
+        for flag, value in (("--subset", self.subset), ("--split", self.split)):
+            if value is None:
+                continue
+            if not str(value).strip():
+                raise UsageError(f"{flag} is empty, pass a name or leave {flag} out")
+            if not any(str(i).startswith("hf://datasets/") for i in self.inputs):
+                raise UsageError(
+                    f"{flag} {value!r} applies to hub datasets only and no input is one, "
+                    f"name one (hf://datasets/ORG/NAME) or leave {flag} out"
+                )
 
     def _check_shape_flags(self) -> None:
         """Flags that the format does not read are contradictions, not silent no-ops (the shapes' specs say).

@@ -50,6 +50,7 @@ from packtool.stages.tokenize.engine.model import Model, load_model
 from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, remember_tokenizer
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.locators import expand_inputs
+from packtool.stages.tokenize.inputs.locators.hub import HubOptions
 from packtool.stages.tokenize.inputs.plan import SourceHashes, input_bytes, plan_chunks
 from packtool.stages.tokenize.journal import ChunkResult, Journal, work_dir_for
 from packtool.stages.tokenize.manifest import token_manifest
@@ -93,12 +94,13 @@ def tokenize_corpus(
     with scoped_environ(worker_env(workers) if executor is None and config.executor == "local" else {}):
         located = located or _located(config.tokenizer)
         fast = _preload_fast(config, located)
-        model = load_model(config.tokenizer, located, show_progress=progress is not None)
-        paths = expand_inputs(config.inputs)
+        model = load_model(config.tokenizer, located, progress)
+        hub = HubOptions(config.subset, config.split, progress)
+        paths = expand_inputs(config.inputs, hub)
         drops: list[Callable[[], None]] = []
         try:
             with guarded_output(output):
-                return _tokenize(config, output, model, paths, fast, progress, executor, drops)
+                return _tokenize(config, output, model, paths, fast, progress, executor, drops, hub.resolved)
         finally:
             for drop in drops:  # chunks rendered ahead that no task took (resumed, up to date, failed)
                 drop()
@@ -134,6 +136,7 @@ def _tokenize(
     progress: Progress | None,
     executor: Executor | None,
     drops: list[Callable[[], None]],
+    hub: list[dict[str, Any]],
 ) -> TokenizeResult:
     """The write phase, under the output's lock (`output.guarded_output`); `drops` collects what to free after."""
     tok, info = model.tokenizer, model.info
@@ -201,11 +204,10 @@ def _tokenize(
         manifest = token_manifest(
             chunks, results, sources, hashes.result(), settings, info, config, build_id, choice.manifest(), shape
         )
-        if (
-            getattr(writer, "media", None) is not None
-        ):  # a store with images: its `vision` object, counts filled by `finish`
+        if writer.media is not None:  # a store with images: its `vision` object, counts filled by `finish`
             processor = model.processor
             manifest["vision"] = writer.media.vision(processor.family, processor.config, processor.image_token_id)
+        manifest = {**manifest, **({"hub": hub} if hub else {})}  # each hf:// input: repo, revision, commit
         manifest = writer.finish({**manifest, **({"shard": shard} if shard else {})})  # shard last: merge drops it
     except BaseException:
         writer.close()
@@ -257,7 +259,7 @@ def _resume(
         marks,
         with_loss=settings.loss,
         with_rejects=settings.on_error == OnError.SKIP,
-        **({"with_media": True} if settings.vision is not None else {}),  # the images resume with the tokens
+        with_media=settings.vision is not None,  # the images resume with the tokens
     )
     journal.restart(prefix[:kept], {p: h for p, h in current.items() if journal.source_hashes.get(p) == h})
     return writer, prefix[:kept]
@@ -290,8 +292,8 @@ def _append_in_order(
             first = writer.n_documents
             for ids, lengths, loss in ready.parts:
                 writer.append(ids, lengths, loss)
-            for doc, *row in ready.media:  # its images, after its documents: rows name them by global index
-                writer.media.add(first + doc, *row)
+            for doc, offset, n_tokens, grid, n_patches, data in ready.media:  # after its documents: global index
+                writer.media.add(first + doc, offset, n_tokens, grid, n_patches, data)  # type: ignore[union-attr]
             writer.append_rejects(ready.rejects)
             ready.mark = writer.mark().to_json()
             ready.release()

@@ -18,6 +18,7 @@ from packtool.formats.pack_store import PackSplit, metadata_name
 from packtool.formats.store_set import StoreSet
 from packtool.formats.token_store import TOKEN_DTYPES, TokenStore
 from packtool.progress import Progress
+from packtool.stages.verify.pack_images import check_vision_coverage, verify_pack_images
 from packtool.stages.verify.pairs import check_pairs
 from packtool.stages.verify.tokens import BLOCK_TOKENS
 
@@ -306,8 +307,10 @@ def verify_pack_split(
             )
         if store.dtype != ps.tokens.dtype:
             raise _fail(ps, ps.file_name(), f"packs are {ps.tokens.dtype.name}, the source is {store.dtype.name}")
-        if ps.preference is None:
+        if ps.preference is None and ps.images is None:
             _check_coverage(ps, g, store, occurrences)
+        elif ps.preference is None:  # a vision split cuts at text only (`pack_images.check_vision_coverage`)
+            check_vision_coverage(ps, g.real, store, occurrences)
     pairs = None
     if ps.preference is not None:  # pairs: whole, in one pack, as often as they must be (replaces coverage)
         pairs = check_pairs(ps, g.po, store, occurrences)
@@ -318,6 +321,8 @@ def verify_pack_split(
         if progress is not None:
             progress(p1 * ps.size, ps.n_packs * ps.size)
     line = f"{ps.split}_{ps.size}: {ps.n_packs} packs, {g.lens.size} segments, {int(g.real.sum())} tokens"
+    images = verify_pack_images(ps, g.lens, g.dst, store)  # '' for a text-only split
+    line += f", {images}" if images else ""
     if pairs is not None:
         line += f", {pairs[0]} pairs ({pairs[1]}) each whole in one pack"
     return line

@@ -13,6 +13,7 @@ from packtool.errors import FormatError
 from packtool.formats.token_store import LOSS as TOKENS_LOSS
 from packtool.formats.token_store import MANIFEST, TOKENS_BIN, TokenStore, open_token_store
 from packtool.progress import Progress
+from packtool.stages.verify.media import verify_media
 
 #: positions checked per block (bounded memory: a few int64 index arrays of this size)
 BLOCK_TOKENS = 1 << 22
@@ -69,4 +70,7 @@ def verify_token_store(path: Path, progress: Progress | None = None) -> tuple[To
             f"{root / MANIFEST}, {RETOK}"
         )
     line = f"{store.n_documents} documents, {n} tokens ({store.dtype.name}, ids < {bound}), {targets} targets"
-    return store, line + (f", {pairs} preference pairs" if pairs is not None else "")
+    images = verify_media(store)
+    return store, line + (f", {pairs} preference pairs" if pairs is not None else "") + (
+        f", {images}" if images else ""
+    )

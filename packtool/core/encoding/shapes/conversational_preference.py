@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from packtool.core.encoding.shapes.base import FIT, Fit, Pair, ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.fields import as_object, structured, tools_of
+from packtool.core.encoding.shapes.fields import as_object, structured
 from packtool.core.encoding.shapes.preference import (
     CHOSEN,
     REJECTED,
     is_messages,
     no_template_kwargs,
+    one_reading,
+    pair_tools,
     present,
     side,
     text_only,
@@ -21,10 +23,11 @@ from packtool.core.encoding.shapes.preference import (
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = text_only(as_object(record))
+    one_reading(record, True)
     no_template_kwargs(record)
     prompt = side(record, options.fields.prompt, True)
     chosen, rejected = side(record, CHOSEN, True), side(record, REJECTED, True)
-    return Pair(prompt, chosen, rejected, tools_of(record, options.fields.tools))
+    return Pair(prompt, chosen, rejected, pair_tools(record, options.fields.tools))
 
 
 def detect(record: Any, fields: ShapeFields) -> Fit | None:

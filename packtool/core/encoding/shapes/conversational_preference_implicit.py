@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from packtool.core.encoding.shapes.base import FIT, Fit, Pair, ShapeFields, ShapeOptions, ShapeSpec
-from packtool.core.encoding.shapes.fields import MISSING, as_object, structured, tools_of
+from packtool.core.encoding.shapes.fields import MISSING, as_object, structured
 from packtool.core.encoding.shapes.preference import (
     CHOSEN,
     REJECTED,
@@ -15,6 +15,8 @@ from packtool.core.encoding.shapes.preference import (
     is_messages,
     no_prompt,
     no_template_kwargs,
+    one_reading,
+    pair_tools,
     present,
     side,
     text_only,
@@ -23,10 +25,11 @@ from packtool.core.encoding.shapes.preference import (
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = text_only(as_object(record))
+    one_reading(record, True)
     no_template_kwargs(record)
     no_prompt(record, options.fields)
     prompt, chosen, rejected = extract_prompt(side(record, CHOSEN, True), side(record, REJECTED, True))
-    return Pair(prompt, chosen, rejected, tools_of(record, options.fields.tools))
+    return Pair(prompt, chosen, rejected, pair_tools(record, options.fields.tools))
 
 
 def detect(record: Any, fields: ShapeFields) -> Fit | None:

@@ -31,6 +31,14 @@ CHOSEN = "chosen"
 REJECTED = "rejected"
 #: the keys that make TRL treat a dataset as a vision one (refused: `text_only`)
 IMAGES = ("image", "images")
+#: content parts that hold media (refused: `as_datasets_reads`)
+MEDIA_PARTS = frozenset({"image", "image_url", "input_image", "video", "video_url", "audio", "input_audio"})
+NO_IMAGES = (
+    "pairs with images are not supported yet (TRL preprocesses vision preference records with the model's "
+    "processor; packtool tokenizes text pairs only), drop the media or train on them with TRL's processor"
+)
+#: the fields besides the pair's that TRL's `is_conversational` may read (refused when they disagree: `one_reading`)
+TRL_EXTRA_KEYS = ("completion", "messages")
 #: a conversational TRL record's extra template arguments (refused: `no_template_kwargs`)
 TEMPLATE_KWARGS = "chat_template_kwargs"
 #: how a record of another shape than the run's is told apart (the end of its reason)
@@ -67,12 +75,28 @@ def side(record: dict[str, Any], name: str, conversational: bool) -> Any:
             raise ShapeError(f"field {name!r} is not a list of messages (got {type(value).__name__})")
         if not value:
             raise ShapeError(f"field {name!r} is an empty list of messages (TRL cannot read it)")
-        return value
+        return as_datasets_reads(name, value)
     if isinstance(value, list):
         raise ShapeError(f"field {name!r} is a list, but the first record holds strings (standard): {ONE_SHAPE}")
     if not isinstance(value, str):
         raise ShapeError(f"field {name!r} is not a string (got {type(value).__name__})")
     return plain_text(value)
+
+
+def one_reading(record: dict[str, Any], conversational: bool) -> None:
+    """TRL 1.16's `is_conversational` reads ONE of a record's `prompt`/`chosen`/`rejected`/`completion`/`messages`,
+    popped from a set (which one changes with each process's string hashing), and on it decides the chat template
+    and whether the EOS is added: a `completion` or `messages` field (null included: `datasets` gives every row
+    every column) that says otherwise than the pair makes TRL's ids a coin toss, so it is refused."""
+    for name in TRL_EXTRA_KEYS:
+        if name in record and is_messages(record[name]) != conversational:
+            what = "is not a list of messages" if conversational else "is a list of messages"
+            pair = "conversational" if conversational else "standard (strings)"
+            raise ShapeError(
+                f"the record's {name!r} field {what} while its pair is {pair}: TRL decides whether a record is "
+                "conversational from one of its prompt/chosen/rejected/completion/messages fields picked at random "
+                "(its ids then vary from run to run), drop or rename the field"
+            )
 
 
 def no_prompt(record: dict[str, Any], fields: ShapeFields) -> None:
@@ -85,15 +109,71 @@ def no_prompt(record: dict[str, Any], fields: ShapeFields) -> None:
 
 
 def text_only(record: dict[str, Any]) -> dict[str, Any]:
-    """The record, refused when it carries images: TRL preprocesses those with a vision model's processor."""
+    """The record, refused when it carries images: TRL preprocesses those with a vision model's processor. An
+    empty or null `image`/`images` is refused too: TRL reads a dataset with such a column as vision data
+    whatever its rows hold (a text model is refused, a vision model's processor tokenizes at batch time)."""
     for name in IMAGES:
-        value = present(record, name)
-        if value is not MISSING and value != []:
-            raise ShapeError(
-                f"the record has {name!r}: vision preference records are preprocessed by TRL with the model's "
-                "processor, packtool tokenizes text only"
-            )
+        if isinstance(record, dict) and name in record:
+            value = record[name]
+            empty = " (empty: TRL reads a dataset with this column as vision data)" if value in (None, []) else ""
+            raise ShapeError(f"the record has {name!r}{empty}: {NO_IMAGES}")
     return record
+
+
+def as_datasets_reads(name: str, messages: list[Any]) -> list[Any]:
+    """One column's messages as TRL gets them from `datasets.Dataset.from_list` (and a parquet table): every
+    object of a kind (a message, a content part, a tool call, its arguments) holds every key that any object of
+    that kind in the column holds, None where it has none, in the order the keys first appear, nested. The
+    template sees them so: transformers drops a message's None keys, not a part's, and a template that prints a
+    content list prints `{'type': 'text', 'text': 'Hi', 'cache_control': None}`. A media part is refused."""
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                raise ShapeError(f"message {i} of field {name!r} holds a content part of type {kind!r}: {NO_IMAGES}")
+    try:
+        return _filled(messages, _schema([messages]))  # type: ignore[no-any-return]
+    except RecursionError:
+        raise ShapeError(f"field {name!r} nests objects too deeply to read (hundreds of levels), flatten it") from None
+
+
+def pair_tools(record: dict[str, Any], name: str) -> list[Any] | None:
+    """A conversational record's `tools` as TRL gets them: a JSON string parsed as written (TRL `json.loads` it
+    per record), a list of tool objects as `datasets` reads a column (`as_datasets_reads`: a tool's parameters
+    hold every property any tool of the record names, None where it has none)."""
+    tools = tools_of(record, name)
+    if type(present(record, name)) is not list:
+        return tools
+    try:
+        return _filled(tools, _schema([tools]))  # type: ignore[no-any-return]
+    except RecursionError:
+        raise ShapeError(f"field {name!r} nests objects too deeply to read (hundreds of levels), flatten it") from None
+
+
+def _schema(values: list[Any]) -> Any:
+    """The keys of the objects at one place of a column (a dict of key -> the schema of its values), the schema
+    of the items of its lists (a one-item list), `float` for integers beside floats (Arrow reads them all as
+    float64: `1` becomes `1.0`), or None: other scalars, or values Arrow would not give one type."""
+    present_ = [v for v in values if v is not None]
+    if present_ and all(type(v) is dict for v in present_):
+        keys: dict[str, list[Any]] = {}
+        for value in present_:
+            for key, item in value.items():
+                keys.setdefault(key, []).append(item)
+        return {key: _schema(items) for key, items in keys.items()}
+    if present_ and all(type(v) is list for v in present_):
+        return [_schema([item for value in present_ for item in value])]
+    kinds = {type(v) for v in present_}
+    return float if kinds == {int, float} else None  # Arrow gives numbers of both kinds one type: float64
+
+
+def _filled(value: Any, schema: Any) -> Any:
+    if type(schema) is dict and type(value) is dict:
+        return {key: _filled(value.get(key), sub) for key, sub in schema.items()}
+    if type(schema) is list and type(value) is list:
+        return [_filled(item, schema[0]) for item in value]
+    return float(value) if schema is float and type(value) is int else value
 
 
 def no_template_kwargs(record: dict[str, Any]) -> None:
@@ -152,6 +232,7 @@ def extract_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = text_only(as_object(record))
+    one_reading(record, False)
     prompt = side(record, options.fields.prompt, False)
     tools_of(record, options.fields.tools)  # TRL parses a JSON string of tools on every record: a bad one fails
     return Pair(prompt, side(record, CHOSEN, False), side(record, REJECTED, False))

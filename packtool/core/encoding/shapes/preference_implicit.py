@@ -14,6 +14,7 @@ from packtool.core.encoding.shapes.preference import (
     extract_prompt,
     is_text,
     no_prompt,
+    one_reading,
     present,
     side,
     text_only,
@@ -22,6 +23,7 @@ from packtool.core.encoding.shapes.preference import (
 
 def convert(record: Any, options: ShapeOptions) -> Pair:
     record = text_only(as_object(record))
+    one_reading(record, False)
     no_prompt(record, options.fields)
     tools_of(record, options.fields.tools)
     return Pair(*extract_prompt(side(record, CHOSEN, False), side(record, REJECTED, False)))

@@ -23,9 +23,17 @@ CHAT_TEMPLATE_DIR = "additional_chat_templates"
 CHAT_TEMPLATE_JSON = "chat_template.json"
 
 
-def fetch_command(name: str) -> str:
+def fetch_command(spec: str) -> str:
     """The `hf` command (huggingface_hub's current CLI) that fetches what packtool reads of a tokenizer repo."""
-    return f'hf download {name} --include "*.json" --include "*.jinja"'
+    name, revision = split_revision(spec)
+    pin = f" --revision {revision}" if revision else ""
+    return f'hf download {name}{pin} --include "*.json" --include "*.jinja"'
+
+
+def split_revision(spec: str) -> tuple[str, str | None]:
+    """`ORG/NAME@REV` -> (`ORG/NAME`, `REV`); without `@`, (`ORG/NAME`, None)."""
+    name, at, revision = spec.partition("@")
+    return name, (revision if at else None)
 
 
 class NotCachedError(TokenizerError):
@@ -33,13 +41,18 @@ class NotCachedError(TokenizerError):
 
 
 def is_hub_name(spec: str) -> bool:
-    """`org/name`, not a path (`./x`, `/x`, `~/x`): what `--tokenizer` looks up in the hub cache (and fetches)."""
-    return spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+    """`org/name[@rev]`, not a path (`./x`, `/x`, `~/x`): what `--tokenizer` looks up in the hub cache (and
+    fetches); a revision may hold slashes (`refs/pr/1`)."""
+    name = split_revision(spec)[0]
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
 
-def resolve_hub_name(name: str) -> Path | None:
-    """The cached snapshot directory holding `tokenizer.json` for `org/name`, or None."""
-    return resolve_snapshot(name, TOKENIZER_JSON)
+def resolve_hub_name(spec: str) -> Path | None:
+    """The cached snapshot directory holding `tokenizer.json` for `org/name[@rev]`, or None."""
+    name, revision = split_revision(spec)
+    if revision is not None and not revision:
+        return None
+    return resolve_snapshot(name, TOKENIZER_JSON, revision)
 
 
 def file_name(path: Path) -> str:

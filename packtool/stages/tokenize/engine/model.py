@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from packtool.errors import ConfigError
 from packtool.formats import jsontext
 from packtool.formats.sidefiles import SideFileError, read_side_file
+from packtool.progress import Progress
 from packtool.stages.tokenize.engine.locate import CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON, Located
 from packtool.stages.tokenize.engine.template import TEMPLATE_BYTES
 from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, find_tokenizer, load_tokenizer
@@ -42,10 +43,11 @@ class Model:
         return None if self.processor is None else dict(self.processor.config)
 
 
-def load_model(spec: str, located: Located | None = None, show_progress: bool = False) -> Model:
-    """Load `--tokenizer SPEC` from where it was found (`located`; looked up here when the run has not yet)."""
-    located = located or find_tokenizer(spec, show_progress)
-    tok, info = load_tokenizer(spec, show_progress, located)
+def load_model(spec: str, located: Located | None = None, progress: Progress | None = None) -> Model:
+    """Load `--tokenizer SPEC` from where it was found (`located`; looked up here when the run has not yet, a hub
+    name missing from the cache downloaded, its bytes reported to `progress`)."""
+    located = located or find_tokenizer(spec, progress)
+    tok, info = load_tokenizer(spec, progress, located)
     processor = _processor(located, tok)
     if processor is not None:
         info = _processor_template(located, info)

@@ -23,6 +23,7 @@ from packtool.errors import TokenizerError
 from packtool.formats import jsontext
 from packtool.formats.files import sha256_file
 from packtool.formats.sidefiles import SideFileError, read_side_file
+from packtool.progress import Progress
 from packtool.stages.tokenize.engine.locate import (
     CHAT_TEMPLATE_DIR,
     CHAT_TEMPLATE_JINJA,
@@ -222,14 +223,14 @@ def _chat_template(folder: Path, config: dict[str, Any], config_path: Path) -> _
 
 
 def load_tokenizer(
-    spec: str, show_progress: bool = False, located: Located | None = None
+    spec: str, progress: Progress | None = None, located: Located | None = None
 ) -> tuple[Tokenizer, TokenizerInfo]:
     """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour.
 
-    A hub name (`org/name`) not in the local cache is downloaded into it first (`download.py`; huggingface_hub's
-    progress bars with `show_progress`). `located`: where the run already found it (nothing is looked up again)."""
+    A hub name (`org/name[@rev]`) not in the local cache is downloaded into it first (`download.py`; its bytes
+    reported to `progress(done, total)`). `located`: where the run already found it (nothing is looked up again)."""
     try:
-        return _load_tokenizer(located or find_tokenizer(spec, show_progress))
+        return _load_tokenizer(located or find_tokenizer(spec, progress))
     except OSError as exc:  # a directory on the way that cannot be searched, an unreadable file
         where = exc.filename if exc.filename is not None else spec
         raise TokenizerError(
@@ -237,14 +238,14 @@ def load_tokenizer(
         ) from exc
 
 
-def find_tokenizer(spec: str, show_progress: bool = False) -> Located:
+def find_tokenizer(spec: str, progress: Progress | None = None) -> Located:
     """Where `--tokenizer SPEC` is, a hub name missing from the cache downloaded into it first."""
     try:
         return locate_model(spec)
     except NotCachedError:
         from packtool.stages.tokenize.engine.download import download_tokenizer
 
-        return Located(spec, download_tokenizer(spec, show_progress) / TOKENIZER_JSON, spec)
+        return Located(spec, download_tokenizer(spec, progress) / TOKENIZER_JSON, spec)
     except OSError as exc:
         where = exc.filename if exc.filename is not None else spec
         raise TokenizerError(
