@@ -58,7 +58,7 @@ SECTIONS: dict[str, type] = {
 EXTRA_KEYS: dict[str, dict[str, Any]] = {"stats": {"plot": Path | None, "json": bool}}
 #: keys filled from the earlier sections of the same step when left out
 LINKED: dict[str, set[str]] = {"pack": {"tokens_dir"}, "stats": {"path"}, "verify": {"path"}, "export": {"path"}}
-PATH_KEYS = {"inputs", "output", "chat_template", "tokens_dir", "path", "source", "plot", "model"}
+PATH_KEYS = {"inputs", "output", "chat_template", "media_dir", "tokens_dir", "path", "source", "plot", "model"}
 STEP_KEYS = ("name", *SECTIONS)
 _INLINE = "\0inline weights"  # weights parsed out of pack.tokens_dir, until the section's keys are all read
 
