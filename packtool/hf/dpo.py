@@ -40,7 +40,16 @@ import torch
 from trl import DPOTrainer
 
 from packtool.errors import ConfigError
-from packtool.hf.dpo_ref import MATCH_KEYS, REF_KEYS, batch_ref, check_pack, check_saved, has_saved, with_columns
+from packtool.hf.dpo_ref import (
+    MATCH_KEYS,
+    REF_KEYS,
+    batch_ref,
+    check_pack,
+    check_saved,
+    has_saved,
+    pack_pairs,
+    with_columns,
+)
 from packtool.hf.dpo_view import MODEL_KEYS, UNPADDED, PaddedView, Scorer
 
 __all__ = ["MODEL_KEYS", "PACK_KEYS", "REF_KEYS", "PackedDPOTrainer", "PreferencePackCollator", "packs_dataset"]
@@ -161,6 +170,7 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
                         f"and ignore them, {WHERE}, pass precompute_ref_log_probs=True to train against the saved "
                         "ones, or remove the columns (dataset.remove_columns) to take this model as the reference"
                     )
+        self._step_pairs: tuple[int, int] | None = None  # (pairs in this optimizer step, micro-batches)
         super().__init__(*args, **kwargs)
         if self.ref_model is None and not self.precompute_ref_logps:
             raise ConfigError(
@@ -209,6 +219,33 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
     def _set_signature_columns_if_needed(self) -> None:
         if self._signature_columns is None:  # type: ignore[has-type]
             self._signature_columns = list(PACK_KEYS + REF_KEYS + MATCH_KEYS)
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+        """Trainer's micro-batches of one optimizer step, and how many pairs they hold (all processes)."""
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        local = torch.tensor([sum(pack_pairs(b)[0] for b in batches)], device=device)
+        total = int(self.accelerator.gather(local).sum()) if self.accelerator.num_processes > 1 else int(local)
+        self._step_pairs = (total, len(batches))
+        return batches, items
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self._step_pairs = None
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:  # fmt: skip
+        """TRL's loss of the micro-batch, weighted by its share of the optimizer step's pairs: TRL's micro-batches
+        hold equal pair counts, so averaging them (Trainer divides by the accumulation steps, DDP by the
+        processes) is its mean over the step's pairs; packs hold unequal counts, which would weigh a pair of a
+        small micro-batch more. Outside training (evaluation, a direct call) the loss is TRL's as it is."""
+        out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self._step_pairs is None or not self.model.training:
+            return out
+        total, micro = self._step_pairs
+        scale = pack_pairs(inputs)[0] * micro * self.accelerator.num_processes / max(total, 1)
+        return (out[0] * scale, out[1]) if return_outputs else out * scale
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
         view = PaddedView(inputs)
