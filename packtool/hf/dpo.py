@@ -249,6 +249,13 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
         view = PaddedView(inputs)
+        limit = self.args.max_length
+        if limit is not None and view.longest > limit:
+            raise ConfigError(
+                f"a sequence of the batch holds {view.longest} tokens (prompt + completion), more than DPOConfig "
+                f"max_length={limit}: TRL would cut it ({self.args.truncation_mode}), the packs hold it whole, "
+                f"{WHERE}, pass max_length=None (the pack store decides the lengths)"
+            )
         padded = _trl_inputs(view)
         if self.precompute_ref_logps:
             padded.update(batch_ref(inputs, view.pair_ids))

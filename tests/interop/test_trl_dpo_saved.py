@@ -188,3 +188,17 @@ def test_gradient_accumulation_over_packs_of_unequal_pair_counts_is_the_mean_ove
         moved = float((w.detach() - before.detach()).abs().max())  # TRL's update of this parameter
         assert float((g.detach() - w.detach()).abs().max()) <= 1e-6 * max(moved, 1e-12)
     assert got.state.log_history[0]["loss"] == pytest.approx(want.state.log_history[0]["loss"], rel=1e-6)
+
+
+def test_a_sequence_longer_than_max_length_is_refused_not_trained_whole(setup) -> None:  # noqa: F811
+    """FIXED: DPOConfig's max_length (1024 by default) makes TRL cut each longer sequence (keep_start); the packs
+    were trained whole without a word, so the loss was not TRL's on the same pairs."""
+    tmp, tok, policy, ref, _want, prepared, _padded = setup
+    packs = datasets.Dataset.from_list([recipe.item(prepared[:3], False, 0), recipe.item(prepared[3:], False, 3)])
+    longest = max(len(p) + max(len(c), len(r)) for p, c, r in prepared)
+    got, inputs = packed(tmp / "maxlen", tok, policy, ref, packs)
+    got.args.max_length = longest - 1
+    with pytest.raises(ConfigError, match=f"holds {longest} tokens .* max_length={longest - 1}"):
+        got.compute_loss(got.model, inputs)
+    got.args.max_length = longest
+    assert float(got.compute_loss(got.model, inputs)) > 0
