@@ -171,6 +171,9 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
                         "ones, or remove the columns (dataset.remove_columns) to take this model as the reference"
                     )
         self._step_pairs: tuple[int, int] | None = None  # (pairs in this optimizer step, micro-batches)
+        # TRL builds a reference from the policy's checkpoint when none is given (and under FSDP even with
+        # precompute): only one the user passed may replace saved reference log-probs
+        self._ref_given = given.get("ref_model") is not None
         super().__init__(*args, **kwargs)
         if self.ref_model is None and not self.precompute_ref_logps:
             raise ConfigError(
@@ -183,7 +186,7 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         `compute_ref_log_probs` on the packed forward of the reference model (the initial policy when no ref_model
         is given). A dataset that already carries them (a saved run's) keeps them when no ref_model is given:
         the model is then no reference. `dataset.save_to_disk` keeps them beside the packs."""
-        if has_saved(dataset, name) and self.ref_model is None:  # type: ignore[has-type]
+        if has_saved(dataset, name) and not self._ref_given:
             check_saved(dataset, name, self.ld_alpha)
             return dataset
         model: Any = self.ref_model or self.model  # type: ignore[has-type]
