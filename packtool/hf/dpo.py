@@ -159,6 +159,9 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         given = inspect.signature(DPOTrainer.__init__).bind(None, *args, **kwargs).arguments
         config = given.get("args")
+        train = given.get("train_dataset")
+        if train is not None and hasattr(train, "__len__") and len(train) == 0:
+            raise _no_packs("train")  # (TRL's constructor reads its first row)
         if given.get("ref_model") is None and not getattr(config, "precompute_ref_log_probs", False):
             sets = given.get("eval_dataset")
             named = {"train": given.get("train_dataset"), **(sets if isinstance(sets, dict) else {"eval": sets})}
@@ -211,7 +214,9 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         return with_columns(dataset, chosen, rejected, pair_ids, self.ld_alpha)
 
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
-        first = next(iter(dataset))
+        first = next(iter(dataset), None)
+        if first is None:
+            raise _no_packs(dataset_name)
         if "pair_ids" not in first:
             raise ConfigError(
                 f"the {dataset_name} dataset has no pair_ids (not preference packs), {WHERE}, pass one row per pack "
@@ -269,6 +274,13 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
             return super()._compute_loss(Scorer(model, inputs, view), padded, return_outputs)
         finally:
             self.ref_model = saved
+
+
+def _no_packs(name: str) -> ConfigError:
+    return ConfigError(
+        f"the {name} dataset has no packs, {WHERE}, pass packs_dataset(PACK_DIR, size=N) of a non-empty preference "
+        "pack store"
+    )
 
 
 def _trl_inputs(view: PaddedView) -> dict[str, torch.Tensor]:

@@ -202,3 +202,11 @@ def test_a_sequence_longer_than_max_length_is_refused_not_trained_whole(setup) -
         got.compute_loss(got.model, inputs)
     got.args.max_length = longest
     assert float(got.compute_loss(got.model, inputs)) > 0
+
+
+def test_an_empty_packs_dataset_is_refused_by_name(setup) -> None:  # noqa: F811
+    """FIXED: an empty dataset raised a bare StopIteration from PackedDPOTrainer's constructor."""
+    tmp, tok, policy, ref, _want, _prepared, _padded = setup
+    empty = datasets.Dataset.from_list([recipe.item([([5, 6], [7], [8])], False, 0)]).select([])
+    with pytest.raises(ConfigError, match="the train dataset has no packs"):
+        packed(tmp / "empty", tok, policy, ref, empty)
