@@ -178,7 +178,7 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         # precompute): only one the user passed may replace saved reference log-probs
         self._ref_given = given.get("ref_model") is not None
         super().__init__(*args, **kwargs)
-        if self.ref_model is None and not self.precompute_ref_logps:
+        if self.ref_model is None and not self.precompute_ref_logps:  # type: ignore[has-type]
             raise ConfigError(
                 f"no reference model (PEFT without ref_model), {WHERE}, pass ref_model= (a frozen copy of the model) "
                 "or precompute_ref_log_probs=True"
