@@ -95,14 +95,16 @@ def load_state(s: WindowedLayout, state: dict[str, Any]) -> None:
             f"sampler state has global_sample={taken!r}, not an integer >= 0, PackedSampler.load_state_dict, "
             "pass a state_dict() this packtool wrote"
         )
-    over = head is None and consumed == 0 and base <= 2 * s.n and taken == base  # an epoch that ended in padding,
-    if base > s.n and not over:  # moved by an earlier packtool (it kept such a base); any other: silently empty
+    # a base past n: an epoch that ended in padding, moved to another world size by an earlier packtool (which
+    # kept such a base; this one clamps it to n), or else an epoch silently empty
+    over = head is None and consumed == 0 and base <= 2 * s.n and taken == base
+    if base > s.n and not over:
         raise ConfigError(
             f"sampler state has base={base}, past the {s.n} samples of an epoch, PackedSampler.load_state_dict, "
             "pass a state_dict() this packtool wrote for this dataset"
         )
     pre = None if head is None else int(taken) - consumed * world
-    if head is None and base == s.n and consumed == 0 and taken > s.n:  # an epoch that ended in padding, moved
+    if head is None and base == s.n and consumed == 0 and taken > s.n:  # that epoch, moved by this one (reported only)
         pre = int(taken)
     known = None
     if head is not None:  # the interrupted window, recomputed here, must be the one the state was taken in
