@@ -311,3 +311,15 @@ def test_subset_and_split_need_a_hub_input(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     with pytest.raises(InputError, match="HF_HUB_OFFLINE is set"):
         expand_inputs(["hf://datasets/o/n"], HubOptions(split="test"))
+
+
+def test_run_yaml_takes_subset_and_split(tmp_path: Path) -> None:
+    from packtool.cli.runconfig import load_run_config
+
+    (tmp_path / "run.yaml").write_text("tokenize: {inputs: [hf://datasets/org/ds], tokenizer: org/tok, output: out, "
+                                       "subset: en, split: test}\n")  # fmt: skip
+    step = load_run_config(tmp_path / "run.yaml")[0]
+    assert step.tokenize is not None and (step.tokenize.subset, step.tokenize.split) == ("en", "test")
+    (tmp_path / "bad.yaml").write_text("tokenize: {inputs: [a.jsonl], tokenizer: t, output: out, split: test}\n")
+    code, _, err = cli("run", str(tmp_path / "bad.yaml"))
+    assert code == 2 and "--split 'test' applies to hub datasets only" in err
