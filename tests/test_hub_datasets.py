@@ -151,11 +151,13 @@ def test_a_chat_dataset_is_fetched_as_load_dataset_selects_it(tmp_path: Path, hu
     seen = json.loads(python(tmp_path, hub, code, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     assert seen["rows"] == TRAIN
     assert seen["repos"] == [["acme/chat", "dataset", [commit]]]
-    # and load_dataset through the same hub reads the same records for each split
+    # and load_dataset through the same hub reads the same records for each split, from the files packtool
+    # fetched: it downloads none of them again
+    hub.requests.clear()
     online = python(tmp_path, hub, "import json, datasets\nd = datasets.load_dataset('acme/chat')\n"
-                                   "print(json.dumps({k: v.to_list() for k, v in d.items()}))",  # fmt: skip
-                    HF_HOME=str(tmp_path / "home2"))  # fmt: skip
+                                   "print(json.dumps({k: v.to_list() for k, v in d.items()}))")  # fmt: skip
     assert json.loads(online) == {"train": TRAIN, "test": TEST}
+    assert not [p for p in hub.fetched() if p.endswith(".parquet")], hub.fetched()
 
 
 def test_revisions_and_the_parquet_export(tmp_path: Path, hub: Hub, run: Run) -> None:
