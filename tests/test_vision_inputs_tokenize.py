@@ -191,6 +191,11 @@ def test_gemma3_ids_equal_the_processors(tmp_path: Path) -> None:
         image = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
         assert ids.count(image) == 16 * len(record["images"]) and not any(loss[i] for i, t in enumerate(ids) if t == image)
     assert [r[2] for r in result.media] == [16] * 4
+    literal = demo[1] | {"messages": [{"role": "user", "content": "<image>Is <image_soft_token> a token?"},
+                                      {"role": "assistant", "content": "Yes."}]}
+    src.write_text(json.dumps(literal) + "\n")
+    result = run_chunks(src, folder, on_error="skip")
+    assert result.n_documents == 0 and "image token '<image_soft_token>' as text" in result.rejects.decode()
 
 
 def test_hostile_records_many_duplicate_and_system_images(tmp_path: Path, qwen: Path) -> None:
