@@ -158,7 +158,7 @@ def test_template_failure_is_a_record_error() -> None:
     ([{"role": "wizard", "content": "x"}], "unknown role 'wizard'"),
     ([{"role": "user", "content": 3}], "content is not a string"),
     ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "'text' is not a string"),
-    ([{"role": "user", "content": [{"type": "image"}]}], "cannot render"),
+    ([{"role": "user", "content": [{"type": "image"}]}], "miscounted images"),
     ([], "non-empty list"),
     ("hello", "non-empty list"),
 ])

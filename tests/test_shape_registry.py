@@ -33,7 +33,7 @@ from packtool.errors import ConfigError, UsageError
 ROOT = Path(__file__).resolve().parents[1] / "packtool"
 SHAPES_DIR = ROOT / "core" / "encoding" / "shapes"
 #: modules of the shapes package that are the room's machinery, not shapes
-MACHINERY = {"__init__", "base", "fields", "roles", "registry", "detect"}
+MACHINERY = {"__init__", "base", "fields", "roles", "registry", "detect", "images"}
 
 
 def test_every_format_but_auto_is_a_shape_module_and_every_shape_module_is_registered() -> None:

@@ -346,6 +346,9 @@ def test_from_dir_text_only_unsupported_and_mixed_folders(tmp_path: Path) -> Non
     (mixed / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {"spatial_merge_size": 4}}))
     with pytest.raises(ConfigError, match="spatial_merge_size"):
         VisionProcessor.from_dir(mixed, vocab_of(mixed))
+    (mixed / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {"patch_size": 16}}))
+    with pytest.raises(ConfigError, match="vision_config.patch_size is 16"):
+        VisionProcessor.from_dir(mixed, vocab_of(mixed))
     with pytest.raises(ConfigError, match="no image token '<\\|image_pad\\|>'"):
         VisionProcessor.from_dir(build_qwen_folder(tmp_path / "novocab", "qwen2_vl"), {"a": 1})
     (mixed / "preprocessor_config.json").write_text("{not json")

@@ -117,6 +117,10 @@ def tokenize(
     separator: Annotated[
         str | None, typer.Option("--separator", help="Split .txt files into documents at STR.")
     ] = None,
+    media_dir: Annotated[
+        str | None,
+        typer.Option("--media-dir", help="Images: relative paths resolve here (absolute ones may lie here)."),
+    ] = None,
     bos: Annotated[bool | None, typer.Option("--bos/--no-bos", help="Default: as the tokenizer does.")] = None,
     eos: Annotated[bool | None, typer.Option("--eos/--no-eos", help="Default: EOS when defined (not chat).")] = None,
     workers: Workers = None,

@@ -77,7 +77,7 @@ METAVARS: dict[str, str] = {
     "audit model": "MODEL", "--tokenizer": "TOKENIZER", "--output": "DIR", "pack --output": "ROOT",
     "--field": "FIELD", "--prompt-field": "FIELD", "--completion-field": "FIELD", "--messages-field": "FIELD",
     "--instruction-field": "FIELD", "--input-field": "FIELD", "--output-field": "FIELD", "--history-field": "FIELD",
-    "--system-field": "FIELD", "--role-map": "FROM=TO,...", "--chat-template": "FILE", "--separator": "STR",
+    "--system-field": "FIELD", "--role-map": "FROM=TO,...", "--chat-template": "FILE", "--separator": "STR", "--media-dir": "DIR",
     "--assistant-turns": "TURNS", "--on-error": "MODE", "--workers": "N", "--max-record-bytes": "BYTES",
     "--chunk-bytes": "BYTES", "--num-shards": "N", "--shard-index": "I", "--ray-address": "ADDRESS",
     "--size": "N", "--seed": "SEED", "--overlong": "POLICY", "--pad-multiple": "M", "--max-docs-per-pack": "K", "--vision-budget": "PATCHES",

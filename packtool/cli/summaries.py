@@ -28,6 +28,12 @@ def tokenize_line(result: Any) -> str:
     docs = f"{m['n_documents']} documents"
     if isinstance(pref, dict) and "pairs" in pref:  # a preference store: each pair is two documents
         docs = f"{pref['pairs']} preference pairs ({m['n_documents']} documents: chosen, rejected)"
+    vision = m.get("vision")
+    if isinstance(vision, dict):  # a store with images: how many, held once each
+        docs += (
+            f" with {vision.get('n_images')} images ({vision.get('n_unique')} unique, "
+            f"{vision.get('n_image_tokens')} image tokens, {vision.get('family')})"
+        )
     return (
         f"tokenized {docs}, {m['n_tokens']} tokens ({m['n_target_tokens']} targets, "
         f"{m['dtype']}), {detected}{m.get('n_rejected', 0)} rejected{why}, {state} -> {result.path}"

@@ -1,7 +1,7 @@
 """Queries after a KV cache (decoding one token, or a chunk after a prefill): one sequence per row, causal from
 the bottom right, unpadded by the 2-D mask; and the refusals of what such queries cannot be read as.
 
-`layout.read` sends a call here when its queries are fewer than its keys. Refused by name: `cu_seq_lens` with a
+`layout.read` sends a call here when its keys run past its queries (a KV cache). Refused by name: `cu_seq_lens` with a
 cache, a chunk whose `position_ids` restart (or `seq_idx` changes) inside a row (packed documents after a cache
 would attend to each other and to the cache), a row whose first real query starts a new document at position 0
 after cached tokens, and padding between cached tokens wider than a sliding window.

@@ -132,6 +132,13 @@ class QwenVL(VisionProcessor):
                 f"the image processor merges {merge}x{merge} patches but the model's vision_config.spatial_merge_size "
                 f"is {spatial}, {folder.path}, the folder mixes two models' files"
             )
+        patch = int_setting(raw, "patch_size", 14, where, high=1024)
+        model_patch = int_setting(vision, "patch_size", patch, folder.path / "config.json", high=1024)
+        if model_patch != patch:
+            raise ConfigError(
+                f"the image processor cuts {patch}-pixel patches but the model's vision_config.patch_size is "
+                f"{model_patch}, {folder.path}, the folder mixes two models' files"
+            )
         model_id = model.get("image_token_id", model.get("image_token_index"))
         if isinstance(model_id, int) and model_id != image_id:
             raise ConfigError(
@@ -146,7 +153,7 @@ class QwenVL(VisionProcessor):
             "reserved_tokens": [t for t in (folder.special_token("video_token", "<|video_pad|>"),) if t in vocab],
             "image_token": image_token,
             "image_token_id": image_id,
-            "patch_size": int_setting(raw, "patch_size", 14, where, high=1024),
+            "patch_size": patch,
             "temporal_patch_size": int_setting(raw, "temporal_patch_size", 2, where, high=64),
             "merge_size": merge,
             "spatial_merge_size": spatial,

@@ -37,13 +37,13 @@ def tokenize_corpus(
     `progress(done_bytes, total_bytes)` is called after each chunk.
     """
     config.validate()
-    start_fast_load(config.tokenizer, config.backend, config.format)
+    located = start_fast_load(config.tokenizer, config.backend, config.format)  # the model folder, found once
     try:
         from packtool.stages.tokenize import pipeline
 
-        return pipeline.tokenize_corpus(config, progress, executor)
+        return pipeline.tokenize_corpus(config, progress, executor, located)
     finally:
-        drop_fast_load(config.tokenizer)  # a no-op once the run took it
+        drop_fast_load(located)  # a no-op once the run took it
 
 
 def __getattr__(name: str) -> object:

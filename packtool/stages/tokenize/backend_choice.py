@@ -96,7 +96,7 @@ def input_sample(chunks: Sequence[Chunk], settings: ChunkSettings) -> list[str]:
     size = 0
     for chunk in chunks:
         for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
-            got = record.error if record.error is not None else extract(record.value, settings)
+            got = record.error if record.error is not None else extract(record.value, settings, record.source)
             if isinstance(got, str):
                 continue
             texts = list(got) if isinstance(got, PairTexts) else [got[0]]  # a pair: all three texts

@@ -34,6 +34,7 @@ from packtool.stages.tokenize.inputs.readers.registry import reader_named
 from packtool.stages.tokenize.journal import ChunkResult
 from packtool.stages.tokenize.records import extract
 from packtool.stages.tokenize.settings import ChunkSettings
+from packtool.stages.tokenize.vision import VisionText, image_rows
 
 BATCH_CHARS = 2_000_000
 BATCH_DOCS = 8192
@@ -41,7 +42,8 @@ BATCH_DOCS = 8192
 #: takes 4 bytes a character)
 PRERENDER_BYTES = 32 << 20
 
-Got = tuple[str, Spans | None] | PairTexts | str  # (text, target spans), a pair's texts, or why the record is bad
+#: (text, target spans), the same with images, a pair's texts, or why the record is bad
+Got = tuple[str, Spans | None] | VisionText | PairTexts | str
 _AHEAD: dict[tuple[Chunk, str], list[tuple[str, int | None, Got]]] = {}
 _AHEAD_LOCK = threading.Lock()
 
@@ -82,7 +84,11 @@ def chunk_records(chunk: Chunk, settings: ChunkSettings) -> Iterator[tuple[str, 
     """(source, line, text and spans or the reason) of every record of `chunk`, in order."""
     settings = settings.for_chunk(chunk)  # its file's shape, when `--format auto` found several
     for record in read_chunk(chunk, separator=settings.separator, max_record_bytes=settings.max_record_bytes):
-        yield record.source, record.line, record.error if record.error is not None else extract(record.value, settings)
+        yield (
+            record.source,
+            record.line,
+            record.error if record.error is not None else extract(record.value, settings, record.source),
+        )
 
 
 def prerender(chunks: Sequence[Chunk], settings: ChunkSettings, pending: Callable[[], bool]) -> Callable[[], None]:
@@ -117,10 +123,12 @@ def prerender(chunks: Sequence[Chunk], settings: ChunkSettings, pending: Callabl
     return drop
 
 
-def _held(got: tuple[str, Spans | None] | PairTexts) -> int:
-    """Bytes of rendered text a prerendered record holds."""
+def _held(got: tuple[str, Spans | None] | VisionText | PairTexts) -> int:
+    """Bytes of rendered text (and images) a prerendered record holds."""
     if isinstance(got, PairTexts):
         return sum(sys.getsizeof(text) for text in got)
+    if isinstance(got, VisionText):
+        return sys.getsizeof(got.text) + sum(len(data) for data in got.images)
     return sys.getsizeof(got[0])
 
 
@@ -141,6 +149,7 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
     result = ChunkResult(chunk.index, key, n_bytes=chunk.n_bytes)
     texts: list[str] = []
     spans: list[Spans | None] = []
+    visions: list[VisionText | None] = []  # per text: its images (None: a text-only document)
     pairs: list[PairTexts] = []  # a preference shape's records: two documents each (chosen, rejected)
     rejects: list[bytes] = []
     chars = 0
@@ -158,11 +167,14 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
             ids, lengths, loss = encode_batch(tok, texts, spans if with_loss else None, settings.policy, dtype, backend)
             if ones:
                 loss = np.ones(ids.size, np.uint8)
+            if settings.vision is not None and any(v is not None for v in visions):
+                result.media += image_rows(settings.vision, ids, lengths, loss, visions, result.n_documents)
             result.parts.append((ids, lengths, loss))
             result.n_documents += int(lengths.size)
             result.n_tokens += int(ids.size)
             texts.clear()
             spans.clear()
+            visions.clear()
             chars = 0
 
     for path in chunk.paths:
@@ -203,6 +215,7 @@ def tokenize_chunk(chunk: Chunk, settings: ChunkSettings, key: str) -> ChunkResu
         counts[1] += 1
         texts.append(got[0])
         spans.append(got[1])
+        visions.append(got if isinstance(got, VisionText) else None)
         chars += len(got[0])
         if chars >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
             flush()

@@ -57,6 +57,9 @@ class TokenizeConfig:
     """chat: train on all assistant turns, or only the last one."""
     separator: str | None = None
     """Split .txt files into documents at this string (default: one document per file)."""
+    media_dir: str | None = None
+    """Records with images: the folder relative image paths resolve against (before the input file's own
+    folder), and the only place an absolute image path, or a link, may lead (docs/VISION_INPUTS.md)."""
     bos: bool | None = None
     """None follows the tokenizer (its post-processor decides); True/False force BOS on/off."""
     eos: bool | None = None
@@ -128,6 +131,8 @@ class TokenizeConfig:
                 "--separator is empty, which would split nothing, pass the string between documents (e.g. "
                 "--separator '\\n\\n') or leave it out for one document per .txt file"
             )
+        if self.media_dir is not None and not self.media_dir:
+            raise UsageError("--media-dir is empty, pass the folder that holds the images or leave it out")
         if self.num_shards < 1:
             raise UsageError(f"--num-shards must be at least 1, got {self.num_shards}, pass a positive count")
         if not 0 <= self.shard_index < self.num_shards:
@@ -179,6 +184,11 @@ class TokenizeConfig:
             raise UsageError(
                 f"--chat-template does not apply to --format {fmt} (no chat template renders its records), "
                 "leave --chat-template out or pick the format of the records (chat, sharegpt, ...)"
+            )
+        if self.media_dir is not None and not has_turns(fmt):
+            raise UsageError(
+                f"--media-dir does not apply to --format {fmt} (its records hold no images), "
+                "leave --media-dir out or pick the format of the records (chat, sharegpt, ...)"
             )
         if self.role_map is not None:
             try:

@@ -49,6 +49,9 @@ class ChunkResult:
     reasons: dict[str, int] = field(default_factory=dict)  # reject reason kind -> count (`chunks.reason_kind`)
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = field(default_factory=list, repr=False)
     rejects: bytes = field(default=b"", repr=False)
+    #: image occurrences (`vision.ImageRow`: document index within the chunk, offset, n_tokens, grid, n_patches,
+    #: encoded bytes), in document then offset order; written by the coordinator with the store's MediaWriter
+    media: list[tuple[int, int, int, tuple[int, int, int], int, bytes]] = field(default_factory=list, repr=False)
     mark: dict[str, Any] | None = None
 
     def to_json(self) -> str:
@@ -59,6 +62,7 @@ class ChunkResult:
         """Drop the arrays once they are in the store (the journal keeps the counts)."""
         self.parts = []
         self.rejects = b""
+        self.media = []
 
 
 class Journal:

@@ -26,8 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from packtool import __version__
 from packtool.choices import OnError
 from packtool.core.encoding.backends import FastBackend, HFBackend
@@ -47,7 +45,9 @@ from packtool.stages.tokenize.backend_choice import (
 from packtool.stages.tokenize.chunks import ChunkTask, prerender, worker_env
 from packtool.stages.tokenize.config import TokenizeConfig, auto_chunk_bytes
 from packtool.stages.tokenize.engine.early import worth_loading
-from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, load_tokenizer, locate, remember_tokenizer
+from packtool.stages.tokenize.engine.locate import Located, locate_model
+from packtool.stages.tokenize.engine.model import Model, load_model
+from packtool.stages.tokenize.engine.tokenizer import TokenizerInfo, remember_tokenizer
 from packtool.stages.tokenize.inputs.chunk import Chunk
 from packtool.stages.tokenize.inputs.locators import expand_inputs
 from packtool.stages.tokenize.inputs.locators.hub import HubOptions
@@ -77,37 +77,50 @@ class TokenizeResult:
 
 
 def tokenize_corpus(
-    config: TokenizeConfig, progress: Progress | None = None, executor: Executor | None = None
+    config: TokenizeConfig,
+    progress: Progress | None = None,
+    executor: Executor | None = None,
+    located: Located | None = None,
 ) -> TokenizeResult:
     """Tokenize `config.inputs` into the token store `config.output` (see the module docstring).
 
-    `progress(done_bytes, total_bytes)` is called after each chunk.
+    `progress(done_bytes, total_bytes)` is called after each chunk. `located`: where `--tokenizer` was found
+    (`early.start_fast_load`); the model folder is looked up once and everything is loaded from it.
     """
     config.validate()
     output = Path(config.output).expanduser().resolve()
     workers = config.resolved_workers()
     cap_malloc_arenas()  # before the first thread: see packtool.exec.local
     with scoped_environ(worker_env(workers) if executor is None and config.executor == "local" else {}):
-        fast = _preload_fast(config)
-        tokenizer = load_tokenizer(config.tokenizer, progress)
+        located = located or _located(config.tokenizer)
+        fast = _preload_fast(config, located)
+        model = load_model(config.tokenizer, located, progress)
         hub = HubOptions(config.subset, config.split, progress)
         paths = expand_inputs(config.inputs, hub)
         drops: list[Callable[[], None]] = []
         try:
             with guarded_output(output):
-                return _tokenize(config, output, tokenizer, paths, fast, progress, executor, drops, hub.resolved)
+                return _tokenize(config, output, model, paths, fast, progress, executor, drops, hub.resolved)
         finally:
             for drop in drops:  # chunks rendered ahead that no task took (resumed, up to date, failed)
                 drop()
 
 
-def _preload_fast(config: TokenizeConfig) -> Future[FastBackend] | None:
-    """Start loading the fast engine when the run may use it; a bad --tokenizer is load_tokenizer's to report."""
-    if not fast_candidate(config.backend):
+def _located(spec: str) -> Located | None:
+    """Where `--tokenizer` is, when the run was not handed it; None: `load_model` downloads it or reports why."""
+    try:
+        return locate_model(spec)
+    except (PacktoolError, OSError):
+        return None
+
+
+def _preload_fast(config: TokenizeConfig, located: Located | None) -> Future[FastBackend] | None:
+    """Start loading the fast engine when the run may use it; a bad --tokenizer is load_model's to report."""
+    if not fast_candidate(config.backend) or located is None:
         return None
     try:
-        path = locate(config.tokenizer)[0].resolve()
-    except (PacktoolError, OSError):
+        path = located.tokenizer_json.resolve()
+    except OSError:
         return None
     if not worth_loading(path, config.format):  # offsets, which fast cannot give for this tokenizer (early.py)
         return None
@@ -117,7 +130,7 @@ def _preload_fast(config: TokenizeConfig) -> Future[FastBackend] | None:
 def _tokenize(
     config: TokenizeConfig,
     output: Path,
-    tokenizer: tuple[Tokenizer, TokenizerInfo],
+    model: Model,
     paths: list[Path],
     fast: Future[FastBackend] | None,
     progress: Progress | None,
@@ -126,7 +139,7 @@ def _tokenize(
     hub: list[dict[str, Any]],
 ) -> TokenizeResult:
     """The write phase, under the output's lock (`output.guarded_output`); `drops` collects what to free after."""
-    tok, info = tokenizer
+    tok, info = model.tokenizer, model.info
     workers = config.resolved_workers()
     remember_tokenizer(info.path, info.sha256, tok)
     chunk_bytes = config.chunk_bytes or auto_chunk_bytes(input_bytes(paths))
@@ -135,7 +148,7 @@ def _tokenize(
     chunks = shard_slice(all_chunks, config.num_shards, config.shard_index)  # all of them unless sharded
     shape = resolve_shape(config, all_chunks)
     needs_offsets = shape.loss and not shape.spec.pairs  # target spans are character offsets (pairs: tokens)
-    settings = chunk_settings(config, info, output, shape)
+    settings = replace(chunk_settings(config, info, output, shape), vision=model.vision)
 
     def meanwhile(pending: Callable[[], bool]) -> None:  # render chat-shaped chunks while the fast engine loads
         if shape.spec.loss and executor is None and config.executor == "local":
@@ -191,6 +204,9 @@ def _tokenize(
         manifest = token_manifest(
             chunks, results, sources, hashes.result(), settings, info, config, build_id, choice.manifest(), shape
         )
+        if writer.media is not None:  # a store with images: its `vision` object, counts filled by `finish`
+            processor = model.processor
+            manifest["vision"] = writer.media.vision(processor.family, processor.config, processor.image_token_id)
         manifest = {**manifest, **({"hub": hub} if hub else {})}  # each hf:// input: repo, revision, commit
         manifest = writer.finish({**manifest, **({"shard": shard} if shard else {})})  # shard last: merge drops it
     except BaseException:
@@ -243,6 +259,7 @@ def _resume(
         marks,
         with_loss=settings.loss,
         with_rejects=settings.on_error == OnError.SKIP,
+        with_media=settings.vision is not None,  # the images resume with the tokens
     )
     journal.restart(prefix[:kept], {p: h for p, h in current.items() if journal.source_hashes.get(p) == h})
     return writer, prefix[:kept]
@@ -272,8 +289,11 @@ def _append_in_order(
             ready = waiting.pop(order[position])
             position += 1
             fault_point("tokenize.chunk:commit")
+            first = writer.n_documents
             for ids, lengths, loss in ready.parts:
                 writer.append(ids, lengths, loss)
+            for doc, offset, n_tokens, grid, n_patches, data in ready.media:  # after its documents: global index
+                writer.media.add(first + doc, offset, n_tokens, grid, n_patches, data)  # type: ignore[union-attr]
             writer.append_rejects(ready.rejects)
             ready.mark = writer.mark().to_json()
             ready.release()

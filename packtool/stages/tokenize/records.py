@@ -25,15 +25,21 @@ from packtool.core.encoding.chat import (
 )
 from packtool.core.encoding.encode import Spans
 from packtool.core.encoding.pairs import PairTexts
-from packtool.core.encoding.shapes.base import Conversation, Pair
-from packtool.errors import ConfigError
+from packtool.core.encoding.shapes.base import Conversation, Pair, ShapeError
+from packtool.core.encoding.shapes.images import ImageRef, images_in_record, with_images
+from packtool.errors import ConfigError, InputError
 from packtool.stages.tokenize.engine.tokenizer import cached_tokenizer
+from packtool.stages.tokenize.inputs.media import MediaError, image_bytes
 from packtool.stages.tokenize.inputs.record import PlainText
 from packtool.stages.tokenize.settings import ChunkSettings
+from packtool.stages.tokenize.vision import VisionText, expand, measure, no_image_token
 
 
-def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | PairTexts | str:
-    """One record -> (text, target spans or None for all-target), a pair's texts, or the reason it is bad."""
+def extract(
+    value: Any, settings: ChunkSettings, source: str = ""
+) -> tuple[str, Spans | None] | VisionText | PairTexts | str:
+    """One record of the input file `source` -> (text, target spans or None for all-target), a `VisionText`
+    (the same with its images), a pair's texts, or the reason it is bad."""
     spec, options = settings.reader
     if spec.documents and isinstance(value, PlainText):  # a .txt document; a JSON string record is not one
         return value, None
@@ -47,16 +53,48 @@ def extract(value: Any, settings: ChunkSettings) -> tuple[str, Spans | None] | P
         if isinstance(got, Pair):
             return pair_texts(got, settings)
         if not isinstance(got, Conversation):
+            held = images_in_record(value)
+            if held is not None:  # never read as text alone
+                raise ShapeError(
+                    f"the record has {held} but is read as {spec.name} (text alone), "
+                    "pass --format chat, sharegpt or alpaca (or auto) to read its images with its messages"
+                )
             return got
-        return render_with_spans(
+        got = with_images(value, got)
+        if got.images and settings.vision is None:
+            raise ShapeError(no_processor(got.images, settings.tokenizer_path))
+        images: tuple[bytes, ...] = ()
+        if got.images:  # decoded and measured here, in the chunk task, before the template renders them
+            images = tuple(image_bytes(ref, source, settings.media_dir) for ref in got.images)
+            infos = measure(settings.vision or {}, images, [ref.label() for ref in got.images])
+        text, spans = render_with_spans(
             chat_template(settings),
             got.messages,
             last_only=settings.assistant_turns == AssistantTurns.LAST,
             tools=got.tools,
             targets=got.targets,
         )
-    except ChatRecordError as exc:
+        if not images:
+            if settings.vision is not None:
+                no_image_token(settings.vision, text)
+            return text, spans
+        return VisionText(*expand(settings.vision or {}, text, spans, infos), images, infos)
+    except (ChatRecordError, MediaError) as exc:
         return str(exc)
+    except InputError as exc:  # the processor's: an image that does not decode, placeholders miscounted
+        return str(exc)
+
+
+def no_processor(images: tuple[ImageRef, ...], tokenizer: str) -> str:
+    """Why a record with images is refused under a tokenizer folder without an image processor."""
+    shown = ", ".join(ref.label() for ref in images[:3]) + (", ..." if len(images) > 3 else "")
+    folder = tokenizer.removesuffix("/tokenizer.json")
+    return (
+        f"the record has {len(images)} image{'s' if len(images) > 1 else ''} ({shown}) but the tokenizer "
+        f"folder {folder} has no image processor (no preprocessor_config.json), and images are never read as text: pass "
+        "--tokenizer the vision-language model's folder (preprocessor_config.json beside the tokenizer), "
+        "or drop the images"
+    )
 
 
 def pair_texts(pair: Pair, settings: ChunkSettings) -> PairTexts:

@@ -8,6 +8,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from packtool.choices import AssistantTurns
 from packtool.core.encoding.encode import SpecialPolicy
@@ -51,6 +52,11 @@ class ChunkSettings:
     #: `--format auto` that found several shapes: (path, format, shape, fields, loss) of every input file; a
     #: chunk reads its file's (`for_chunk`). Empty when one shape reads every file (the fields above).
     by_source: tuple[tuple[str, str, str, ShapeFields, bool], ...] = ()
+    #: the model folder's image processor (`VisionProcessor.config`), None when it has none: records with
+    #: images are then refused by name (never read as text)
+    vision: dict[str, Any] | None = None
+    #: `--media-dir`, resolved (None: image paths resolve against each input file's folder only)
+    media_dir: str | None = None
 
     @cached_property
     def _by_path(self) -> dict[str, tuple[str, str, ShapeFields, bool]]:
@@ -80,6 +86,9 @@ class ChunkSettings:
         data["policy"].pop("manifest")
         if not self.by_source:  # the fingerprint of a run of one shape is what it was before per-file shapes
             data.pop("by_source")
+        for key in ("vision", "media_dir"):  # nor that of a run without images
+            if data[key] is None:
+                data.pop(key)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -99,6 +108,14 @@ def chunk_settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, sh
             f"(neither chat_template.jinja nor tokenizer_config.json holds one), "
             + (info.chat_template_note or "pass --chat-template FILE")
         )
+    media_dir = None
+    if config.media_dir is not None:
+        folder = Path(config.media_dir).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(
+                f"--media-dir {config.media_dir} is not a directory, pass the folder that holds the images"
+            )
+        media_dir = str(folder.resolve())
     policy = (
         pair_policy(info, shape, config) if shape.spec.pairs else special_policy(info, chat, config.bos, config.eos)
     )
@@ -120,6 +137,7 @@ def chunk_settings(config: TokenizeConfig, info: TokenizerInfo, output: Path, sh
         max_record_bytes=config.max_record_bytes,
         role_map=parse_role_map(config.role_map) if config.role_map else (),
         loss=shape.loss,
+        media_dir=media_dir,
         by_source=tuple(
             (path, one.format.value, one.spec.name, one.fields, one.spec.loss) for path, one in shape.sources
         ),

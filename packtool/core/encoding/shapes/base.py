@@ -74,6 +74,9 @@ class Conversation:
     messages: Any  # a list of message objects once valid (`chat.validate_messages` says what is wrong)
     tools: list[Any] | None = None
     targets: tuple[bool, ...] | None = None
+    #: the record's images in order (`images.ImageRef`), each an `{"type": "image"}` part of `messages`
+    #: (`images.with_images` makes that canonical form); empty for a text-only record
+    images: tuple[Any, ...] = ()
 
     @property
     def targets_from(self) -> int:

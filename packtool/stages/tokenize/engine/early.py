@@ -27,10 +27,12 @@ from typing import Any
 
 from packtool.choices import BackendName, InputFormat
 from packtool.errors import PacktoolError
-from packtool.stages.tokenize.engine.locate import locate
+from packtool.stages.tokenize.engine.locate import Located, locate_model
 
 _LOCK = threading.Lock()
 _LOADS: dict[tuple[str, int, int], Future[Any]] = {}
+#: the lookup `start_from_argv` made, taken once by the run it started for (the model folder is located once)
+_FROM_ARGV: dict[str, Located] = {}
 
 
 def load_key(path: str | Path) -> tuple[str, int, int]:
@@ -74,24 +76,34 @@ def worth_loading(path: str | Path, format: str | None) -> bool:
     return format in (None, InputFormat.TEXT) or may_be_byte_level(path)
 
 
-def start_fast_load(tokenizer: str, backend: str, format: str | None = None) -> None:
-    """Begin `fastokens.Tokenizer.from_file` of the run's tokenizer.json in a thread when the run may use it."""
+def start_fast_load(tokenizer: str, backend: str, format: str | None = None) -> Located | None:
+    """Locate `--tokenizer` and begin `fastokens.Tokenizer.from_file` of its tokenizer.json in a thread when the run
+    may use it. Returns where it is, for the run to load everything else from (None: not found here, a hub
+    name to download, or a bad path, which the run's own load reports)."""
+    with _LOCK:
+        located = _FROM_ARGV.pop(tokenizer, None)
+    if located is None:
+        try:
+            located = locate_model(tokenizer)
+        except (PacktoolError, OSError):
+            return None
     if backend not in (BackendName.AUTO, BackendName.FAST) or importlib.util.find_spec("fastokens") is None:
-        return
+        return located
     try:
-        path = locate(tokenizer)[0].resolve()
+        path = located.tokenizer_json.resolve()
         key = load_key(path)
-    except (PacktoolError, OSError):
-        return
+    except OSError:
+        return located
     if not worth_loading(path, format):
-        return
+        return located
     with _LOCK:
         if key in _LOADS:
-            return
+            return located
         future: Future[Any] = Future()
         _LOADS[key] = future
     # a daemon thread: a process that ends without taking the load (a usage error) does not wait for it
     threading.Thread(target=_load, args=(str(path), future), name="packtool-early", daemon=True).start()
+    return located
 
 
 def start_from_argv(args: list[str]) -> None:
@@ -108,9 +120,13 @@ def start_from_argv(args: list[str]) -> None:
             elif arg.startswith(flag + "="):
                 found[flag] = arg[len(flag) + 1 :]
     if "--tokenizer" in found:
-        start_fast_load(
+        located = start_fast_load(
             found["--tokenizer"], found.get("--backend", BackendName.AUTO), found.get("--format", InputFormat.TEXT)
         )
+        if located is not None:
+            with _LOCK:
+                _FROM_ARGV.clear()  # one hint at a time
+                _FROM_ARGV[located.spec] = located
 
 
 def take_fast_load(key: tuple[str, int, int]) -> Future[Any] | None:
@@ -119,14 +135,15 @@ def take_fast_load(key: tuple[str, int, int]) -> Future[Any] | None:
         return _LOADS.pop(key, None)
 
 
-def drop_fast_load(tokenizer: str) -> None:
+def drop_fast_load(located: Located | None) -> None:
     """Forget a load nobody took (the run failed before it needed the engine): a long-lived process keeps nothing."""
     with _LOCK:
-        if not _LOADS:
+        _FROM_ARGV.clear()
+        if not _LOADS or located is None:
             return
     try:
-        path = str(locate(tokenizer)[0].resolve())
-    except (PacktoolError, OSError):
+        path = str(located.tokenizer_json.resolve())
+    except OSError:
         return
     with _LOCK:  # by path: a file rewritten since the load began has another key now
         for key in [k for k in _LOADS if k[0] == path]:

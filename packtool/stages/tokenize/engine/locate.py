@@ -7,6 +7,7 @@ heavy, to start loading the fast engine at once (`early.py`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from packtool.errors import TokenizerError
@@ -61,6 +62,27 @@ def file_name(path: Path) -> str:
     if resolved.name == TOKENIZER_JSON or not resolved.stem:
         return resolved.parent.name
     return resolved.stem
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where `--tokenizer SPEC` is, found once per run and handed down (`early.py` starts the fast engine's load
+    from it, `model.load_model` loads the tokenizer, its template and the image processor from its folder)."""
+
+    spec: str
+    tokenizer_json: Path  # as found, links not followed: a hub snapshot's files are links into its blobs/
+    name: str
+
+    @property
+    def folder(self) -> Path:
+        """The model folder: the tokenizer's files, its chat template, and a VLM's processor files."""
+        return self.tokenizer_json.parent
+
+
+def locate_model(spec: str) -> Located:
+    """`locate`, as the one object a run hands down (NotCachedError: a hub name to download)."""
+    path, name = locate(spec)
+    return Located(spec, path, name)
 
 
 def locate(spec: str) -> tuple[Path, str]:

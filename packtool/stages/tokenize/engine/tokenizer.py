@@ -31,10 +31,12 @@ from packtool.stages.tokenize.engine.locate import (
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
+    Located,
     NotCachedError,
     fetch_command,
     is_hub_name,
     locate,
+    locate_model,
     resolve_hub_name,
 )
 from packtool.stages.tokenize.engine.template import TEMPLATE_BYTES
@@ -220,13 +222,15 @@ def _chat_template(folder: Path, config: dict[str, Any], config_path: Path) -> _
     return _Template(None, TOKENIZER_CONFIG)
 
 
-def load_tokenizer(spec: str, progress: Progress | None = None) -> tuple[Tokenizer, TokenizerInfo]:
+def load_tokenizer(
+    spec: str, progress: Progress | None = None, located: Located | None = None
+) -> tuple[Tokenizer, TokenizerInfo]:
     """Load the tokenizer and describe it: ids range, special tokens, post-processor behaviour.
 
     A hub name (`org/name[@rev]`) not in the local cache is downloaded into it first (`download.py`; its bytes
-    reported to `progress(done, total)`)."""
+    reported to `progress(done, total)`). `located`: where the run already found it (nothing is looked up again)."""
     try:
-        return _load_tokenizer(spec, progress)
+        return _load_tokenizer(located or find_tokenizer(spec, progress))
     except OSError as exc:  # a directory on the way that cannot be searched, an unreadable file
         where = exc.filename if exc.filename is not None else spec
         raise TokenizerError(
@@ -234,13 +238,23 @@ def load_tokenizer(spec: str, progress: Progress | None = None) -> tuple[Tokeniz
         ) from exc
 
 
-def _load_tokenizer(spec: str, progress: Progress | None) -> tuple[Tokenizer, TokenizerInfo]:
+def find_tokenizer(spec: str, progress: Progress | None = None) -> Located:
+    """Where `--tokenizer SPEC` is, a hub name missing from the cache downloaded into it first."""
     try:
-        json_path, name = locate(spec)
+        return locate_model(spec)
     except NotCachedError:
         from packtool.stages.tokenize.engine.download import download_tokenizer
 
-        json_path, name = download_tokenizer(spec, progress) / TOKENIZER_JSON, spec
+        return Located(spec, download_tokenizer(spec, progress) / TOKENIZER_JSON, spec)
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else spec
+        raise TokenizerError(
+            f"cannot read the tokenizer ({exc.strerror or exc}), {where}, check its permissions"
+        ) from exc
+
+
+def _load_tokenizer(located: Located) -> tuple[Tokenizer, TokenizerInfo]:
+    spec, json_path, name = located.spec, located.tokenizer_json, located.name
     try:
         tok = Tokenizer.from_file(str(json_path))
     except Exception as exc:  # the Rust side raises a plain Exception
