@@ -40,7 +40,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     src.write_text(json.dumps([*demo, *demo[::-1], *demo], ensure_ascii=False))
     tokens, packs = root / "tokens", root / "packs"
     for argv in (
-        ["tokenize", str(src), "--tokenizer", str(folder), "--output", str(tokens), "--format", "auto", "--backend", "hf", "-q"],
+        [
+            "tokenize",
+            str(src),
+            "--tokenizer",
+            str(folder),
+            "--output",
+            str(tokens),
+            "--format",
+            "auto",
+            "--backend",
+            "hf",
+            "-q",
+        ],
         ["pack", str(tokens), "--size", str(SIZE), "--output", str(packs), "--vision-budget", "600", "-q"],
         ["verify", str(packs), "--source", str(tokens)],
     ):
@@ -90,7 +102,7 @@ def test_pixels_grids_and_positions_equal_transformers(world: dict[str, Path]) -
     seen = 0
     for p in range(len(ds)):
         item = ds[p]
-        images, rope = [], []
+        images: list[object] = []
         for d, col, n in segments(ds, p):
             rows = table.of_documents(np.array([d]))  # the record's images, from the token store
             images += [load_image(Image.open(io.BytesIO(table.data(int(i))))) for i in rows]
