@@ -108,9 +108,9 @@ class PaddedView:
         # a sequence's first token is never predicted (no label), but TRL's completion_mask holds it when the
         # pair's prompt is empty (ipo and sigmoid_norm count it): the pack store's flag says so
         opens = idx[(pre_len.index_select(0, idx) == 0) & (real.index_select(0, idx) > 0)]
-        first = batch.get(FIRST)
-        if first is not None:
-            opens = opens[torch.as_tensor(first).reshape(-1).to(dev, torch.bool).index_select(0, opens)]
+        flags = batch.get(FIRST)
+        if flags is not None:
+            opens = opens[torch.as_tensor(flags).reshape(-1).to(dev, torch.bool).index_select(0, opens)]
             completion[row_of_seg.index_select(0, opens), 0] = 1
             self.unsure_first = False
         else:  # labels from offset 1: a 1-token prompt, or an empty one whose first token the loader unlabelled
