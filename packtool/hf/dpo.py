@@ -8,8 +8,8 @@
                                train_dataset=packs, data_collator=PreferencePackCollator(), processing_class=tok)
 
 `packs` is a `datasets.Dataset` with one row per pack (`PackedDataset` items of a preference pack
-store: input_ids, labels, position_ids, cu_seqlens, pair_ids, chosen, and prefix_segment when the
-store holds each prompt once). `PreferencePackCollator` flattens a batch of packs into one
+store: input_ids, labels, position_ids, cu_seqlens, cu_seqlens_unpadded, pair_ids, chosen, first_target,
+and prefix_segment when the store holds each prompt once). `PreferencePackCollator` flattens a batch of packs into one
 `[1, T]` row (the `PackedCollator(keys=HF_KEYS)` layout plus the pair keys). The trainer runs the
 policy and the reference model ONCE on that row under attn_implementation="packtool" (the
 shared-prompt layout included), scores only the target rows (`logits_to_keep`), and lays the
