@@ -213,7 +213,10 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         # TRL builds a reference from the policy's checkpoint when none is given (and under FSDP even with
         # precompute): only one the user passed may replace saved reference log-probs
         self._ref_given = given.get("ref_model") is not None
-        super().__init__(*args, **kwargs)
+        arguments = {k: v for k, v in given.items() if k != "self"}
+        if arguments.get("data_collator") is None:  # TRL's own would look for prompt_ids
+            arguments["data_collator"] = PreferencePackCollator()
+        super().__init__(**arguments)
         if self.ref_model is None and not self.precompute_ref_logps:  # type: ignore[has-type]
             raise ConfigError(
                 f"no reference model (PEFT without ref_model), {WHERE}, pass ref_model= (a frozen copy of the model) "

@@ -243,3 +243,21 @@ def test_pairs_with_an_empty_prompt_count_their_first_token_as_trl_does(setup, s
     bare.loss_types = ["ipo"]
     with pytest.raises(ConfigError, match="loss_type ipo divides by TRL's completion lengths"):
         bare.compute_loss(bare.model, inputs)
+
+
+def test_the_pack_collator_is_the_default_and_unused_columns_may_be_removed(setup) -> None:  # noqa: F811
+    """FIXED: without data_collator= TRL's DataCollatorForPreference got the packs and failed on a KeyError
+    ('prompt_ids'); PreferencePackCollator is now the default."""
+    tmp, tok, policy, ref, _want, prepared, _padded = setup
+    packs = datasets.Dataset.from_list([recipe.item(prepared[:3], True, 0), recipe.item(prepared[3:], True, 3)])
+    want, inputs = packed(tmp / "coll_a", tok, policy, ref, packs)
+    pol, ref_p = copy.deepcopy(policy), copy.deepcopy(ref)
+    pol.set_attn_implementation("packtool")
+    ref_p.set_attn_implementation("packtool")
+    got = PackedDPOTrainer(pol, ref_p, recipe.config(tmp / "coll_b", 2), train_dataset=packs.add_column("x", [1, 2]),
+                           processing_class=tok)  # fmt: skip
+    batch = next(iter(got.get_train_dataloader()))
+    assert "x" not in batch and "pair_ids" in batch
+    for trainer in (want, got):
+        trainer.loss_types, trainer.loss_weights = ["sigmoid"], [1.0]
+    assert recipe.step(got, batch)[0] == pytest.approx(recipe.step(want, inputs)[0], rel=1e-12)
