@@ -89,7 +89,7 @@ def training_args(args: argparse.Namespace, trl: bool) -> Any:
         learning_rate=args.lr, logging_steps=1, save_strategy="no", report_to=[], seed=args.seed,
         use_cpu=not torch.cuda.is_available(), remove_unused_columns=False,  # our keys are forward() arguments
         dataloader_num_workers=args.workers, dataloader_persistent_workers=args.workers > 0,
-        bf16=False, gradient_checkpointing=False,
+        bf16=False, activation_checkpointing=False,  # TRL turns both on by default
         **({"dataloader_multiprocessing_context": "spawn"} if args.workers else {}),
     )  # fmt: skip
     if not trl:
