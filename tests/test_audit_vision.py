@@ -33,7 +33,9 @@ def verdicts(report) -> dict[tuple[str, str], str]:  # type: ignore[no-untyped-d
 
 
 def test_gemma3_with_images_leaks_under_eager_and_sdpa_and_is_exact_under_packtool(tmp_path: Path) -> None:
-    report = audit_model(AuditConfig(str(save(tmp_path, "Gemma3Config")), implementations=("packtool", "eager", "sdpa")))
+    report = audit_model(
+        AuditConfig(str(save(tmp_path, "Gemma3Config")), implementations=("packtool", "eager", "sdpa"))
+    )
     got = verdicts(report)
     assert report.architecture == "Gemma3ForConditionalGeneration"
     for style in ("flat_position_ids", "flat_cu_seq_lens"):

@@ -140,9 +140,12 @@ def test_the_recipe_refuses_a_folder_without_config_and_text_only_packs(packs: P
     assert "text-only pack store" in one_line(run_script(str(tmp_path / "tp"), "--model-dir", str(SHIPPED)))
 
 
-@pytest.mark.xfail(strict=True, reason="packtool/loader/vision.py (vpack): a batch of a vision pack store without "
-                   "any image still carries pixel_values [0, D] and image_grid_thw [0, 3]; Qwen2-VL's vision tower "
-                   "then fails (torch.cat of an empty list). A processor gives no pixel keys for a text-only batch")
+@pytest.mark.xfail(
+    strict=True,
+    reason="packtool/loader/vision.py (vpack): a batch of a vision pack store without "
+    "any image still carries pixel_values [0, D] and image_grid_thw [0, 3]; Qwen2-VL's vision tower "
+    "then fails (torch.cat of an empty list). A processor gives no pixel keys for a text-only batch",
+)
 def test_a_vision_store_batch_without_images_runs_through_the_model(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
