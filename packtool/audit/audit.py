@@ -154,7 +154,7 @@ def _measure_vision(transformers: Any, source: Any, config: AuditConfig) -> Audi
     from packtool.audit import vision
 
     impls = tuple(dict.fromkeys(config.implementations)) or tuple(probe.IMPLEMENTATIONS)
-    got = vision.measure(transformers, source.config, impls, config.seed)
+    got = vision.measure(transformers, source.config, impls, config.seed, _flex_mask_reference)
     results, text = got["results"], got["text"]
     kinds = sorted({str(k) for k in text.get("layer_types") or []})
     recommended = _recommend(results)
@@ -168,30 +168,9 @@ def _measure_vision(transformers: Any, source: Any, config: AuditConfig) -> Audi
         results=results,
         recommended=recommended,
         needs_seq_idx=False,
-        advice=_vision_advice(recommended, results, vision.batch_keys(source.config)),
+        advice=vision.advice(recommended, results, vision.batch_keys(source.config)),
         keys=[*probe.STYLES[recommended["style"]][1], *vision.batch_keys(source.config)] if recommended else [],
         lengths=got["lengths"],
-    )
-
-
-def _vision_advice(recommended: dict[str, Any] | None, results: list[probe.Measurement], extra: list[str]) -> str:
-    leaking = sorted({r.attn_implementation for r in results if r.verdict == "leaks"})
-    leak = (
-        f"; {', '.join(leaking)} leak{'s' if len(leaking) == 1 else ''} (do not train packed images with {'it' if len(leaking) == 1 else 'them'})"
-        if leaking
-        else ""
-    )
-    if recommended is None:
-        return (
-            "packing with images is not exact under any attention implementation present" + leak + ": train the "
-            "images padded (PaddedCollator), or re-run with attn_implementation='packtool' available (import packtool.hf)"
-        )
-    style, impl = recommended["style"], recommended["attn_implementation"]
-    keys = probe.STYLES[style][1]
-    return (
-        f"packing with images is exact with {style} under attn_implementation={impl!r}: build batches with "
-        f"PackedCollator(flatten=True, keys={keys}) ({', '.join(extra)} travel with them"
-        f"{', position_ids as [4, 1, T] M-RoPE rows' if 'image_grid_thw' in extra else ''}){leak}"
     )
 
 

@@ -97,11 +97,12 @@ def documents(config: Any, seed: int) -> list[Doc]:
     if FAMILIES[config.model_type] == "gemma3":
         block = [START] + [IMAGE] * GEMMA_TOKENS + [END]
         out = []
-        for parts in ([9, "image", 5], [3, "image", 2, "image", 4], [7], ["image", 6]):
-            ids = [t for part in parts for t in (block if part == "image" else text(int(part)))]
-            k = parts.count("image")
+        gemma: list[list[Any]] = [[9, "image", 5], [3, "image", 2, "image", 4], [7], ["image", 6]]
+        for spec in gemma:
+            tokens = [t for part in spec for t in (block if part == "image" else text(int(part)))]
+            k = spec.count("image")
             pixels = torch.randn(k, 3, GEMMA_IMAGE, GEMMA_IMAGE, generator=gen, dtype=torch.float64)
-            out.append(Doc(torch.tensor(ids), pixels))
+            out.append(Doc(torch.tensor(tokens), pixels))
         return out
     v = config.vision_config
     merge = int(v.spatial_merge_size)
@@ -119,7 +120,7 @@ def documents(config: Any, seed: int) -> list[Doc]:
                 grids.append((1, h, w))
                 ids += [START] + [IMAGE] * (part[0] * part[1]) + [END]
             else:
-                ids += text(part)
+                ids += text(int(part))
         grid = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3)
         pixels = torch.randn(int(grid.prod(-1).sum()), row, generator=gen, dtype=torch.float64)
         docs.append(Doc(torch.tensor(ids), pixels, grid))
@@ -199,8 +200,11 @@ def build(transformers: Any, tiny: Any, impl: str, dtype: torch.dtype, seed: int
     ).eval()  # eager experts: grouped_mm kernels have no float64
 
 
-def measure(transformers: Any, config: Any, impls: tuple[str, ...], seed: int) -> dict[str, Any]:
-    """Every vision style under every implementation: results, the tiny config and what the documents hold."""
+def measure(
+    transformers: Any, config: Any, impls: tuple[str, ...], seed: int, flex: Any = contextlib.nullcontext
+) -> dict[str, Any]:
+    """Every vision style under every implementation: results, the tiny config and what the documents hold.
+    `flex`: the context the flex_attention runs go under (audit.py's reference-math switch)."""
     try:
         tiny, text, kept = tiny_vision_config(config)
     except Exception as exc:  # noqa: BLE001 - the config class validating the shrunk dict
@@ -212,10 +216,7 @@ def measure(transformers: Any, config: Any, impls: tuple[str, ...], seed: int) -
     docs = documents(tiny, seed)
     results: list[probe.Measurement] = []
     architecture = ""
-    from packtool.audit.audit import _flex_mask_reference  # the flex mask through the reference math (audit.py)
-
-    flex = _flex_mask_reference() if "flex_attention" in impls else contextlib.nullcontext()
-    with flex:
+    with flex() if "flex_attention" in impls else contextlib.nullcontext():
         for impl in impls:
             architecture = _run(transformers, tiny, kind, impl, docs, seed, results) or architecture
     n_images = sum(int(d.pixels.shape[0]) if kind == "gemma3" else int(d.grids.shape[0]) for d in docs)
@@ -269,3 +270,24 @@ def batch_keys(config: Any) -> list[str]:
     if FAMILIES[config.model_type] == "gemma3":
         return ["pixel_values", "token_type_ids"]
     return ["pixel_values", "image_grid_thw"]
+
+
+def advice(recommended: dict[str, Any] | None, results: list[probe.Measurement], extra: list[str]) -> str:
+    leaking = sorted({r.attn_implementation for r in results if r.verdict == "leaks"})
+    leak = (
+        f"; {', '.join(leaking)} leak{'s' if len(leaking) == 1 else ''} (do not train packed images with {'it' if len(leaking) == 1 else 'them'})"
+        if leaking
+        else ""
+    )
+    if recommended is None:
+        return (
+            "packing with images is not exact under any attention implementation present" + leak + ": train the "
+            "images padded (PaddedCollator), or re-run with attn_implementation='packtool' available (import packtool.hf)"
+        )
+    style, impl = recommended["style"], recommended["attn_implementation"]
+    keys = probe.STYLES[style][1]
+    return (
+        f"packing with images is exact with {style} under attn_implementation={impl!r}: build batches with "
+        f"PackedCollator(flatten=True, keys={keys}) ({', '.join(extra)} travel with them"
+        f"{', position_ids as [4, 1, T] M-RoPE rows' if 'image_grid_thw' in extra else ''}){leak}"
+    )
