@@ -18,7 +18,6 @@ CLI, packed by the CLI, loaded with `PackedDataset` + `PackedCollator(flatten=Tr
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
 import os
