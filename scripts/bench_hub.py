@@ -171,6 +171,7 @@ def main() -> None:
     data_mb = sum(len(v) for v in files.values()) / 1e6
     print(f"{args.records} ShareGPT-like records, {args.shards} parquet shards, {data_mb:.1f} MB; {os.cpu_count()} cores")
     results: dict[str, list[tuple[float, int, int]]] = {"datasets": [], "packtool": []}
+    parts: dict[str, str] = {}
     checks: dict[str, tuple[int, int, str]] = {}
     with loopback_hub(lifetime=3600) as hub, tempfile.TemporaryDirectory(dir=ROOT / "bench_out") as tmp:
         hub.dataset(NAME, files)
@@ -186,6 +187,8 @@ def main() -> None:
                     seconds, peak, out = measured(cmd, env)
                     checks[side] = tuple(json.loads(out.strip().splitlines()[-1]).values())  # type: ignore[assignment]
                     disk = disk_bytes(home)
+                    parts[side] = (f"hub cache {disk_bytes(home / 'hub') / 1e6:.1f} MB + Arrow cache "
+                                   f"{disk_bytes(home / 'datasets') / 1e6:.1f} MB")  # fmt: skip
                 else:
                     store = Path(tmp) / f"store-{rep}"
                     cmd = [sys.executable, "-m", "packtool", "tokenize", f"hf://datasets/{NAME}", "--format", "sharegpt",
@@ -193,6 +196,8 @@ def main() -> None:
                     seconds, peak, _ = measured(cmd, env)
                     checks[side] = packtool_ids(store)
                     disk = disk_bytes(home, store)
+                    sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f}" for p in sorted(store.iterdir()))
+                    parts[side] = f"hub cache {disk_bytes(home / 'hub') / 1e6:.1f} MB + token store ({sizes} MB)"
                 results[side].append((seconds, peak, disk))
                 print(f"  {side:9s} run {rep}: {seconds:7.1f} s, peak RSS {peak / 2**20:7.0f} MiB, "
                       f"disk {disk / 1e6:7.1f} MB", flush=True)  # fmt: skip
@@ -203,6 +208,7 @@ def main() -> None:
     (ds_s, ds_rss, ds_disk), (pt_s, pt_rss, pt_disk) = best["datasets"], best["packtool"]
     print(f"wall: datasets {ds_s:.1f} s, packtool {pt_s:.1f} s -> {ds_s / pt_s:.1f}x faster (goal >= 5x)")
     print(f"peak memory: datasets {ds_rss / 2**20:.0f} MiB, packtool {pt_rss / 2**20:.0f} MiB")
+    print(f"disk, datasets: {parts['datasets']}\ndisk, packtool: {parts['packtool']}")
     print(f"disk: datasets {ds_disk / 1e6:.1f} MB, packtool {pt_disk / 1e6:.1f} MB -> {pt_disk / ds_disk:.2f} of it "
           "(goal <= 1/3)")  # fmt: skip
 

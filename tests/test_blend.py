@@ -47,7 +47,7 @@ def schedule(ds: BlendedDataset, epoch: int = 0) -> tuple[np.ndarray, np.ndarray
 
 
 def test_exact_counts_per_weight_and_each_store_in_passes(stores):
-    weights = [1, 2.5, 0.3, 3.15]
+    weights = [1, 2.5, 0.6, 3.15]  # 0.3 of store 2's one pack was no sample (refused now)
     ds = BlendedDataset([(s, w) for s, w in zip(stores, weights, strict=True)], seed=7)
     src, packs = schedule(ds)
     for s, w in enumerate(weights):
@@ -59,7 +59,7 @@ def test_exact_counts_per_weight_and_each_store_in_passes(stores):
             assert sorted(mine[p * n : (p + 1) * n].tolist()) == list(range(n))
         tail = mine[k * n :]
         assert tail.size == m and np.unique(tail).size == m
-        assert mine[:n].tolist() != list(range(n)), "each store's packs come in a seeded order"
+        assert n == 1 or mine[:n].tolist() != list(range(n)), "each store's packs come in a seeded order"
 
 
 def test_items_are_the_stores_own_items(stores):
@@ -130,7 +130,8 @@ def test_every_prefix_keeps_each_store_within_two_samples_of_its_share(counts):
 
 
 def test_prefix_bound_through_real_stores_and_prefix_counts(stores):
-    ds = BlendedDataset([(stores[0], 0.05), (stores[1], 40), (stores[2], 1), (stores[3], 0.5)], seed=2)
+    # 0.1 of store 0's packs is one sample (0.05 was none: refused now)
+    ds = BlendedDataset([(stores[0], 0.1), (stores[1], 40), (stores[2], 1), (stores[3], 0.5)], seed=2)
     assert prefix_deviation(ds.interleave) < 2
     src, _ = schedule(ds)
     for t in (0, 1, 17, len(ds) // 2, len(ds)):

@@ -288,9 +288,11 @@ def test_odd_store_weight_strings(stores: list[Path]) -> None:
     assert BlendedDataset([str(odd)]).paths == [str(odd)]
     two = BlendedDataset([f"{odd}:2"])
     assert two.paths == [str(odd)] and len(two) == 2 * int(two.n_packs[0])
-    for spec in (f"{a}:1:2", f"{a}:", ":1"):
+    for spec in (f"{a}:1:2", ":1"):
         with pytest.raises(ConfigError, match="does not exist"):
             BlendedDataset([spec])
+    with pytest.raises(ConfigError, match="blend weight '' of .* is not a number"):  # as `pack A:` says
+        BlendedDataset([f"{a}:"])
     for w in ("0", "-1", "nan", "inf"):
         line = cli_error("stats", f"{a}:{w}", str(odd), code=2)
         assert f"blend weight {w} of" in line

@@ -151,11 +151,13 @@ def test_a_chat_dataset_is_fetched_as_load_dataset_selects_it(tmp_path: Path, hu
     seen = json.loads(python(tmp_path, hub, code, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     assert seen["rows"] == TRAIN
     assert seen["repos"] == [["acme/chat", "dataset", [commit]]]
-    # and load_dataset through the same hub reads the same records for each split
+    # and load_dataset through the same hub reads the same records for each split, from the files packtool
+    # fetched: it downloads none of them again
+    hub.requests.clear()
     online = python(tmp_path, hub, "import json, datasets\nd = datasets.load_dataset('acme/chat')\n"
-                                   "print(json.dumps({k: v.to_list() for k, v in d.items()}))",  # fmt: skip
-                    HF_HOME=str(tmp_path / "home2"))  # fmt: skip
+                                   "print(json.dumps({k: v.to_list() for k, v in d.items()}))")  # fmt: skip
     assert json.loads(online) == {"train": TRAIN, "test": TEST}
+    assert not [p for p in hub.fetched() if p.endswith(".parquet")], hub.fetched()
 
 
 def test_revisions_and_the_parquet_export(tmp_path: Path, hub: Hub, run: Run) -> None:
@@ -311,3 +313,15 @@ def test_subset_and_split_need_a_hub_input(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     with pytest.raises(InputError, match="HF_HUB_OFFLINE is set"):
         expand_inputs(["hf://datasets/o/n"], HubOptions(split="test"))
+
+
+def test_run_yaml_takes_subset_and_split(tmp_path: Path) -> None:
+    from packtool.cli.runconfig import load_run_config
+
+    (tmp_path / "run.yaml").write_text("tokenize: {inputs: [hf://datasets/org/ds], tokenizer: org/tok, output: out, "
+                                       "subset: en, split: test}\n")  # fmt: skip
+    step = load_run_config(tmp_path / "run.yaml")[0]
+    assert step.tokenize is not None and (step.tokenize.subset, step.tokenize.split) == ("en", "test")
+    (tmp_path / "bad.yaml").write_text("tokenize: {inputs: [a.jsonl], tokenizer: t, output: out, split: test}\n")
+    code, _, err = cli("run", str(tmp_path / "bad.yaml"))
+    assert code == 2 and "--split 'test' applies to hub datasets only" in err

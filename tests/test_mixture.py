@@ -104,14 +104,18 @@ def test_a_stores_subset_does_not_depend_on_its_position(stores: dict[str, Path]
 
 
 def test_build_id_covers_the_mixture_spec(stores: dict[str, Path], tmp_path: Path) -> None:
-    """Weight 1 as a mixture entry vs a plain store: same packs, but a different build (and format version)."""
+    """A mixture vs a plain store: a different build (and format version). (This used a second entry of weight 1e-9
+    for the same packs; a weight that gives a store no document is refused now, saying what it rounds to.)"""
     _pack(tmp_path / "plain", str(stores["a"]))
-    _pack(tmp_path / "mix", f"{stores['a']}:1", str(stores["a"]) + ":1e-9")
+    _pack(tmp_path / "mix", f"{stores['a']}:1", f"{stores['a']}:1")
     plain = metadata_for(tmp_path / "plain" / "packed" / TOK, "training", N)
     mix = metadata_for(tmp_path / "mix" / "packed" / TOK, "training", N)
     assert plain["format_version"] == 2 and isinstance(plain["source"], dict)
     assert mix["format_version"] == 3 and len(mix["source"]) == 2 and mix["build"] != plain["build"]
-    assert mix["source"][1]["documents"] == 0  # 1e-9 * 300 rounds to no document
+    line = cli_error("pack", f"{stores['a']}:1", f"{stores['a']}:1e-9", "--size", str(N), "--output",
+                     str(tmp_path / "z"), code=2)  # fmt: skip
+    assert "mixture weight 1e-09" in line and "gives it 0 of its 300 documents" in line and "rounds to 0" in line
+    assert not (tmp_path / "z").exists()
 
 
 def test_a_single_store_pack_is_unchanged(stores: dict[str, Path], tmp_path: Path) -> None:
@@ -301,7 +305,7 @@ def test_run_config_weights_out_of_domain_name_the_line(stores: dict[str, Path],
     line = cli_error("run", str(cfg), code=2)
     assert f"pack.tokens_dir, {cfg}:6: mixture weight inf" in line, line
     cfg.write_text(f"pack:\n  tokens_dir:\n    - path: '{stores['a']}'\n      weight: lots\n  size: {N}\n  output: out\n")
-    line = cli_error("run", str(cfg))
+    line = cli_error("run", str(cfg), code=2)  # a usage error, as every config error is (it exited 1)
     assert f"pack.tokens_dir, {cfg}:4: weight 'lots'" in line, line
     assert not (tmp_path / "out").exists()
 

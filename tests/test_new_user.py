@@ -127,12 +127,12 @@ def test_train_scripts_count_steps_from_1_and_say_what_they_print(tmp_path: Path
 def test_a_mistyped_run_config_key_or_section_is_suggested(tmp_path: Path) -> None:
     cfg = tmp_path / "run.yaml"
     cfg.write_text("tokenize:\n  inputs: [a.jsonl]\n  tokenizer: t\n  output: o\n  fromat: chat\n")
-    line = cli_error("run", str(cfg))
+    line = cli_error("run", str(cfg), code=2)
     assert "unknown key 'fromat' in section 'tokenize'" in line and "did you mean 'format'? valid keys:" in line, line
     cfg.write_text("tokenze:\n  inputs: [a.jsonl]\n")
-    assert "did you mean 'tokenize'? valid sections:" in cli_error("run", str(cfg))
+    assert "did you mean 'tokenize'? valid sections:" in cli_error("run", str(cfg), code=2)
     cfg.write_text("tokenize:\n  inputs: [a.jsonl]\n  tokenizer: t\n  output: o\n  workers: two\n")
-    assert "write e.g. `workers: 8`" in cli_error("run", str(cfg))  # not `workers: 4096`
+    assert "write e.g. `workers: 8`" in cli_error("run", str(cfg), code=2)  # not `workers: 4096`
 
 
 def test_the_waste_plot_says_whose_lower_bound_its_line_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

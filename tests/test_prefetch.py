@@ -238,3 +238,44 @@ def test_a_loop_stopped_by_a_later_one_says_so(fake: FakeOps) -> None:
     assert torch.equal(next(second)["x"], torch.zeros(2))  # a list restarts: nothing to put back
     with pytest.raises(ConfigError, match="stopped by a later iter"):
         next(first)
+
+
+def _same(a, b) -> bool:
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and a is not b and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_real_collators_pair_and_padded_batches_and_their_resume(fake: FakeOps, tmp_path: Path,
+                                                                 document_stores) -> None:  # fmt: skip
+    from packtool.loader import HF_KEYS, DocumentDataset, DynamicBatchSampler, PaddedCollator
+    from packtool.stages.pack import PackConfig, pack_store
+    from tests.preference_support import realistic_pairs, write_pref_store
+
+    tok = write_pref_store(tmp_path / "tok", realistic_pairs(60, seed=3, scale=0.3))
+    pack_store(PackConfig(tok, 512, tmp_path / "pref", share_prompt=True, overlong="drop"))
+    pref = PackedDataset(tmp_path / "pref")
+    docs = DocumentDataset(document_stores["pc"])
+
+    def loaders():
+        yield ResumableLoader(torch.utils.data.DataLoader(pref, batch_size=2, sampler=PackedSampler(pref, seed=2),
+                                                          collate_fn=PackedCollator(flatten=True, keys=HF_KEYS)))
+        yield ResumableLoader(torch.utils.data.DataLoader(docs, batch_sampler=DynamicBatchSampler(docs, 800, padded=True,
+                                                          seed=4), collate_fn=PaddedCollator()))  # fmt: skip
+
+    keys: set[str] = set()
+    for make_plain, make_pre in zip(loaders(), loaders(), strict=True):
+        want = list(make_plain)
+        keys |= set(want[0])
+        assert len(want) >= 4
+        pre = DevicePrefetcher(make_pre, "cuda", ahead=2)
+        it = iter(pre)
+        got = [next(it) for _ in range(3)]
+        state = pre.state_dict()
+        del it
+        got += list(pre)  # the same prefetcher continues after the batches it held ahead were put back
+        assert len(got) == len(want) and all(_same(w, g) for w, g in zip(want, got, strict=True))
+        assert state["consumed"] in (3, 6)  # batches of the plan, or packs
+    assert {"prefix_segment", "pair_ids", "chosen", "cu_seq_lens_q", "attention_mask"} <= keys

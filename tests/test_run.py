@@ -12,7 +12,7 @@ from support import cli, zipf_texts
 
 from packtool.choices import Algorithm
 from packtool.cli.runconfig import load_run_config
-from packtool.errors import ConfigError
+from packtool.errors import UsageError
 from packtool.formats.pack_store import open_pack_split
 from packtool.formats.token_store import open_token_store
 from packtool.stages.run import run_pipeline
@@ -128,12 +128,13 @@ def test_shipped_configs_parse() -> None:
     ("steps:\n  - name: true\n    verify: {path: x}\n", ["the name of steps[0] must be a string"]),
     ("steps:\n  - name: a\n    verify: {path: x}\n  - name: a\n    verify: {path: y}\n", ["used twice"]),
 ])
-def test_config_errors_are_one_line_exit_1(tmp_path: Path, text: str, expect: list[str]) -> None:
+def test_config_errors_are_one_line_exit_2(tmp_path: Path, text: str, expect: list[str]) -> None:
+    """SPEC: a bad config value is a usage error, exit 2 (an unknown key or a wrong type exited 1)."""
     cfg = write(tmp_path / "bad.yaml", text)
-    with pytest.raises(ConfigError):
+    with pytest.raises(UsageError):
         load_run_config(cfg)
     code, out, err = cli("run", str(cfg), "-q")
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""
     assert err.startswith("error: ") and err.count("\n") == 1, err
     for piece in expect:
         assert piece in err, (piece, err)
@@ -173,7 +174,7 @@ def test_every_section_is_checked_before_the_first_step_runs(corpus: Path, bpe_t
     cfg = write(corpus / "run.yaml", f"tokenize:\n  inputs: data.jsonl\n  tokenizer: {bpe_tokenizer_dir}\n"
                                      f"  output: out/tokens\n{section}")
     code, _, err = cli("run", str(cfg), "--quiet")
-    assert code == (1 if "given twice" in expect else 2) and expect.format(cfg=cfg) in err, err
+    assert code == 2 and expect.format(cfg=cfg) in err, err  # a key given twice exited 1
     assert err.count("\n") == 1, err
     assert not (corpus / "out").exists() and not list(corpus.glob(".out*"))  # no step ran
 
@@ -187,7 +188,7 @@ def test_an_aliased_value_is_quoted_bounded_and_a_name_is_never_expanded(tmp_pat
         lines += [f"  - name: &{this} [{', '.join(['*' + prev] * 9)}]", "    verify: {path: x}"]
     cfg = write(tmp_path / "lol.yaml", "\n".join(lines) + "\n")
     code, _, err = cli("run", str(cfg), "-q")
-    assert code == 1 and "the name of steps[0] must be a string" in err and len(err) < 400, err
+    assert code == 2 and "the name of steps[0] must be a string" in err and len(err) < 400, err
     cfg = write(tmp_path / "big.yaml", f"pack: {{size: {list(range(100_000))}, output: o, tokens_dir: t}}\n")
     code, _, err = cli("run", str(cfg), "-q")
-    assert code == 1 and "expected an integer, got [0, 1, 2, 3, 4, 5, ...]" in err and len(err) < 400, err
+    assert code == 2 and "expected an integer, got [0, 1, 2, 3, 4, 5, ...]" in err and len(err) < 400, err

@@ -116,7 +116,7 @@ def test_videos_and_audios_are_refused_by_name(tmp_path: Path, bpe_tokenizer_dir
     [
         ({"messages": [{"role": "user", "content": "<image><image>Compare"}, {"role": "assistant", "content": "A"}],
           "images": ["a.jpg"]}, "2 <image> placeholders or image parts without their own image, the record's "
-                                "'images' list holds 1"),
+                                "images list holds 1"),
         ({"messages": [{"role": "user", "content": "Describe"}, {"role": "assistant", "content": "A"}],
           "images": ["a.jpg"]}, "0 <image> placeholders"),
         ({"messages": [{"role": "user", "content": "<image>Describe"}, {"role": "assistant", "content": "A"}],
@@ -134,6 +134,19 @@ def test_miscounted_and_malformed_images_are_bad_records(
     line = cli_error("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "o"),
                      "--format", "chat", "--workers", "1", "-q")
     assert words in line and f"{src}:1" in line, line
+
+
+def test_llava_records_with_one_image_field_are_noticed(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """LLaVA-Instruct / ShareGPT4V: `{"image": "coco/1.jpg", "conversations": [{"from": "human", "value":
+    "<image>\\n..."}]}` (one image, singular field): never read as text; both fields at once is a bad record."""
+    row = {"id": "1", "image": "coco/1.jpg", "conversations": [{"from": "human", "value": "<image>\nWhat is it?"},
+                                                              {"from": "gpt", "value": "A cat."}]}
+    both = row | {"images": ["coco/1.jpg"]}
+    for given, words in ((row, "1 image (image[0] 'coco/1.jpg')"), (both, "both 'images' and 'image'")):
+        src = write_jsonl(tmp_path / "llava.jsonl", [given])
+        line = cli_error("tokenize", str(src), "--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "o"),
+                         "--format", "auto", "--workers", "1", "-q")
+        assert words in line and f"{src}:1" in line, line
 
 
 def test_a_text_shape_never_drops_a_records_images(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:

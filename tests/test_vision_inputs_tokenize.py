@@ -191,6 +191,11 @@ def test_gemma3_ids_equal_the_processors(tmp_path: Path) -> None:
         image = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
         assert ids.count(image) == 16 * len(record["images"]) and not any(loss[i] for i, t in enumerate(ids) if t == image)
     assert [r[2] for r in result.media] == [16] * 4
+    literal = demo[1] | {"messages": [{"role": "user", "content": "<image>Is <image_soft_token> a token?"},
+                                      {"role": "assistant", "content": "Yes."}]}
+    src.write_text(json.dumps(literal) + "\n")
+    result = run_chunks(src, folder, on_error="skip")
+    assert result.n_documents == 0 and "image token '<image_soft_token>' as text" in result.rejects.decode()
 
 
 def test_hostile_records_many_duplicate_and_system_images(tmp_path: Path, qwen: Path) -> None:
@@ -232,3 +237,28 @@ def test_the_image_token_as_text_is_a_bad_record(tmp_path: Path, qwen: Path) -> 
     assert [r["line"] for r in reasons] == [1, 2] and result.n_documents == 1
     assert "image token '<|image_pad|>' as text" in reasons[0]["reason"]
     assert "miscounted" in reasons[1]["reason"]
+
+
+def test_a_vlm_folder_reads_its_template_as_autoprocessor_does(tmp_path: Path) -> None:
+    """The processor's `chat_template.json` before `tokenizer_config.json`'s template (AutoProcessor never reads the
+    latter), `chat_template.jinja` before both; a text-only folder is unchanged (no processor, its own template)."""
+    folder = build_qwen_folder(tmp_path / "model", "qwen2_vl")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    real = config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": "{{ 'tokenizer' }}"}))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": real}))
+    model = load_model(str(folder))
+    assert model.processor is not None and model.info.chat_template == real
+    assert model.info.chat_template_source == "chat_template.json"
+    (folder / "chat_template.jinja").write_text("{{ 'jinja' }}")
+    assert load_model(str(folder)).info.chat_template == "{{ 'jinja' }}"
+    (folder / "chat_template.json").write_text("[1, 2]")
+    (folder / "chat_template.jinja").unlink()
+    from packtool.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="holds no 'chat_template' string"):
+        load_model(str(folder))
+    for name in ("preprocessor_config.json", "chat_template.json"):
+        (folder / name).unlink()
+    model = load_model(str(folder))
+    assert model.processor is None and model.vision is None and model.info.chat_template == "{{ 'tokenizer' }}"

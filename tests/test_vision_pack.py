@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from support import cli, cli_error, make_store
 from vision_support import IMG, VEND, VSTART, Doc, info, make_vision_store, png, random_docs
 
@@ -114,7 +115,12 @@ def test_image_spans_whole_in_split_documents(tmp_path: Path) -> None:
             img = data[(k + j) % 4]
             ntok = info(img)[0]
             at.append((sum(p.size for p in parts) + 1, img))
-            parts += [np.array([VSTART]), np.full(ntok, IMG), np.array([VEND]), rng.integers(2, 590, int(rng.integers(0, 9)))]
+            parts += [
+                np.array([VSTART]),
+                np.full(ntok, IMG),
+                np.array([VEND]),
+                rng.integers(2, 590, int(rng.integers(0, 9))),
+            ]
         docs.append(Doc(np.concatenate(parts), at))
     store = make_vision_store(tmp_path / "s", docs)
     for overlong in ("split", "truncate"):
@@ -163,3 +169,46 @@ def test_verify_catches_a_misplaced_image(tmp_path: Path) -> None:
     (res.directory / metadata_name(128)).write_text(json.dumps(meta) + "\n")
     with pytest.raises(FormatError, match=r"first difference at image 0.*img_row"):
         verify_path(VerifyConfig(out, source=store))
+
+
+def test_mixture_of_vision_stores_with_validation(tmp_path: Path) -> None:
+    """Two image stores with weights and a validation split: images numbered over the sources, verified where
+    their documents are, and the loader finds each one's bytes in the right store."""
+    from vision_support import PROCESSOR_CONFIG
+
+    from packtool.loader import PackedDataset
+    from packtool.vision import VisionProcessor
+
+    docs_a, docs_b = random_docs(40, seed=31), random_docs(30, seed=32, pool=3)
+    a, b = make_vision_store(tmp_path / "a", docs_a), make_vision_store(tmp_path / "b", docs_b)
+    out = tmp_path / "p"
+    code, text, err = cli("pack", f"{a}:1", f"{b}:1.5", "--size", "160", "--output", str(out), "--validation", "0.2")
+    assert code == 0, err
+    report = verify_path(VerifyConfig(out, source=(a, b)))
+    assert all("each where its document is" in line for line in report.checked)
+    proc = VisionProcessor.from_config(PROCESSOR_CONFIG)
+    store_docs = docs_a + docs_b
+    for split in ("training", "validation"):
+        ds = PackedDataset(out, split=split, size=160)
+        ps = ds._open()
+        po = np.asarray(ps.pack_offsets)
+        for p in range(min(len(ds), 6)):
+            want = []
+            for j in range(int(po[p]), int(po[p + 1])):
+                d = int(ps.seg_doc[j])
+                start = int(np.sum([x.ids.size for x in store_docs[:d]]))
+                at = int(ps.seg_src[j]) - start
+                want += [data for off, data in store_docs[d].images if at <= off < at + int(ps.seg_lens[j])]
+            assert torch.equal(ds[p]["pixel_values"], torch.from_numpy(proc.pixel_rows(want)[0]))
+
+
+def test_run_config_vision_budget(tmp_path: Path) -> None:
+    """`vision_budget:` under `pack:` in `packtool run` (a PackConfig field like every flag), then stats/verify."""
+    store = make_vision_store(tmp_path / "s", random_docs(80, seed=41, max_text=90))
+    (tmp_path / "run.yaml").write_text(
+        f"pack: {{tokens_dir: {store}, size: 128, output: p, vision-budget: 40}}\nverify: {{source: {store}}}\n"
+    )
+    code, out, err = cli("run", str(tmp_path / "run.yaml"))
+    assert code == 0, err
+    line = open_pack_split(next((tmp_path / "p" / "packed").iterdir()), "training", 128).metadata["vision"]
+    assert line["budget"] == 40 and line["max_pack_patches"] <= 40

@@ -24,7 +24,14 @@ VSTART = 598
 VEND = 599
 PAD = 1
 EOS = 0
-TOKENIZER = {"name": "org/tiny-vl", "sha256": "0" * 64, "vocab_size": VOCAB, "bos_id": None, "eos_id": EOS, "pad_id": PAD}
+TOKENIZER = {
+    "name": "org/tiny-vl",
+    "sha256": "0" * 64,
+    "vocab_size": VOCAB,
+    "bos_id": None,
+    "eos_id": EOS,
+    "pad_id": PAD,
+}
 FAMILY = "qwen2_vl"
 PROCESSOR_CONFIG: dict[str, Any] = {
     "family": FAMILY,
@@ -115,4 +122,55 @@ def make_vision_store(path: Path, docs: list[Doc], extra: dict[str, Any] | None 
     writer = TokenStoreWriter(path, np.dtype("<u2"), with_media=True)
     write_docs(writer, docs)
     writer.finish({"packtool_version": "test", "tokenizer": dict(TOKENIZER), "vision": vision_key(), **(extra or {})})
+    return path
+
+
+# -- Gemma 3: fixed counts (GEMMA_TOKENS soft tokens an image), pixels resized to 16x16, token types ------------
+BOI, EOI = 595, 594  # <start_of_image>, <end_of_image>; the soft image token is IMG
+GEMMA_TOKENS = 4
+GEMMA_CONFIG: dict[str, Any] = {
+    "family": "gemma3",
+    "placeholder": "<start_of_image>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+    "image_token_id": IMG,
+    "image_seq_length": GEMMA_TOKENS,
+    "height": 16,
+    "width": 16,
+    "vision_patch_size": 4,
+    "resample": 2,
+    "rescale_factor": 1 / 255,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "do_convert_rgb": True,
+}
+
+
+def gemma_docs(n: int, seed: int = 0, max_text: int = 30) -> list[Doc]:
+    """Documents `[text] (BOI IMG*4 EOI [text])*k` with k in 0..3 images of a pool of 4."""
+    rng = np.random.default_rng(seed)
+    images = [png(20 + 8 * i, 24, seed * 10 + i) for i in range(4)]
+    docs = []
+    for _ in range(n):
+        parts: list[np.ndarray] = [rng.integers(8, 590, size=int(rng.integers(1, max_text)))]
+        at: list[tuple[int, bytes]] = []
+        for _ in range(int(rng.integers(0, 4))):
+            at.append((sum(p.size for p in parts) + 1, images[int(rng.integers(0, 4))]))
+            parts += [np.array([BOI]), np.full(GEMMA_TOKENS, IMG), np.array([EOI]), rng.integers(8, 590, 3)]
+        docs.append(Doc(np.concatenate(parts).astype(np.int64), at))
+    return docs
+
+
+def make_gemma_store(path: Path, docs: list[Doc]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    writer = TokenStoreWriter(path, np.dtype("<u2"), with_media=True)
+    assert writer.media is not None
+    for doc in docs:
+        d = writer.n_documents
+        writer.append(doc.ids, np.array([doc.ids.size]))
+        for offset, data in doc.images:
+            writer.media.add(d, offset, GEMMA_TOKENS, (1, 4, 4), 16, data)
+    vision = {"family": "gemma3", "processor": dict(GEMMA_CONFIG), "image_token_id": IMG}
+    writer.finish({"packtool_version": "test", "tokenizer": dict(TOKENIZER), "vision": vision})
     return path

@@ -13,10 +13,11 @@ Several pipelines (e.g. a chat and a text corpus) go in a list: `steps: [{name: 
 ..., pack: ...}, ...]`, run in order. Relative paths resolve against the YAML file's directory, so
 a config runs the same from any working directory (a `tokenizer` that is not an existing path
 there is kept as given: a hub name in the local cache). Everything is checked before any work
-starts: an unknown key, a missing required key, a wrong type or a YAML syntax error is a
-ConfigError naming file:line, the section and the valid keys (exit 1); a value of the right type
-outside its domain (a range, a choice, a weight, contradictory keys) is the UsageError its flag
-gives (exit 2), located at its file:line.
+starts. Every error of the config itself is a UsageError (exit 2, as SPEC has it for a bad flag or
+config value), one line located at its file:line: an unknown key, a missing required key, a wrong type
+or a YAML syntax error names the section and the valid keys; a value of the right type outside its
+domain (a range, a choice, a weight, contradictory keys) says what its flag says. A config file that
+does not exist or cannot be read is exit 1, as a missing input is.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import difflib
 import enum
 import os
 import re
-import reprlib
 import types
 import typing
 from collections.abc import Callable
@@ -36,8 +36,11 @@ from typing import Any
 import yaml
 
 from packtool.choices import InputFormat
+from packtool.cli.runstores import at as _at
+from packtool.cli.runstores import blend_list, mixture_list
+from packtool.cli.runstores import show as _show
 from packtool.core.encoding.shapes.registry import family
-from packtool.core.mixture import check_weight
+from packtool.core.mixture import read_number
 from packtool.errors import ConfigError, UsageError
 from packtool.stages.export import ExportConfig, refuse_layout
 from packtool.stages.export.registry import exporter
@@ -110,19 +113,19 @@ def load_run_config(path: str | Path) -> list[Step]:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(file)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(
+        raise UsageError(
             f"invalid YAML ({problem}), {where}, fix the YAML (duplicate keys, indentation, quotes, colons)"
         ) from exc
     except RecursionError:
-        raise ConfigError(
+        raise UsageError(
             f"invalid YAML (nested too deep to read), {file}, a config holds flat sections of flags: remove the nesting"
         ) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"config is not UTF-8 text ({exc.reason}), {file}, save it as UTF-8") from exc
+        raise UsageError(f"config is not UTF-8 text ({exc.reason}), {file}, save it as UTF-8") from exc
     except OSError as exc:
         raise ConfigError(f"cannot read the config ({exc.strerror or exc}), {file}, check its permissions") from exc
     if not isinstance(data, dict):
-        raise ConfigError(
+        raise UsageError(
             f"config must be a mapping with sections {', '.join(SECTIONS)} or a `steps` list, got "
             f"{type(data).__name__}, {file}, see configs/demo.yaml"
         )
@@ -130,13 +133,13 @@ def load_run_config(path: str | Path) -> list[Step]:
     if "steps" in data:
         others = sorted(str(k) for k in data if k != "steps")
         if others:
-            raise ConfigError(
+            raise UsageError(
                 f"config has both `steps` and top-level {', '.join(others)}, {_at(file, data, others[0])}, "
                 "put every section inside a step"
             )
         steps = data["steps"]
         if not isinstance(steps, list) or not steps:
-            raise ConfigError(
+            raise UsageError(
                 f"`steps` must be a non-empty list of steps, {_at(file, data, 'steps')}, "
                 f"each a mapping with keys {', '.join(STEP_KEYS)}"
             )
@@ -146,42 +149,27 @@ def load_run_config(path: str | Path) -> list[Step]:
     names = [s.name for s in parsed]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ConfigError(f"step name {dupes[0]!r} is used twice, {file}, give every step its own `name`")
+        raise UsageError(f"step name {dupes[0]!r} is used twice, {file}, give every step its own `name`")
     return parsed
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 6, 80, 80
-
-
-def _show(value: Any) -> str:
-    """A config value as errors quote it: bounded (a YAML alias can make a value of 10^9 items)."""
-    return _REPR.repr(value)
-
-
-def _at(file: Path, mapping: Any, key: Any = None) -> str:
-    lines = getattr(mapping, "lines", {})
-    line = lines.get(key, lines.get(None))
-    return f"{file}:{line}" if line else str(file)
 
 
 def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> Step:
     if not isinstance(raw, dict):
-        raise ConfigError(
+        raise UsageError(
             f"{where} must be a mapping with keys {', '.join(STEP_KEYS)}, got {type(raw).__name__}, {file}"
         )
     unknown = [k for k in raw if k not in STEP_KEYS]
     if unknown:
-        raise ConfigError(
+        raise UsageError(
             f"unknown section {_show(unknown[0])} in {where}, {_at(file, raw, unknown[0])}, "
             f"{_near(unknown[0], STEP_KEYS)}valid sections: {', '.join(STEP_KEYS)}"
             + (" (or a top-level `steps` list)" if where == "config" else "")
         )
     if not any(k in raw for k in SECTIONS):
-        raise ConfigError(f"{where} has none of the sections {', '.join(SECTIONS)}, {_at(file, raw)}, add at least one")
+        raise UsageError(f"{where} has none of the sections {', '.join(SECTIONS)}, {_at(file, raw)}, add at least one")
     name = raw.get("name", default_name)
     if not isinstance(name, (str, int)) or isinstance(name, bool) or name == "":
-        raise ConfigError(
+        raise UsageError(
             f"the name of {where} must be a string, got {_show(name)}, {_at(file, raw, 'name')}, write `name: chat`"
         )
     name = str(name)
@@ -190,7 +178,7 @@ def _step(file: Path, base: Path, raw: Any, where: str, default_name: str) -> St
         if section in raw:
             body = raw[section] if raw[section] is not None else _Mapping()
             if not isinstance(body, dict):
-                raise ConfigError(
+                raise UsageError(
                     f"section {section!r} of {where} must be a mapping of flags, got {type(body).__name__}, "
                     f"{_at(file, raw, section)}, e.g. `{section}: {{key: value}}`"
                 )
@@ -277,22 +265,23 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
     for key, value in body.items():
         norm = str(key).replace("-", "_")
         if norm not in types_:
-            raise ConfigError(
+            raise UsageError(
                 f"unknown key {_show(key)} in section {section!r}, {_at(file, body, key)}, "
                 f"{_near(norm, types_)}valid keys: {valid}"
             )
         if norm in out:
-            raise ConfigError(
+            raise UsageError(
                 f"key {norm!r} given twice in section {section!r} (dashes and underscores are the same key), "
                 f"{_at(file, body, key)}, keep one"
             )
         if section == "pack" and norm == "tokens_dir":  # a store, or a mixture: [a:2, {path: b, weight: 0.5}]
-            out[norm], inline = _mixture(value, base, f"{section}.{key}, {_at(file, body, key)}", file)
+            where = f"{section}.{key}, {_at(file, body, key)}"
+            out[norm], inline = mixture_list(value, lambda v, k: _resolve(v, base, k), where, file)
             if inline is not None:
                 out[_INLINE] = (key, inline)
             continue
         if section == "stats" and norm == "blend":  # pack stores blended at load time: [a:1, {path: b, weight: 2}]
-            out[norm] = _blend(value, base, f"{section}.{key}, {_at(file, body, key)}")
+            out[norm] = blend_list(value, lambda v, k: _resolve(v, base, k), f"{section}.{key}, {_at(file, body, key)}")
             out.setdefault("path", Path(out[norm][0].rpartition(":")[0]))  # a stand-in: a blend reads no `path`
             continue
         out[norm] = _coerce(value, types_[norm], norm, base, f"{section}.{key}, {_at(file, body, key)}")
@@ -315,77 +304,11 @@ def _section(file: Path, base: Path, section: str, body: dict[str, Any], linked:
         and not (linked and n in LINKED.get(section, set()))
     ]
     if required:
-        raise ConfigError(
+        raise UsageError(
             f"section {section!r} lacks the required key {required[0]!r}, {_at(file, body)}, "
             f"add `{required[0]}: ...` (required: {', '.join(n for n, f in fields.items() if f.default is dataclasses.MISSING)})"
         )
     return out
-
-
-def _blend(value: Any, base: Path, where: str) -> tuple[str, ...]:
-    """`stats.blend`: a list of `STORE:W` strings and `{path, weight}` mappings, as `STORE:W` strings whose
-    paths are resolved against the YAML file's directory (the weights are checked by `StatsConfig`)."""
-    items = value if isinstance(value, list) else [value]
-    out = []
-    for item in items:
-        if isinstance(item, dict) and set(item) <= {"path", "weight"} and isinstance(item.get("path"), str):
-            weight = item.get("weight", 1)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                raise ConfigError(
-                    f"{where}: weight {_show(weight)} is not a number, write `{{path: store, weight: 0.5}}`"
-                )
-            out.append(f"{_resolve(item['path'], base, 'path')}:{weight!r}")
-            continue
-        if not isinstance(item, str) or not item:
-            raise ConfigError(
-                f"{where}: expected STORE:W or {{path, weight}}, got {_show(item)}, write `blend: [web:2, code:0.5]`"
-            )
-        head, sep, tail = item.rpartition(":")
-        resolved = _resolve(item, base, "path")
-        if sep and head and not os.path.exists(resolved):
-            resolved = f"{_resolve(head, base, 'path')}:{tail}"
-        out.append(resolved)
-    if not out:
-        raise ConfigError(f"{where}: a blend needs pack stores, write `blend: [web:2, code:0.5]`")
-    return tuple(out)
-
-
-def _mixture(
-    value: Any, base: Path, where: str, file: Path
-) -> tuple[Path | tuple[Path, ...], tuple[float, ...] | None]:
-    """`tokens_dir` of a pack section: `STORE[:WEIGHT]`, or a list of those and of `{path, weight}` mappings.
-
-    A `{path, weight}` mapping's bad weight is located at its own `weight:` line of `file`."""
-    from packtool.stages.pack import mixture_args
-
-    items = value if isinstance(value, list) else [value]
-    specs = []
-    for item in items:
-        if isinstance(item, dict) and isinstance(item.get("path"), str) and set(item) <= {"path", "weight"}:
-            weight = item.get("weight", 1)
-            at = f"{where.split(', ', 1)[0]}, {_at(file, item, 'weight')}"
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                raise ConfigError(
-                    f"{at}: weight {_show(weight)} of {_show(item['path'])} is not a number, write `weight: 2`"
-                )
-            try:
-                check_weight(weight, repr(item["path"]))  # `.inf`, `.nan`, 0: named here, not as a missing store
-            except UsageError as exc:
-                raise UsageError(f"{at}: {exc}") from None
-            specs.append(f"{_resolve(item['path'], base, 'tokens_dir')}:{weight!r}")
-        elif isinstance(item, str) and item:
-            specs.append(_resolve(item, base, "tokens_dir"))
-        else:
-            raise ConfigError(
-                f"{where}: expected a token store, STORE:WEIGHT, or a list of those or of {{path, weight}}, "
-                f"got {_show(item)}, write e.g. `tokens_dir: [out/a:2, out/b:0.5]`"
-            )
-    if not specs:
-        raise ConfigError(f"{where}: the list of token stores is empty, name at least one")
-    try:
-        return mixture_args(specs)
-    except ConfigError as exc:  # a weight out of its domain stays a usage error (exit 2)
-        raise type(exc)(f"{where}: {exc}") from None
 
 
 def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
@@ -400,17 +323,19 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected true or false, got {_show(value)}, write `{key}: true` or `{key}: false`")
+        raise UsageError(f"{where}: expected true or false, got {_show(value)}, write `{key}: true` or `{key}: false`")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(
+        raise UsageError(
             f"{where}: expected an integer, got {_show(value)}, write e.g. `{key}: {_INT_EXAMPLE.get(key, 8)}`"
         )
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{where}: expected a number, got {_show(value)}, write e.g. `{key}: 0.01`")
+        if isinstance(value, str) and read_number(value) is not None:  # `1e6`: YAML 1.1 reads it as text
+            return read_number(value)
+        raise UsageError(f"{where}: expected a number, got {_show(value)}, write e.g. `{key}: 0.01`")
     if typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is float:  # weights
         items = value if isinstance(value, list) else [value]
         return tuple(_coerce(v, float, key, base, where) for v in items)
@@ -424,13 +349,13 @@ def _coerce(value: Any, tp: Any, key: str, base: Path, where: str) -> Any:
     if typing.get_origin(tp) is tuple:  # inputs: one path/glob or a list of them
         items = value if isinstance(value, list) else [value]
         if not items or not all(isinstance(v, str) for v in items):
-            raise ConfigError(
+            raise UsageError(
                 f"{where}: expected a path or a list of paths, got {_show(value)}, write `{key}: [a.jsonl, dir/]`"
             )
         return tuple(_resolve(v, base, key) for v in items)
     if tp is Path or tp is str:
         if not isinstance(value, str) or (not value and key in PATH_KEYS):
-            raise ConfigError(
+            raise UsageError(
                 f"{where}: expected a string, got {_show(value)}, quote it if YAML read it as something else"
             )
         resolved = _resolve(value, base, key)

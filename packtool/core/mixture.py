@@ -23,6 +23,8 @@ The hash is one compiled pass over the tokens: ~600M tokens/s on one core (1.6 n
 from __future__ import annotations
 
 import math
+import os
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -75,11 +77,68 @@ def check_fraction(fraction: float) -> None:
         )
 
 
-def check_weight(weight: float, where: str) -> None:
+#: a weight as the command line writes numbers: ASCII decimal or exponent notation (`2`, `0.5`, `.5`, `1e6`)
+_DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_NOT_FINITE = re.compile(r"[-+]?(?:inf|infinity|nan)", re.IGNORECASE)  # numbers, refused as not finite
+WEIGHT_FIX = "write STORE:2 (twice), STORE:0.5 (a seeded half) or leave the weight out for 1"
+
+
+def read_number(text: str) -> float | None:
+    """The number a weight's text writes (`2`, `0.5`, `.5`, `1e6`, `1E-3`, and `inf`/`nan`, which `check_weight`
+    then refuses), or None: Python's other number syntax (`1_0`, `0x10`, spaces, digits of other scripts) and
+    `1,5` are not weights, whatever `float()` makes of them."""
+    if _DECIMAL.fullmatch(text) or _NOT_FINITE.fullmatch(text):
+        return float(text)
+    return None
+
+
+def split_weight(spec: str) -> tuple[str, str | None]:
+    """`PATH[:WEIGHT]` -> `(path, the weight's text or None)`, the one rule of `pack`, `stats` and `BlendedDataset`.
+
+    Only what follows the last colon can be a weight (paths may hold colons). A whole spec that names an
+    existing path, when the part before the colon does not, is a path. Otherwise the tail is a weight when it
+    reads as a number, or when the part before the colon exists (then `weight_of` refuses the tail by name:
+    `A:1,5` is a bad weight of A, not a missing store `A:1,5`)."""
+    path, colon, tail = spec.rpartition(":")
+    if not colon or not path:
+        return spec, None
+    if os.path.exists(spec) and not os.path.exists(path):
+        return spec, None
+    if read_number(tail) is not None or os.path.exists(path):
+        return path, tail
+    return spec, None
+
+
+def weight_of(text: str, where: str, noun: str = "mixture weight", fix: str = WEIGHT_FIX) -> float:
+    """The weight `text` of store `where` as a float, or a UsageError naming it (not a number, not finite, <= 0)."""
+    value = read_number(text)
+    if value is None:
+        raise UsageError(f"{noun} {text!r} of {where} is not a number, {fix}")
+    check_weight(value, where, noun, fix, shown=text)
+    return value
+
+
+def check_weight(
+    weight: float, where: str, noun: str = "mixture weight", fix: str = WEIGHT_FIX, shown: str | None = None
+) -> None:
+    """Refuse a weight that is no finite number > 0 (named as `shown`, the text as written, else its repr)."""
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight > 0):
+        text = repr(weight) if shown is None else shown
+        raise UsageError(f"{noun} {text} of {where} must be a finite number > 0 (epochs of that store), {fix}")
+
+
+def check_share(weight: float, n: int, where: str, noun: str = "mixture weight", unit: str = "document") -> None:
+    """Refuse a weight that gives a store of `n > 0` items none at all: its fraction of the items rounds to 0.
+
+    Weight 0 is refused as such; a weight of 1e-9 gave 0 items silently. The message says what the weight
+    rounds to and the least weight that gives one item (half an item: `1 / (2n)`, rounded up)."""
+    if n > 0 and repeated_count(weight, n) == 0:
+        least = Fraction(1, 2 * n)
+        digits = 2 - math.floor(math.log10(least))  # three significant digits, rounded up
+        shown = float(Fraction(math.ceil(least * 10**digits), 10**digits))
         raise UsageError(
-            f"mixture weight {weight!r} of {where} must be a finite number > 0 (epochs of that store), "
-            "write STORE:2 (twice), STORE:0.5 (a seeded half) or leave the weight out for 1"
+            f"{noun} {weight!r} of {where} gives it 0 of its {n} {unit}s ({weight!r} x {n} = {weight * n:.3g} "
+            f"rounds to 0), raise it to at least {shown!r} (half a {unit}) or drop the store"
         )
 
 

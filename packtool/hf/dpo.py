@@ -40,7 +40,16 @@ import torch
 from trl import DPOTrainer
 
 from packtool.errors import ConfigError
-from packtool.hf.dpo_ref import MATCH_KEYS, REF_KEYS, batch_ref, check_pack, check_saved, has_saved, with_columns
+from packtool.hf.dpo_ref import (
+    MATCH_KEYS,
+    REF_KEYS,
+    batch_ref,
+    check_pack,
+    check_saved,
+    has_saved,
+    pack_pairs,
+    with_columns,
+)
 from packtool.hf.dpo_view import MODEL_KEYS, UNPADDED, PaddedView, Scorer
 
 __all__ = ["MODEL_KEYS", "PACK_KEYS", "REF_KEYS", "PackedDPOTrainer", "PreferencePackCollator", "packs_dataset"]
@@ -150,6 +159,9 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         given = inspect.signature(DPOTrainer.__init__).bind(None, *args, **kwargs).arguments
         config = given.get("args")
+        train = given.get("train_dataset")
+        if train is not None and hasattr(train, "__len__") and len(train) == 0:
+            raise _no_packs("train")  # (TRL's constructor reads its first row)
         if given.get("ref_model") is None and not getattr(config, "precompute_ref_log_probs", False):
             sets = given.get("eval_dataset")
             named = {"train": given.get("train_dataset"), **(sets if isinstance(sets, dict) else {"eval": sets})}
@@ -161,8 +173,12 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
                         f"and ignore them, {WHERE}, pass precompute_ref_log_probs=True to train against the saved "
                         "ones, or remove the columns (dataset.remove_columns) to take this model as the reference"
                     )
+        self._step_pairs: tuple[int, int] | None = None  # (pairs in this optimizer step, micro-batches)
+        # TRL builds a reference from the policy's checkpoint when none is given (and under FSDP even with
+        # precompute): only one the user passed may replace saved reference log-probs
+        self._ref_given = given.get("ref_model") is not None
         super().__init__(*args, **kwargs)
-        if self.ref_model is None and not self.precompute_ref_logps:
+        if self.ref_model is None and not self.precompute_ref_logps:  # type: ignore[has-type]
             raise ConfigError(
                 f"no reference model (PEFT without ref_model), {WHERE}, pass ref_model= (a frozen copy of the model) "
                 "or precompute_ref_log_probs=True"
@@ -173,7 +189,7 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         `compute_ref_log_probs` on the packed forward of the reference model (the initial policy when no ref_model
         is given). A dataset that already carries them (a saved run's) keeps them when no ref_model is given:
         the model is then no reference. `dataset.save_to_disk` keeps them beside the packs."""
-        if has_saved(dataset, name) and self.ref_model is None:  # type: ignore[has-type]
+        if has_saved(dataset, name) and not self._ref_given:
             check_saved(dataset, name, self.ld_alpha)
             return dataset
         model: Any = self.ref_model or self.model  # type: ignore[has-type]
@@ -198,7 +214,9 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         return with_columns(dataset, chosen, rejected, pair_ids, self.ld_alpha)
 
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
-        first = next(iter(dataset))
+        first = next(iter(dataset), None)
+        if first is None:
+            raise _no_packs(dataset_name)
         if "pair_ids" not in first:
             raise ConfigError(
                 f"the {dataset_name} dataset has no pair_ids (not preference packs), {WHERE}, pass one row per pack "
@@ -210,8 +228,42 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         if self._signature_columns is None:  # type: ignore[has-type]
             self._signature_columns = list(PACK_KEYS + REF_KEYS + MATCH_KEYS)
 
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+        """Trainer's micro-batches of one optimizer step, and how many pairs they hold (all processes)."""
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        local = torch.tensor([sum(pack_pairs(b)[0] for b in batches)], device=device)
+        total = int(self.accelerator.gather(local).sum()) if self.accelerator.num_processes > 1 else int(local)
+        self._step_pairs = (total, len(batches))
+        return batches, items
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self._step_pairs = None
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:  # fmt: skip
+        """TRL's loss of the micro-batch, weighted by its share of the optimizer step's pairs: TRL's micro-batches
+        hold equal pair counts, so averaging them (Trainer divides by the accumulation steps, DDP by the
+        processes) is its mean over the step's pairs; packs hold unequal counts, which would weigh a pair of a
+        small micro-batch more. Outside training (evaluation, a direct call) the loss is TRL's as it is."""
+        out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self._step_pairs is None or not self.model.training:
+            return out
+        total, micro = self._step_pairs
+        scale = pack_pairs(inputs)[0] * micro * self.accelerator.num_processes / max(total, 1)
+        return (out[0] * scale, out[1]) if return_outputs else out * scale
+
     def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
         view = PaddedView(inputs)
+        limit = self.args.max_length
+        if limit is not None and view.longest > limit:
+            raise ConfigError(
+                f"a sequence of the batch holds {view.longest} tokens (prompt + completion), more than DPOConfig "
+                f"max_length={limit}: TRL would cut it ({self.args.truncation_mode}), the packs hold it whole, "
+                f"{WHERE}, pass max_length=None (the pack store decides the lengths)"
+            )
         padded = _trl_inputs(view)
         if self.precompute_ref_logps:
             padded.update(batch_ref(inputs, view.pair_ids))
@@ -222,6 +274,13 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
             return super()._compute_loss(Scorer(model, inputs, view), padded, return_outputs)
         finally:
             self.ref_model = saved
+
+
+def _no_packs(name: str) -> ConfigError:
+    return ConfigError(
+        f"the {name} dataset has no packs, {WHERE}, pass packs_dataset(PACK_DIR, size=N) of a non-empty preference "
+        "pack store"
+    )
 
 
 def _trl_inputs(view: PaddedView) -> dict[str, torch.Tensor]:

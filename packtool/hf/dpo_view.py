@@ -106,6 +106,7 @@ class PaddedView:
         completion[row_of_seg.index_select(0, seg)[labelled], pos[labelled]] = 1
         self.completion_mask = completion
         self.attention_mask = (torch.arange(length, device=dev)[None] < seq_len[:, None]).to(torch.int64)
+        self.longest = length if b else 0  # the longest sequence (prompt + completion), TRL's `max_length` measure
         # how many of TRL's rows hold each token: its sequence, plus each sequence that continues a shared prompt
         held = (row_of_seg >= 0).to(torch.int64)
         refs = pre.index_select(0, idx)

@@ -92,7 +92,14 @@ class BlendedDataset(BlendPlan):
                 raise FormatError(
                     f"store {self.paths[s]} now holds {ds.n_packs} packs, the blend was opened with {int(self.n_packs[s])}, BlendedDataset, re-open the blend"
                 )
-            handle = _Store(ds._open(), ds.has_segment_padding)
+            split = ds._open()
+            if split.build != self.builds[s]:  # re-packed with as many packs (`pack --seed 7`): other packs
+                raise FormatError(
+                    f"store {self.paths[s]} was re-packed since the blend opened (build {split.build}, the blend "
+                    f"was opened with build {self.builds[s]}), BlendedDataset, re-open the blend (a checkpoint of "
+                    "the old build does not resume on the new one)"
+                )
+            handle = _Store(split, ds.has_segment_padding)
             self._layouts[s] = handle.layout()
         self._open[s] = handle
         while len(self._open) > self.max_open:
@@ -116,7 +123,15 @@ class BlendedDataset(BlendPlan):
         return state
 
     def __getitem__(self, key: int) -> dict[str, Any]:
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):  # ds[1.5] read ds[1]
+            raise ConfigError(
+                f"blend key {key!r} is not an integer, BlendedDataset.__getitem__, pass an int (epoch * len(ds) + t)"
+            )
         k = int(key)
+        if k < -self.total:  # said `blend key -1 is negative` for ds[-len(ds) - 1]
+            raise IndexError(
+                f"blend key {k} is outside {-self.total} .. 2**63-1 (negative keys count back from epoch 0's end)"
+            )
         return self.__getitems__([k + self.total if k < 0 else k])[0]  # -1: the last sample of epoch 0
 
     def __getitems__(self, keys: Sequence[int]) -> BlendBatchItems:

@@ -176,9 +176,8 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         stacked = build_batch(store, np.asarray(indices, dtype=np.int64), self._views, self._pool, self._pairs)
         stacked["has_segment_padding"] = self.has_segment_padding
         if self._vis is not None:  # decoded and processed here: in the DataLoader worker
-            from packtool.loader.vision import vision_batch
-
-            stacked["vision"] = vision_batch(self._vis, np.asarray(indices, np.int64), stacked["rows"], stacked)
+            idx = np.asarray(indices, np.int64)
+            stacked["vision"] = self._vis.batch(idx, stacked["rows"], segment_arrays(stacked))
         return PackedBatchItems(stacked)
 
 
@@ -377,12 +376,14 @@ def _split_items(stacked: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _vision_item(v: dict[str, Any] | None, r: int, pos: torch.Tensor) -> dict[str, Any]:
-    """Pack r's vision keys (`loader/vision.py`): `position_ids` [4, N] for M-RoPE families (row 0 = `pos`)."""
+    """Pack r's vision keys (`loader/vision.py`, views of the batch's arrays): `position_ids` [4, N] for M-RoPE
+    families (row 0 = `pos`)."""
     if v is None:
         return {}
-    out: dict[str, Any] = {"pixel_values": torch.from_numpy(v["pixel_values"][r])}
+    pb, ib = v["pixel_bounds"], v["image_bounds"]
+    out: dict[str, Any] = {"pixel_values": torch.from_numpy(v["pixel_values"][pb[r] : pb[r + 1]])}
     if "image_grid_thw" in v:
-        out["image_grid_thw"] = torch.from_numpy(v["image_grid_thw"][r])
+        out["image_grid_thw"] = torch.from_numpy(v["image_grid_thw"][ib[r] : ib[r + 1]])
     if "mrope" in v:
         out["position_ids"] = torch.cat([pos[None], torch.from_numpy(np.ascontiguousarray(v["mrope"][:, r]))])
     if "token_type_ids" in v:

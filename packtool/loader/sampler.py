@@ -36,7 +36,7 @@ from packtool.core.cost import CostModel
 from packtool.errors import ConfigError
 from packtool.loader.blend import BlendedDataset
 from packtool.loader.sampler_costs import segments_of
-from packtool.loader.sampler_state import HEAD_STATE_VERSION, STATE_VERSION, load_state, state_of
+from packtool.loader.sampler_state import HEAD_STATE_VERSION, STATE_VERSION, check_epoch, load_state, state_of
 from packtool.loader.sampler_windows import WindowedLayout
 
 __all__ = ["HEAD_STATE_VERSION", "LAZY_ABOVE", "STATE_VERSION", "PackedSampler"]
@@ -99,15 +99,32 @@ class PackedSampler(WindowedLayout, torch.utils.data.Sampler[int]):
     ) -> None:
         world, me = _world()
         self.blend: BlendedDataset | None = data if isinstance(data, BlendedDataset) else None
-        self.n = int(data) if isinstance(data, int) else len(data)
+        if isinstance(data, bool) or not isinstance(data, (int, np.integer, Sized)):  # 5.5 raised TypeError
+            raise ConfigError(
+                f"data {data!r} is no dataset, PackedSampler, pass a PackedDataset, a BlendedDataset, anything sized "
+                "or a count of packs"
+            )
+        self.n = int(data) if isinstance(data, (int, np.integer)) else len(data)
+        # a seed of 1.5, 2.5 ranks or shuffle="no" were truncated or truthy: refused by name
+        for name, value, low in (("num_replicas", num_replicas, 1), ("rank", rank, 0), ("seed", seed, 0)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low
+            ):
+                raise ConfigError(
+                    f"{name} must be an integer >= {low}, got {value!r}, PackedSampler, pass e.g. {name}={low}"
+                )
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise ConfigError(f"{name} must be True or False, got {value!r}, PackedSampler, pass {name}=True")
+        shuffle, drop_last = bool(shuffle), bool(drop_last)
         self.num_replicas = world if num_replicas is None else int(num_replicas)
         self.rank = me if rank is None else int(rank)
         if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
             raise ConfigError(
                 f"rank {self.rank} is not in 0..{self.num_replicas - 1}, PackedSampler, pass 0 <= rank < num_replicas"
             )
-        if self.n == 0:
-            raise ConfigError("the dataset has no packs, PackedSampler, pack a non-empty split")
+        if self.n <= 0:
+            raise ConfigError(f"the dataset has no packs (n={self.n}), PackedSampler, pack a non-empty split")
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         if drop_last and self.n < self.num_replicas:
             raise ConfigError(
@@ -142,7 +159,7 @@ class PackedSampler(WindowedLayout, torch.utils.data.Sampler[int]):
         """The global order of `epoch` over all ranks (rank r's share is `order[r::num_replicas]`), from `base`.
 
         Materialises the whole epoch: for a blend or a huge dataset, iterate instead."""
-        e = self.epoch if epoch is None else int(epoch)
+        e = self.epoch if epoch is None else self._epoch(epoch)
         if self._cache is not None and self._cache[0] == (e, self.base):
             return self._cache[1]
         total = self.num_samples * self.num_replicas
@@ -164,8 +181,8 @@ class PackedSampler(WindowedLayout, torch.utils.data.Sampler[int]):
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's full index list for `epoch` (default: the current one)."""
         if not self.lazy:
-            return self.order(epoch)[self.rank :: self.num_replicas].copy()
-        e = self.epoch if epoch is None else int(epoch)
+            return self.order(epoch)[self.rank :: self.num_replicas].copy()  # (order checks the epoch)
+        e = self.epoch if epoch is None else self._epoch(epoch)
         parts = list(self._chunks(e, 0))
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
@@ -196,12 +213,18 @@ class PackedSampler(WindowedLayout, torch.utils.data.Sampler[int]):
     def __len__(self) -> int:
         return self.num_samples - self.consumed
 
+    def _epoch(self, epoch: int) -> int:
+        """`epoch` of `order(epoch)` / `indices(epoch)`, refused unless an integer >= 0 (1.5 read epoch 1)."""
+        check_epoch(self, epoch, "PackedSampler.order")
+        return int(epoch)
+
     def set_epoch(self, epoch: int) -> None:
         """Select the shuffle of `epoch`; a NEW epoch starts from its first index.
 
         Setting the epoch it already has keeps the consumed count, so the usual
         `sampler.set_epoch(epoch)` at the top of a resumed epoch does not lose the resume point.
         """
+        check_epoch(self, epoch, "PackedSampler.set_epoch")
         if epoch != self.epoch:
             self.epoch = int(epoch)
             self.consumed = 0
@@ -210,6 +233,8 @@ class PackedSampler(WindowedLayout, torch.utils.data.Sampler[int]):
 
     def advance(self, n: int) -> None:
         """Record that the training loop consumed `n` more indices of this epoch."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:  # -5 moved the resume point back
+            raise ConfigError(f"advance({n!r}) is not a count >= 0, PackedSampler.advance, pass the indices consumed")
         self.consumed = min(self.num_samples, self.consumed + int(n))
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ STATE_VERSION = 1
 HEAD_STATE_VERSION = 2
 """A state whose layout starts with the rest of an interrupted window (`head`: a balanced elastic resume mid-window)
 is written as version 2, so a packtool that cannot rebuild that window refuses it rather than skipping packs."""
+_MAX_KEY = 2**63 - 1  # a blend's keys are int64
+_MAX_WORLD = 1 << 24  # ranks of a state's interrupted layouts: rebuilding one allocates O(ranks) positions
 
 
 def state_of(s: WindowedLayout) -> dict[str, Any]:
@@ -48,6 +51,11 @@ def state_of(s: WindowedLayout) -> dict[str, Any]:
 
 def load_state(s: WindowedLayout, state: dict[str, Any]) -> None:
     """Move sampler `s` to `state` (what `PackedSampler.load_state_dict` does)."""
+    if not isinstance(state, Mapping):  # None raised AttributeError
+        raise ConfigError(
+            f"sampler state is a {type(state).__name__}, not a mapping, PackedSampler.load_state_dict, "
+            "pass the dict state_dict() returned"
+        )
     if state.get("version") not in (STATE_VERSION, HEAD_STATE_VERSION):
         raise ConfigError(
             f"sampler state version {state.get('version')!r} is not {STATE_VERSION} or {HEAD_STATE_VERSION}, PackedSampler.load_state_dict, use a checkpoint from this packtool"
@@ -79,8 +87,25 @@ def load_state(s: WindowedLayout, state: dict[str, Any]) -> None:
             )
     world, consumed, base = int(state["num_replicas"]), int(state["consumed"]), int(state.get("base", 0))
     epoch, head = int(state["epoch"]), state.get("head")
+    check_epoch(s, epoch, "PackedSampler.load_state_dict")
     _check_head(head, s.balance is not None)
-    pre = None if head is None else int(state["global_sample"]) - consumed * world
+    taken = state.get("global_sample", base + consumed * world)  # all layouts before, with this one
+    if isinstance(taken, bool) or not isinstance(taken, (int, np.integer)) or taken < 0:
+        raise ConfigError(
+            f"sampler state has global_sample={taken!r}, not an integer >= 0, PackedSampler.load_state_dict, "
+            "pass a state_dict() this packtool wrote"
+        )
+    # a base past n: an epoch that ended in padding, moved to another world size by an earlier packtool (which
+    # kept such a base; this one clamps it to n), or else an epoch silently empty
+    over = head is None and consumed == 0 and base <= 2 * s.n and taken == base
+    if base > s.n and not over:
+        raise ConfigError(
+            f"sampler state has base={base}, past the {s.n} samples of an epoch, PackedSampler.load_state_dict, "
+            "pass a state_dict() this packtool wrote for this dataset"
+        )
+    pre = None if head is None else int(taken) - consumed * world
+    if head is None and base == s.n and consumed == 0 and taken > s.n:  # that epoch, moved by this one (reported only)
+        pre = int(taken)
     known = None
     if head is not None:  # the interrupted window, recomputed here, must be the one the state was taken in
         known = s._layout(head)._cut(epoch)[:2]
@@ -89,6 +114,14 @@ def load_state(s: WindowedLayout, state: dict[str, Any]) -> None:
                 "sampler state's interrupted window holds other packs or costs here, PackedSampler.load_state_dict, "
                 "resume with the same dataset, cost model and packtool version"
             )
+    count = s._layout({"num_replicas": world, "base": base, "consumed": 0, "head": None})._count(
+        0 if known is None else known[0].size
+    )
+    if consumed > count:  # len() raised ValueError, or a far elastic base emptied the epoch
+        raise ConfigError(
+            f"sampler state has consumed={consumed}, past the {count} indices each of its {world} ranks has in epoch "
+            f"{epoch}, PackedSampler.load_state_dict, pass a state_dict() this packtool wrote for this dataset"
+        )
     if world == s.num_replicas or consumed == 0:  # where it was (consumed 0: its head re-dealt at this size)
         pass
     elif s.balance is None:  # elastic: the same global sample, dealt to the new ranks
@@ -108,12 +141,25 @@ def load_state(s: WindowedLayout, state: dict[str, Any]) -> None:
             head = {"num_replicas": world, "base": rb, "consumed": consumed - hp, "head": None}
         if head is not None:
             head["digest"] = digest(rest, rest_costs)
-        taken = int(state.get("global_sample", base + consumed * world))  # all layouts before, with this one
-        pre, known = (None, None) if head is None else (taken, (rest, rest_costs))
+        pre, known = (None, None) if head is None else (int(taken), (rest, rest_costs))
         base, consumed = end, 0
+    if base > s.n:  # past the epoch's samples: only padding was left (a base past n is refused at load)
+        pre, base = (base if head is None else pre), s.n  # global_sample still counts the padding consumed
     s.epoch, s.base, s.consumed, s.head, s.pre = epoch, base, consumed, head, pre
     s._cache = None
     s._head_cache = None if known is None else (epoch, *known)
+
+
+def check_epoch(s: WindowedLayout, epoch: Any, where: str) -> None:
+    """Refuse an epoch that is no integer >= 0 (`set_epoch(-1)` yielded negative keys, `set_epoch(1.5)` epoch 1),
+    or one whose blend keys `epoch * len(blend) + t` would pass 2**63 - 1."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ConfigError(f"epoch {epoch!r} is not an integer >= 0, {where}, pass the epoch number (0, 1, 2, ...)")
+    if s.blend is not None and (int(epoch) + 1) * s.n > _MAX_KEY + 1:
+        raise ConfigError(
+            f"epoch {epoch} of a blend of {s.n} samples has keys past 2**63 - 1, {where}, "
+            f"pass an epoch below {(_MAX_KEY + 1) // s.n}"
+        )
 
 
 def digest(positions: np.ndarray, costs: np.ndarray) -> str:
@@ -133,6 +179,7 @@ def _check_head(head: Any, balanced: bool) -> None:
             isinstance(head.get(k), int) and not isinstance(head.get(k), bool) and head[k] >= (k == "num_replicas")
             for k in ("num_replicas", "base", "consumed")
         )
+        ok = ok and head["num_replicas"] <= _MAX_WORLD
         if not ok:
             raise ConfigError(
                 f"sampler state has a malformed head {head!r}, PackedSampler.load_state_dict, resume from the state the sampler wrote"

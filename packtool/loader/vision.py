@@ -71,27 +71,48 @@ class VisionViews:
         assert table is not None  # rows of text-only sources are never named (checked above)
         return table, int(self.row[k] - self.row_offsets[s])
 
-    def pack(self, p: int, ids: np.ndarray, seg_lens: np.ndarray, seg_real: np.ndarray) -> dict[str, Any]:
-        """The vision keys of pack `p` whose row is `ids` [N] and segments `seg_lens` / `seg_real` (row order)."""
-        a, b = int(self.pack_img[p]), int(self.pack_img[p + 1])
-        located = [self._image(k) for k in range(a, b)]
-        data = [table.data(i) for table, i in located]
-        pixels, grids = self.processor.pixel_rows(data)
-        out: dict[str, Any] = {"pixel_values": pixels}
+    def batch(self, idx: np.ndarray, rows: np.ndarray, segments: tuple[np.ndarray, ...]) -> dict[str, Any]:
+        """The vision keys of packs `idx` whose rows are `rows[0]` [B, N] and segments `segments` (`segment_arrays`
+        of `build_batch`): ONE `pixel_rows` call over the batch's images in order (each pack's rows a slice of it,
+        as the processor treats every image alone), `pixel_bounds` / `image_bounds` [B + 1] per pack."""
+        spans = [(int(self.pack_img[p]), int(self.pack_img[p + 1])) for p in idx.tolist()]
+        located = [self._image(k) for a, b in spans for k in range(a, b)]
+        pixels, grids = self.processor.pixel_rows([table.data(i) for table, i in located])
+        image_bounds = np.concatenate([[0], np.cumsum([b - a for a, b in spans])]).astype(np.int64)
+        out: dict[str, Any] = {"pixel_values": pixels, "image_bounds": image_bounds}
+        got = np.asarray(grids if grids is not None else np.zeros((0, 3)), np.int64).reshape(-1, 3)
         if self.processor.uses_grid:
             want = np.asarray([table.grid[i] for table, i in located], np.int64).reshape(-1, 3)
-            got = np.asarray(grids, np.int64).reshape(-1, 3)
             if not np.array_equal(want, got):
                 raise FormatError(
-                    f"the processor gives grids {got.tolist()[:4]} for pack {p}'s images but the store recorded "
-                    f"{want.tolist()[:4]} (another processor version?), {located[0][0].path}, re-run `packtool tokenize`"
+                    f"the processor gives grids {got.tolist()[:4]} for the images of packs {idx.tolist()[:4]} but the "
+                    f"store recorded {want.tolist()[:4]} (another processor version?), {located[0][0].path}, "
+                    "re-run `packtool tokenize`"
                 )
             out["image_grid_thw"] = got
+            per_image = got.prod(axis=1)
+        else:
+            per_image = np.ones(len(located), np.int64)
+        if int(per_image.sum()) != int(pixels.shape[0]):
+            raise FormatError(
+                f"the {self.processor.family} processor gave {pixels.shape[0]} pixel rows for {len(located)} images "
+                f"({int(per_image.sum())} expected), this is a bug"
+            )
+        cum = np.concatenate([[0], np.cumsum(per_image)]).astype(np.int64)
+        out["pixel_bounds"] = cum[image_bounds]
+        lens, real, counts = segments[0], segments[1], segments[2]
+        bounds = np.concatenate([[0], np.cumsum(counts)])
         if self.processor.mrope:
-            n = int(self.pack_offsets[p + 1] - self.pack_offsets[p])  # entries after these are tail padding
-            out["mrope"] = self._mrope(ids, seg_lens[:n], seg_real[:n], self.pos[a:b], np.asarray(grids).reshape(-1, 3))
-        if self.processor.token_type_ids:  # over the whole row: padding is never the image token
-            out["token_type_ids"] = np.asarray(self.processor.token_types(ids), np.int64)
+            out["mrope"] = np.full((3, *rows.shape[1:]), PAD_POSITION, np.int64)
+            for r, p in enumerate(idx.tolist()):  # per pack, then per segment: never per token
+                a, b = spans[r]
+                n = int(self.pack_offsets[p + 1] - self.pack_offsets[p])  # entries after these are tail padding
+                seg = slice(int(bounds[r]), int(bounds[r]) + n)
+                out["mrope"][:, r] = self._mrope(
+                    rows[0, r], lens[seg], real[seg], self.pos[a:b], got[image_bounds[r] : image_bounds[r + 1]]
+                )
+        if self.processor.token_type_ids:  # over the whole rows: padding is never the image token
+            out["token_type_ids"] = np.asarray(self.processor.token_types(rows[0]), np.int64).reshape(rows.shape[1:])
         return out
 
     def _mrope(
@@ -142,26 +163,6 @@ def _tables(store: PackSplit, sources: Sequence[str | os.PathLike[str]] | None) 
     return tables
 
 
-def vision_batch(views: VisionViews, idx: np.ndarray, rows: np.ndarray, stacked: dict[str, Any]) -> dict[str, Any]:
-    """Per-pack vision keys of a `build_batch` result: lists in batch order, plus the M-RoPE rows [3, B, N]."""
-    from packtool.loader.dataset import segment_arrays
-
-    lens, real, counts, _ = segment_arrays(stacked)
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    per_pack = [
-        views.pack(int(p), rows[0, r], lens[bounds[r] : bounds[r + 1]], real[bounds[r] : bounds[r + 1]])
-        for r, p in enumerate(idx.tolist())
-    ]
-    out: dict[str, Any] = {"pixel_values": [x["pixel_values"] for x in per_pack]}
-    if views.processor.uses_grid:
-        out["image_grid_thw"] = [x["image_grid_thw"] for x in per_pack]
-    if views.processor.mrope:
-        out["mrope"] = np.stack([x["mrope"] for x in per_pack], axis=1) if per_pack else np.zeros((3, 0, 0), np.int64)
-    if views.processor.token_type_ids:
-        out["token_type_ids"] = np.stack([x["token_type_ids"] for x in per_pack])
-    return out
-
-
 def vision_outputs(
     stacked: dict[str, Any] | None, items: Sequence[dict[str, Any]], pos: Any, refuse: str | None
 ) -> dict[str, Any]:
@@ -179,9 +180,9 @@ def vision_outputs(
             f"{refuse} is not supported for a batch with images (M-RoPE positions and pixels), PackedCollator, leave it out"
         )
     pixels, grids, mrope, types = per
-    out: dict[str, Any] = {"pixel_values": torch.from_numpy(np.ascontiguousarray(np.concatenate(pixels)))}
+    out: dict[str, Any] = {"pixel_values": torch.from_numpy(np.ascontiguousarray(pixels))}
     if grids is not None:
-        out["image_grid_thw"] = torch.from_numpy(np.concatenate(grids).reshape(-1, 3).astype(np.int64))
+        out["image_grid_thw"] = torch.from_numpy(np.ascontiguousarray(grids, np.int64).reshape(-1, 3))
     shape = tuple(pos.shape)
     if mrope is not None:
         rows = torch.from_numpy(np.ascontiguousarray(mrope)).reshape(3, *shape)
@@ -193,19 +194,19 @@ def vision_outputs(
 
 def _per_pack(
     stacked: dict[str, Any] | None, items: Sequence[dict[str, Any]]
-) -> tuple[list[np.ndarray], list[np.ndarray] | None, np.ndarray | None, np.ndarray | None] | None:
-    """(pixel arrays, grid arrays, mrope [3, B, N] or [3, T], token types) of the batch, or None (no images)."""
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None] | None:
+    """(pixel rows, grids, mrope [3, B, N] or [3, T], token types) of the batch, or None (no images)."""
     if stacked is not None:
         v = stacked.get("vision")
         if v is None:
-            return None
+            return None  # the batch's arrays as `VisionViews.batch` made them: no copy
         return v["pixel_values"], v.get("image_grid_thw"), v.get("mrope"), v.get("token_type_ids")
     if not any("pixel_values" in it for it in items):
         return None
     if not all("pixel_values" in it for it in items):
         raise ConfigError("some items carry pixel_values and some do not, PackedCollator, collate items of one store")
-    pixels = [np.asarray(it["pixel_values"]) for it in items]
-    grids = [np.asarray(it["image_grid_thw"]) for it in items] if "image_grid_thw" in items[0] else None
+    pixels = np.concatenate([np.asarray(it["pixel_values"]) for it in items])
+    grids = np.concatenate([np.asarray(it["image_grid_thw"]) for it in items]) if "image_grid_thw" in items[0] else None
     mrope = None
     if np.asarray(items[0]["position_ids"]).ndim == 2:  # [4, N]: rows 1..3 are the M-RoPE rows
         mrope = np.concatenate([np.asarray(it["position_ids"])[1:] for it in items], axis=1)

@@ -168,3 +168,45 @@ def test_saved_reference_columns_that_are_not_the_packs_are_refused(setup) -> No
         packed(tmp / "short", tok, policy, None, datasets.Dataset.from_list(rows), precompute_ref_log_probs=True)
     with pytest.raises(ConfigError, match="has ref_chosen_logps but not ref_rejected_logps"):
         packed(tmp / "half", tok, policy, None, saved.remove_columns("ref_rejected_logps"), precompute_ref_log_probs=True)
+
+
+def test_gradient_accumulation_over_packs_of_unequal_pair_counts_is_the_mean_over_the_steps_pairs(setup) -> None:  # noqa: F811
+    """FIXED: each micro-batch's loss is a mean over ITS pairs and Trainer averaged the micro-batches, so with
+    packs of 3 and 2 pairs a pair of the small pack weighed 1.5x one of the large (0.25 vs 1/6): one optimizer
+    step now equals TRL's step over the same 5 pairs (its micro-batches hold equal counts)."""
+    tmp, tok, policy, ref, _want, prepared, _padded = setup
+    sgd = {"learning_rate": 0.5, "optim": "sgd", "lr_scheduler_type": "constant", "max_steps": 1,
+           "max_grad_norm": 0.0, "logging_steps": 1, "save_strategy": "no"}  # fmt: skip
+    want = trl.DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref), processing_class=tok,
+                          args=recipe.config(tmp / "ga_trl", 5, **sgd),
+                          train_dataset=datasets.Dataset.from_list(recipe.records(5)))  # fmt: skip
+    want.train()
+    packs = datasets.Dataset.from_list([recipe.item(prepared[:3], False, 0), recipe.item(prepared[3:], False, 3)])
+    got, _ = packed(tmp / "ga", tok, policy, ref, packs, n=1, gradient_accumulation_steps=2, **sgd)
+    got.train()
+    for g, w, before in zip(got.model.parameters(), want.model.parameters(), policy.parameters(), strict=True):
+        moved = float((w.detach() - before.detach()).abs().max())  # TRL's update of this parameter
+        assert float((g.detach() - w.detach()).abs().max()) <= 1e-6 * max(moved, 1e-12)
+    assert got.state.log_history[0]["loss"] == pytest.approx(want.state.log_history[0]["loss"], rel=1e-6)
+
+
+def test_a_sequence_longer_than_max_length_is_refused_not_trained_whole(setup) -> None:  # noqa: F811
+    """FIXED: DPOConfig's max_length (1024 by default) makes TRL cut each longer sequence (keep_start); the packs
+    were trained whole without a word, so the loss was not TRL's on the same pairs."""
+    tmp, tok, policy, ref, _want, prepared, _padded = setup
+    packs = datasets.Dataset.from_list([recipe.item(prepared[:3], False, 0), recipe.item(prepared[3:], False, 3)])
+    longest = max(len(p) + max(len(c), len(r)) for p, c, r in prepared)
+    got, inputs = packed(tmp / "maxlen", tok, policy, ref, packs)
+    got.args.max_length = longest - 1
+    with pytest.raises(ConfigError, match=f"holds {longest} tokens .* max_length={longest - 1}"):
+        got.compute_loss(got.model, inputs)
+    got.args.max_length = longest
+    assert float(got.compute_loss(got.model, inputs)) > 0
+
+
+def test_an_empty_packs_dataset_is_refused_by_name(setup) -> None:  # noqa: F811
+    """FIXED: an empty dataset raised a bare StopIteration from PackedDPOTrainer's constructor."""
+    tmp, tok, policy, ref, _want, _prepared, _padded = setup
+    empty = datasets.Dataset.from_list([recipe.item([([5, 6], [7], [8])], False, 0)]).select([])
+    with pytest.raises(ConfigError, match="the train dataset has no packs"):
+        packed(tmp / "empty", tok, policy, ref, empty)

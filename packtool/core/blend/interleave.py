@@ -40,7 +40,10 @@ class Interleave:
     """
 
     def __init__(self, counts: np.ndarray, seed: int = 0) -> None:
-        self.counts = np.asarray(counts, np.int64)
+        raw = np.asarray(counts)
+        if raw.size and raw.dtype.kind not in "iu":  # counts of 1.5 were truncated
+            raise ConfigError(f"interleave counts must be integers, got {raw.dtype}, Interleave, pass integer counts")
+        self.counts = raw.astype(np.int64).reshape(-1)
         self.seed = int(seed)
         self.total = int(self.counts.sum())
         if self.total <= 0 or self.total >= MAX_SAMPLES or np.any(self.counts < 0):
@@ -146,6 +149,11 @@ class Interleave:
 
     def prefix_counts(self, t: int, epoch: int = 0) -> np.ndarray:
         """How many of the first `t` samples of `epoch` each store supplies (O(stores), closed form)."""
+        for name, value in (("prefix", t), ("epoch", epoch)):  # 1.5 read 1, epoch -1 drew a coin of its own
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ConfigError(
+                    f"{name} {value!r} is not an integer >= 0, Interleave.prefix_counts, pass 0 <= t <= total, epoch >= 0"
+                )
         t = int(t)
         if not 0 <= t <= self.total:
             raise ConfigError(f"prefix {t} is outside 0..{self.total}, Interleave.prefix_counts, pass 0 <= t <= total")

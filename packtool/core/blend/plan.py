@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,10 @@ def default_max_open() -> int:
 
 
 _MAX_KEY = 2**63 - 1  # keys are int64
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _tokenizer_id(meta: dict[str, Any]) -> str | None:
@@ -74,14 +78,34 @@ class BlendPlan:
         *,
         max_open: int | None = None,
     ) -> None:
+        if isinstance(sources, Mapping) or not isinstance(sources, Sequence):  # {store: 2} lost its weights
+            raise ConfigError(
+                f"blend sources must be a list, got a {type(sources).__name__}, BlendedDataset, pass "
+                "[(store, weight), ...] or ['STORE:W', ...] (a dict: list(d.items()))"
+            )
         if isinstance(sources, (str, os.PathLike)) or not len(sources):
             raise ConfigError(
                 "a blend needs a list of sources, BlendedDataset, pass [(store, weight), ...] or ['STORE:W', ...]"
             )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"blend seed must be an integer >= 0, got {seed!r}, BlendedDataset, pass e.g. seed=0")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1):
+            raise ConfigError(  # size=0 said: pack every store with --size 0
+                f"blend size must be a positive integer (the stores' pack size), got {size!r}, BlendedDataset, "
+                "pass the size the stores were packed at (size=4096) or leave it out when they hold one size"
+            )
+        if not isinstance(split, str) or not split:
+            raise ConfigError(
+                f"blend split must be a split name, got {split!r}, BlendedDataset, pass e.g. split='training'"
+            )
+        if max_open is not None and (
+            isinstance(max_open, bool) or not isinstance(max_open, (int, np.integer)) or max_open < 1
+        ):
+            raise ConfigError(
+                f"max_open must be an integer >= 1, got {max_open!r}, BlendedDataset, pass e.g. max_open=64 or leave it out"
+            )
         self.seed, self.split = int(seed), str(split)
-        self.max_open = default_max_open() if max_open is None else max(1, int(max_open))
+        self.max_open = default_max_open() if max_open is None else int(max_open)
         parsed = [parse_source(s) for s in sources]
         self.paths: list[str] = [p for p, _ in parsed]
         self.weights: list[float] = [w for _, w in parsed]
@@ -104,7 +128,7 @@ class BlendPlan:
         self.directories: list[Path] = dirs
         self.builds: list[str | None] = builds  # each store's build id (its file names), None: version-1 names
         self.n_packs = np.array(n_packs, np.int64)
-        self.full_passes, self.partial, self.total = sample_counts(self.weights, n_packs)
+        self.full_passes, self.partial, self.total = sample_counts(self.weights, n_packs, self.paths)
         self.counts = self.full_passes * self.n_packs + self.partial
         seen: dict[str, int] = {}
         digests, reps = [], []
@@ -167,7 +191,7 @@ class BlendPlan:
         if d is not p and not (d / metadata_name(int(size))).exists():
             shown = ", ".join(map(str, sizes_in(d))) or "none"
             raise ConfigError(
-                f"blend stores must share one pack size: {d} holds sizes {shown}, not {size}, BlendedDataset, pack every store with --size {size}"
+                f"blend stores must share one pack size: {d} holds sizes {shown}, not {size}, BlendedDataset, pass one of those as size= or pack every store with --size {size}"
             )
         try:
             meta = metadata_for(d, self.split, int(size))
@@ -207,8 +231,20 @@ class BlendPlan:
 
     def locate(self, keys: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """`(source, source_index)` of each key `epoch·T + t` (any order, any epochs)."""
+        raw = np.asarray(keys)
+        if raw.size and (
+            raw.dtype.kind not in "iuO"
+            or (raw.dtype.kind == "O" and not all(_is_int(k) for k in raw.reshape(-1).tolist()))
+        ):  # [1.5] read key 1, [True] key 1
+            shown = raw.reshape(-1)[:3].tolist()
+            raise ConfigError(
+                f"blend keys must be integers, got {shown!r}{' ...' if raw.size > 3 else ''} ({raw.dtype}), "
+                "BlendedDataset, pass integer keys (epoch * len(ds) + t)"
+            )
         try:
-            keys = np.asarray(keys, np.int64).reshape(-1)
+            if raw.dtype.kind == "u" and raw.size and int(raw.max()) > _MAX_KEY:  # 2**63 is a uint64: no overflow
+                raise OverflowError
+            keys = np.asarray(raw, np.int64).reshape(-1)
         except OverflowError:
             raise IndexError("a blend key is outside 0 .. 2**63-1") from None
         if keys.size and int(keys.min()) < 0:
@@ -235,7 +271,19 @@ class BlendPlan:
 
     def packs_of(self, s: int, occurrences: np.ndarray, epoch: int = 0) -> np.ndarray:
         """The packs of store s at its `occurrences` (0 .. counts[s] - 1) in `epoch`."""
-        occ = np.asarray(occurrences, np.int64)
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < self.n_packs.size:
+            raise ConfigError(
+                f"store {s!r} is not in 0..{self.n_packs.size - 1}, BlendPlan.packs_of, pass a source index"
+            )
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ConfigError(f"epoch {epoch!r} is not an integer >= 0, BlendPlan.packs_of, pass epoch >= 0")
+        raw = np.asarray(occurrences)
+        if raw.size and (raw.dtype.kind not in "iu" or raw.min() < 0 or raw.max() >= self.counts[s]):
+            raise ConfigError(  # an occurrence past the partial pass gave a pack the blend never draws
+                f"occurrences of store {s} must be integers in 0..{int(self.counts[s]) - 1}, BlendPlan.packs_of, "
+                "pass occurrences below counts[s]"
+            )
+        occ = raw.astype(np.int64).reshape(-1)
         return self._packs(np.full(occ.size, s, np.int64), occ, np.full(occ.size, epoch, np.int64))
 
     def prefix_counts(self, t: int, epoch: int = 0) -> np.ndarray:

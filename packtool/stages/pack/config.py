@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from packtool.choices import Algorithm, ExecutorName, Overlong, Split
-from packtool.core.mixture import check_fraction, check_weight
+from packtool.core.mixture import check_fraction, check_weight, split_weight, weight_of
 from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import UsageError
 
@@ -120,35 +119,14 @@ def validate_pack_size(size: int, flag: str = "--size") -> None:
         raise UsageError(f"{flag} {size} is over the supported maximum {MAX_CAPACITY}, use a smaller {flag}")
 
 
-_WEIGHT = re.compile(r"^(?P<path>.+):(?P<weight>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)$")
-
-
 def parse_store_spec(spec: str) -> tuple[Path, float | None]:
-    """`PATH[:WEIGHT]` -> (path, weight or None). Only a trailing `:NUMBER` is a weight (paths may hold ':');
-    a whole spec that names an existing directory, when the part before the colon does not, is a path."""
-    m = _WEIGHT.match(spec)
-    if m is None or (os.path.isdir(spec) and not os.path.isdir(m["path"])):
-        path, colon, tail = spec.rpartition(":")
-        if colon and path and not os.path.exists(spec):
-            _refuse_weight(path, tail)  # `A:nan`, `A:inf`, `A:abc`: the weight is wrong, not the path
+    """`PATH[:WEIGHT]` -> (path, weight or None), by `core.mixture.split_weight`'s rule (shared with `stats` and
+    `BlendedDataset`): only a trailing `:NUMBER` is a weight (paths may hold ':'); a whole spec that names an
+    existing path, when the part before the colon does not, is a path; `A:abc` with A existing is a bad weight."""
+    path, text = split_weight(spec)
+    if text is None:
         return Path(spec), None
-    weight = float(m["weight"])
-    check_weight(weight, m["path"])
-    return Path(m["path"]), weight
-
-
-def _refuse_weight(path: str, tail: str) -> None:
-    """The UsageError for `PATH:TAIL` whose TAIL is no finite number, when TAIL reads as a number or PATH exists."""
-    try:
-        weight = float(tail)
-    except ValueError:
-        if os.path.isdir(path):
-            raise UsageError(
-                f"mixture weight {tail!r} of {path} is not a number, write STORE:2 (twice), STORE:0.5 (a seeded "
-                "half) or leave the weight out for 1"
-            ) from None
-        return
-    check_weight(weight, path)
+    return Path(path), weight_of(text, path)
 
 
 def mixture_args(specs: list[str]) -> tuple[Path | tuple[Path, ...], tuple[float, ...] | None]:

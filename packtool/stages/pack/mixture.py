@@ -16,6 +16,7 @@ import numpy as np
 
 from packtool.core.mixture import (
     CONTENT_HASH,
+    check_share,
     content_hashes,
     repeat_documents,
     repeated_count,
@@ -66,6 +67,8 @@ def select_splits(
             held.append(local[is_val] + int(stores.doc_offsets[i]) // unit)
             local = local[~is_val]
         eligible.append(local)
+    for store, weight, local in zip(stores.stores, weights, eligible, strict=True):  # `A:1e-9`: none of A
+        check_share(weight, int(local.size), str(store.path), unit="pair" if pairs else "document")
     check_repetition([s.path for s in stores.stores], weights, [e.size * unit for e in eligible])
     train = [
         repeat_documents(local, weight, seed, keys[i], keys[:i].count(keys[i])) + int(stores.doc_offsets[i]) // unit

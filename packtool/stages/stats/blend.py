@@ -10,12 +10,12 @@ tokens are counted from each store's segment table over the packs the blend actu
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packtool.core.blend import BlendPlan
+from packtool.core.mixture import split_weight
 from packtool.formats.pack_store import open_pack_split
 
 
@@ -93,19 +93,13 @@ def check_blend(config: Any) -> None:
 def blend_sources(args: list[Any]) -> tuple[str, ...] | None:
     """The CLI's positional stores as a blend (`STORE:W ...`), or None for one plain store path.
 
-    Several arguments are always a blend; one is a blend when it ends in `:W` and no file of that name exists.
+    Several arguments are always a blend; one is a blend when it splits as `pack` splits `STORE:W`
+    (`core.mixture.split_weight`): `A:1,5` with A existing is a blend whose weight is then refused by name.
     """
     texts = [str(a) for a in args]
     if len(texts) > 1:
         return tuple(texts)
-    head, sep, tail = texts[0].rpartition(":")
-    if sep and head and not Path(texts[0]).exists():
-        try:
-            float(tail)
-        except ValueError:
-            return None
-        return tuple(texts)
-    return None
+    return tuple(texts) if split_weight(texts[0])[1] is not None else None
 
 
 __all__ = ["BlendStats", "blend_sources", "blend_stats", "check_blend", "pack_real_tokens"]

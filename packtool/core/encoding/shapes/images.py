@@ -3,7 +3,8 @@
 Users hold images in four ways, all read here after a shape made its `Conversation` (so every chat-like
 shape, `--format auto` included, reads them alike; a record with images is never read as text alone):
 - LLaMA-Factory: `<image>` placeholders in message text (ShareGPT `value`, chat `content`, Alpaca
-  `instruction`/`input`) plus a top-level `images` list, one entry per placeholder, in order;
+  `instruction`/`input`) plus a top-level `images` list, one entry per placeholder, in order (LLaVA-Instruct
+  and ShareGPT4V: a top-level `image`, one image);
 - transformers / TRL: content parts `{"type": "image"}`, their images in the `images` column (in order) or on
   the part itself (`image`: a path, a `data:` URI, bytes or a `{bytes, path}` struct; `path`; `url`);
 - OpenAI: `{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}` (or `input_image`);
@@ -33,6 +34,8 @@ from packtool.core.encoding.shapes.fields import structured
 IMAGE_PLACEHOLDER = "<image>"
 #: the top-level field holding a record's images (LLaMA-Factory, TRL's vision datasets)
 IMAGES = "images"
+#: LLaVA's field of a record's one image (LLaVA-Instruct-150K, ShareGPT4V)
+IMAGE = "image"
 #: fields and part types of media this tool does not read (refused by name, never dropped)
 OTHER_MEDIA_FIELDS = ("videos", "audios", "video", "audio")
 OTHER_MEDIA_PARTS = frozenset({"video", "audio", "video_url", "audio_url", "input_audio", "input_video", "file"})
@@ -63,11 +66,11 @@ def with_images(record: Any, conversation: Conversation) -> Conversation:
     """`conversation` in canonical form with its images (see the module docstring), or as it is when the
     record carries none; ShapeError for what cannot be read exactly."""
     _no_other_media(record)
-    listed = structured(record.get(IMAGES)) if isinstance(record, dict) else None  # a CSV cell may hold JSON
+    field, listed = _listed(record)
     has_list = listed is not None
     if has_list and not isinstance(listed, (list, tuple)):
         listed = [listed]  # one image: a bare path or struct (LLaMA-Factory accepts a string)
-    pool = [ImageRef(_checked(v, f"{IMAGES}[{i}]"), f"{IMAGES}[{i}]") for i, v in enumerate(listed or ())]
+    pool = [ImageRef(_checked(v, f"{field}[{i}]"), f"{field}[{i}]") for i, v in enumerate(listed or ())]
     messages = conversation.messages
     if not isinstance(messages, list) or not (pool or _any_image_part(messages)):
         if isinstance(messages, list) and has_list and _placeholders(messages):
@@ -98,6 +101,17 @@ def with_images(record: Any, conversation: Conversation) -> Conversation:
     if taken != len(pool):
         raise ShapeError(_miscounted(messages, pool, has_list))
     return replace(conversation, messages=out, images=tuple(refs))
+
+
+def _listed(record: Any) -> tuple[str, Any]:
+    """(field, value) of the record's images: `images`, or LLaVA's single `image` (LLaVA-Instruct, ShareGPT4V:
+    `{"image": "coco/1.jpg", "conversations": [... "<image>\\n..."]}`); both is a bad record."""
+    if not isinstance(record, dict):
+        return IMAGES, None
+    listed, single = structured(record.get(IMAGES)), structured(record.get(IMAGE))  # a CSV cell may hold JSON
+    if listed is not None and single is not None:
+        raise ShapeError(f"the record has both {IMAGES!r} and {IMAGE!r}, keep one of them")
+    return (IMAGE, single) if single is not None else (IMAGES, listed)
 
 
 def _placeholders(messages: list[Any]) -> bool:
@@ -220,7 +234,7 @@ def _miscounted(messages: list[Any], pool: list[ImageRef], has_list: bool) -> st
                 slots += piece["text"].count(IMAGE_PLACEHOLDER)
             elif piece.get("type") in IMAGE_PARTS and _own_image(piece, "") is None:
                 slots += 1
-    where = f"the record's {IMAGES!r} list holds {len(pool)}" if has_list else "the record has no 'images' field"
+    where = f"the record's images list holds {len(pool)}" if has_list else "the record has no 'images' field"
     return (
         f"miscounted images: the messages have {slots} {IMAGE_PLACEHOLDER} placeholders or image parts without "
         f"their own image, {where}; make them equal (one image per placeholder, in order)"
@@ -232,7 +246,7 @@ def images_in_record(record: Any) -> str | None:
     a text shape reads must hold none (it would be read as text alone)."""
     if not isinstance(record, dict):
         return None
-    for name in (IMAGES, *OTHER_MEDIA_FIELDS):
+    for name in (IMAGES, IMAGE, *OTHER_MEDIA_FIELDS):
         value = record.get(name)
         if value is not None and value != [] and value != "":
             return f"{name!r} ({len(value)})" if isinstance(value, list) else repr(name)
