@@ -300,3 +300,41 @@ def test_verify_finds_one_flipped_image_byte(world: dict[str, Any], store: Path,
     assert media[0].name in line, line
     code, _, err = cli("verify", str(store), "-q")
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("image", "words"),
+    [("sub", "is not a regular file"), (5, "images[0] is int: an image is a path"),
+     (None, "images[0] is NoneType"), ("", "is not a path")],
+    ids=["a folder", "a number", "null", "empty"],
+)
+def test_images_that_are_not_images_are_refused_in_one_line(world: dict[str, Any], tmp_path: Path, image: Any,
+                                                           words: str) -> None:
+    (tmp_path / "sub").mkdir()
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "Yo"}],
+                               "images": [image]}) + "\n")
+    line = cli_error("tokenize", str(src), "--tokenizer", str(world["model"]), "--output", str(tmp_path / "o"),
+                     "--format", "auto", "-q")
+    assert words in line and f"{src}:1" in line, line
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_image_in_an_assistant_turn_is_never_a_target(world: dict[str, Any], tmp_path: Path) -> None:
+    shutil.copy(world["data"] / "rgb.jpg", tmp_path / "rgb.jpg")
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "Draw it."},
+                                            {"role": "assistant", "content": "Here:<image> done."}],
+                               "images": ["rgb.jpg"]}) + "\n")
+    code, _, err = tokenize(world, src, tmp_path / "o", "--workers", "1")
+    assert code == 0, err
+    store = open_token_store(tmp_path / "o")
+    ids, loss = np.asarray(store.tokens), np.asarray(store.loss)
+    processor = reference_processor(world["model"], "qwen2_vl")
+    ref = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "Draw it."}]},
+         {"role": "assistant", "content": [{"type": "text", "text": "Here:"}, {"type": "image", "path": str(tmp_path / "rgb.jpg")},
+                                           {"type": "text", "text": " done."}]}], tokenize=True, return_dict=True)
+    assert ids.tolist() == list(ref["input_ids"][0])
+    image = ids == json.loads((tmp_path / "o" / "manifest.json").read_text())["vision"]["image_token_id"]
+    assert image.sum() > 0 and not loss[image].any() and loss[~image].any()  # the text around it is a target
