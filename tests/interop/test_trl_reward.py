@@ -290,3 +290,16 @@ def test_pad_multiple_packs_equal_trl_and_count_its_tokens(tmp_path: Path) -> No
     bare = {k: v for k, v in inputs.items() if k != "cu_seqlens_unpadded"}
     with pytest.raises(Exception, match="ends on an unlabelled token"):
         got.compute_loss(got.model, bare)
+
+
+def test_gradient_checkpointing_reads_the_head_once_and_equals_trl(tmp_path: Path) -> None:
+    tok, rows, want, prepared = trl_run(tmp_path, "qwen3", pad=True)
+    packs = with_margins(datasets.Dataset.from_list([item(prepared[:3], True, 0), item(prepared[3:], True, 3)]),
+                         [r["margin"] for r in rows])  # fmt: skip
+    m = model("qwen3")
+    m.set_attn_implementation("packtool")
+    got = PackedRewardTrainer(model=m, args=config(tmp_path / "got", 2), train_dataset=packs, processing_class=tok)
+    got.model.train()
+    got.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert got.model.is_gradient_checkpointing
+    compare(want, got, next(iter(want.get_train_dataloader())), next(iter(got.get_train_dataloader())))
