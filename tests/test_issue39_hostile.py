@@ -60,3 +60,44 @@ def test_a_cache_that_hf_filled_in_part_is_completed_not_read_as_the_split(tmp_p
     assert hub.fetched() == ["data/train/b.jsonl"]
     hub.requests.clear()  # now packtool knows the listing: the cache alone, offline or not
     assert run.ok("hf://datasets/acme/two", "p2") == run.local(TRAIN[:9], "ref2") and hub.requests == []
+
+
+# ---- pair_scores on real packs ----
+
+
+def _pref_packs(tmp_path: Path, pad_multiple: int, shared: bool = False):
+    import numpy as np
+    from preference_support import write_pref_store
+
+    from packtool.loader import PackedCollator, PackedDataset
+    from packtool.stages.pack import PackConfig, pack_store
+
+    rng = np.random.default_rng(0)
+    pairs = [tuple(rng.integers(5, 60, int(rng.integers(lo, hi))) for lo, hi in ((3, 7), (1, 5), (1, 5)))
+             for _ in range(7)]  # fmt: skip
+    store = write_pref_store(tmp_path / "store", pairs, vocab=64)
+    out = tmp_path / f"packs{pad_multiple}{shared}"
+    pack_store(PackConfig(store, 40, out, share_prompt=shared, pad_multiple=pad_multiple, shuffle=False))
+    ds = PackedDataset(out)
+    return pairs, PackedCollator()([ds[i] for i in range(len(ds))])
+
+
+@pytest.mark.parametrize("pad_multiple", [1, 8])
+def test_pair_scores_read_each_sequences_last_real_token_under_pad_multiple(tmp_path: Path, pad_multiple: int) -> None:
+    """--pad-multiple pads every segment: the sequence's last token is before its padding (cu_seqlens_q holds the
+    real offsets), and its length (TRL's attention_mask count) leaves the padding out. Several packs, [B, N] rows."""
+    import torch
+
+    from packtool.loss import pair_scores
+
+    pairs, b = _pref_packs(tmp_path, pad_multiple)
+    assert b["input_ids"].shape[0] > 1  # several packs in one batch, rows unflattened
+    flat_ids = b["input_ids"].reshape(-1)
+    scores = torch.arange(flat_ids.numel(), dtype=torch.float64).reshape(*b["input_ids"].shape, 1)
+    got = pair_scores(scores, b)
+    order = got.pair_ids.tolist()
+    assert flat_ids[got.chosen_position].tolist() == [int(pairs[i][1][-1]) for i in order]
+    assert flat_ids[got.rejected_position].tolist() == [int(pairs[i][2][-1]) for i in order]
+    assert got.chosen_tokens.tolist() == [pairs[i][0].size + pairs[i][1].size for i in order]
+    assert got.rejected_tokens.tolist() == [pairs[i][0].size + pairs[i][2].size for i in order]
+    assert torch.equal(got.chosen, got.chosen_position.double())

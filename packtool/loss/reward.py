@@ -56,6 +56,25 @@ def _flat_scores(scores: torch.Tensor, total: int) -> torch.Tensor:
     return scores.reshape(-1)
 
 
+def _real_lengths(batch: dict[str, Any], cu: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """Each segment's length without its `--pad-multiple` padding (which sits at the segment's end): the compact
+    offsets `cu_seqlens_unpadded` (`PreferencePackCollator`) or, when the batch is padded (`cu_seqlens_q_padded`),
+    `cu_seqlens_q` (`PackedCollator`); a batch with neither is unpadded."""
+    real_cu = batch.get("cu_seqlens_unpadded")
+    if real_cu is None and batch.get("cu_seqlens_q_padded") is not None:
+        real_cu = batch.get("cu_seqlens_q")
+    if real_cu is None:
+        return lens
+    cu_real = torch.as_tensor(real_cu).reshape(-1).to(device=cu.device, dtype=torch.int64)
+    real = torch.diff(cu_real) if cu_real.shape == cu.shape else lens.new_full(lens.shape, -1)
+    if bool(((real < 0) | (real > lens)).any()):
+        raise FormatError(
+            f"the unpadded offsets {cu_real.tolist()[:8]} do not fit cu_seqlens {cu.tolist()[:8]}, {WHERE}, pass "
+            "the collator's batch whole (its cu_seqlens_q / cu_seqlens_unpadded with its cu_seqlens)"
+        )
+    return real
+
+
 def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: int | None = None) -> PairScores:
     """Each pair's chosen and rejected reward from the per-token scores of a packed preference batch.
 
@@ -67,7 +86,9 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
     one is), which is what `*ForSequenceClassification` reads of that sequence alone: TRL sets
     `pad_token_id` to the EOS id when the tokenizer has no pad token, so a sequence ending with EOS
     is then scored at the token before it. Refuses an empty sequence (nothing to score) and a pair
-    without exactly one chosen and one rejected sequence. Gradients flow to the picked scores.
+    without exactly one chosen and one rejected sequence. Gradients flow to the picked scores. A `--pad-multiple`
+    batch's padding (the end of each segment, past its real length: `cu_seqlens_q` of a padded `PackedCollator`
+    batch, `cu_seqlens_unpadded` of `PreferencePackCollator`'s) is never a sequence's last token nor counted.
     """
     cu = _batch_cu(batch, WHERE)
     total = int(cu[-1]) if cu.numel() else 0
@@ -93,16 +114,17 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
     prompt = torch.zeros(n, dtype=torch.bool, device=dev)
     prompt[pre[pre >= 0]] = True
     slots = _pair_slots(batch, prompt, WHERE)
+    real = _real_lengths(batch, cu, lens)
+    seg_of = torch.repeat_interleave(torch.arange(n, device=dev), lens)
     pos = torch.arange(total, device=dev)
-    candidate = pos
+    candidate = torch.where(pos - cu.index_select(0, seg_of) < real.index_select(0, seg_of), pos, -1)
     if pad_token_id is not None:
         if batch.get("input_ids") is None:
             raise ConfigError(f"pad_token_id without the batch's input_ids, {WHERE}, pass the collator's batch")
         ids = torch.as_tensor(batch["input_ids"]).reshape(-1).to(dev)
         if ids.numel() != total:
             raise FormatError(f"input_ids hold {ids.numel()} tokens, cu_seqlens {total}, {WHERE}, pass one batch")
-        candidate = torch.where(ids != pad_token_id, pos, -1)
-    seg_of = torch.repeat_interleave(torch.arange(n, device=dev), lens)
+        candidate = torch.where(ids != pad_token_id, candidate, -1)
     rightmost = torch.full((n,), -1, dtype=torch.int64, device=dev).scatter_reduce(0, seg_of, candidate, "amax")
     s = slots.segment
     own_prompt = pre.index_select(0, s)
@@ -110,8 +132,8 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
     p = own_prompt.clamp(min=0)
     picked = torch.where(rightmost.index_select(0, s) >= 0, rightmost.index_select(0, s),
                          torch.where(shared, rightmost.index_select(0, p), -1))  # fmt: skip
-    prompt_len = torch.where(shared, lens.index_select(0, p), 0)
-    first = torch.where(prompt_len > 0, cu.index_select(0, p), torch.where(lens.index_select(0, s) > 0, cu[s], -1))
+    prompt_len = torch.where(shared, real.index_select(0, p), 0)
+    first = torch.where(prompt_len > 0, cu.index_select(0, p), torch.where(real.index_select(0, s) > 0, cu[s], -1))
     picked = torch.where(picked >= 0, picked, first)
     if bool((picked < 0).any()):
         which = slots.pair_ids.index_select(0, slots.slot[picked < 0])[:4].tolist()
@@ -119,7 +141,7 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
             f"pairs {which} hold an empty sequence (no token to score), {WHERE}, drop empty sequences before packing"
         )
     values = flat.index_select(0, picked)
-    length = lens.index_select(0, s) + prompt_len
+    length = real.index_select(0, s) + prompt_len
     m = slots.pair_ids.numel()
     c, r = slots.chosen, ~slots.chosen
     out_pos = torch.zeros(m, dtype=torch.int64, device=dev)
