@@ -101,3 +101,32 @@ def test_pair_scores_read_each_sequences_last_real_token_under_pad_multiple(tmp_
     assert got.chosen_tokens.tolist() == [pairs[i][0].size + pairs[i][1].size for i in order]
     assert got.rejected_tokens.tolist() == [pairs[i][0].size + pairs[i][2].size for i in order]
     assert torch.equal(got.chosen, got.chosen_position.double())
+
+
+# ---- DevicePrefetcher ----
+
+
+def test_a_batchencoding_or_batchfeature_batch_is_copied_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' collators (DataCollatorWithPadding, processors) return BatchEncoding / BatchFeature, which are
+    UserDicts, not dicts: their tensors must be copied and record_stream-ed too, never handed on left on the host."""
+    import torch
+    from test_prefetch import FakeOps
+    from transformers import BatchEncoding, BatchFeature
+
+    from packtool.loader import DevicePrefetcher
+    from packtool.loader import prefetch as prefetch_module
+
+    ops = FakeOps()
+    monkeypatch.setattr(prefetch_module, "_device_ops", lambda device: None if device.type == "cpu" else ops)
+    batches = [BatchEncoding({"input_ids": torch.arange(6).reshape(2, 3), "attention_mask": torch.ones(2, 3)}),
+               BatchFeature({"pixel_values": torch.rand(1, 3, 4, 4), "image_sizes": [(4, 4)]})]  # fmt: skip
+    got = list(DevicePrefetcher(batches, "cuda"))
+    assert [type(b) for b in got] == [BatchEncoding, BatchFeature]
+    for src, out in zip(batches, got, strict=True):
+        for key, value in src.items():
+            if isinstance(value, torch.Tensor):
+                assert id(out[key]) in ops.copied and ops.copied[id(out[key])] is value, key
+                assert torch.equal(out[key], value)
+        assert out is not src and src["image_sizes" if "image_sizes" in src else "input_ids"] is not None
+    assert len(ops.recorded) == 3  # every copied tensor is recorded on the consumer's stream
+    assert got[1]["image_sizes"] == [(4, 4)]
