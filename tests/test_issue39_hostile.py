@@ -130,3 +130,24 @@ def test_a_batchencoding_or_batchfeature_batch_is_copied_and_recorded(monkeypatc
         assert out is not src and src["image_sizes" if "image_sizes" in src else "input_ids"] is not None
     assert len(ops.recorded) == 3  # every copied tensor is recorded on the consumer's stream
     assert got[1]["image_sizes"] == [(4, 4)]
+
+
+def test_pair_scores_refuse_padding_whose_offsets_were_left_out(tmp_path: Path) -> None:
+    """`PackedCollator(keys=HF_KEYS)` drops cu_seqlens_q / cu_seqlens_q_padded: a --pad-multiple batch then looks
+    unpadded, and without pad_token_id the padding would be read as each sequence's last token. Refused by name;
+    with pad_token_id (the pack's pad id) the rightmost non-pad token is read, as the model pools."""
+    import torch
+
+    from packtool.errors import FormatError
+    from packtool.loader import HF_KEYS, PackedCollator, PackedDataset
+    from packtool.loss import pair_scores
+
+    pairs, _ = _pref_packs(tmp_path, 8)
+    ds = PackedDataset(tmp_path / "packs8False")
+    b = PackedCollator(flatten=True, keys=HF_KEYS)([ds[i] for i in range(len(ds))])
+    scores = torch.arange(b["input_ids"].numel(), dtype=torch.float64)[None]
+    with pytest.raises(FormatError, match=r"ends on an unlabelled token.*cu_seqlens_q_padded.*pad_token_id"):
+        pair_scores(scores, b)
+    got = pair_scores(scores, b, pad_token_id=ds.pad_id)
+    ids = b["input_ids"].reshape(-1)
+    assert ids[got.chosen_position].tolist() == [int(pairs[i][1][-1]) for i in got.pair_ids.tolist()]

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from packtool.errors import ConfigError, FormatError
 from packtool.loss.pairs import _pair_slots
-from packtool.loss.targets import _batch_cu, _segments
+from packtool.loss.targets import IGNORE_INDEX, _batch_cu, _segments
 
 WHERE = "pair_scores"
 
@@ -75,6 +75,27 @@ def _real_lengths(batch: dict[str, Any], cu: torch.Tensor, lens: torch.Tensor) -
     return real
 
 
+def _has_real_offsets(batch: dict[str, Any]) -> bool:
+    return batch.get("cu_seqlens_unpadded") is not None or batch.get("cu_seqlens_q_padded") is not None
+
+
+def _refuse_hidden_padding(batch: dict[str, Any], cu: torch.Tensor, lens: torch.Tensor, seqs: torch.Tensor) -> None:
+    """A pair's sequence whose last token is unlabelled, in a batch without the unpadded offsets: `--pad-multiple`
+    padding (a preference completion ends on a labelled token) whose keys were left out (e.g. `keys=HF_KEYS`), which
+    the last token would be read from. Refused, as `pad_token_id` or the offsets would tell it apart."""
+    labels = torch.as_tensor(batch["labels"]).reshape(-1).to(cu.device)
+    if labels.numel() != int(cu[-1]) or not seqs.numel():
+        return
+    live = seqs[lens.index_select(0, seqs) > 0]
+    last = cu.index_select(0, live + 1) - 1
+    if bool((labels.index_select(0, last) == IGNORE_INDEX).any()):
+        raise FormatError(
+            f"a pair's sequence ends on an unlabelled token and the batch has no unpadded offsets, {WHERE}, its "
+            "--pad-multiple padding would be read as the sequence's last token: keep the collator's cu_seqlens_q and "
+            "cu_seqlens_q_padded (PackedCollator keys=) or pass pad_token_id"
+        )
+
+
 def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: int | None = None) -> PairScores:
     """Each pair's chosen and rejected reward from the per-token scores of a packed preference batch.
 
@@ -114,6 +135,8 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
     prompt = torch.zeros(n, dtype=torch.bool, device=dev)
     prompt[pre[pre >= 0]] = True
     slots = _pair_slots(batch, prompt, WHERE)
+    if pad_token_id is None and not _has_real_offsets(batch) and batch.get("labels") is not None:
+        _refuse_hidden_padding(batch, cu, lens, slots.segment)
     real = _real_lengths(batch, cu, lens)
     seg_of = torch.repeat_interleave(torch.arange(n, device=dev), lens)
     pos = torch.arange(total, device=dev)
