@@ -2,8 +2,9 @@
 # The whole pipeline on the shipped sample (data/sample), run by `make demo`.
 # tokenize (chat, text, prompt-completion, ShareGPT, Alpaca) -> pack (two sizes, a mixture with a
 # validation split) -> stats (+ plot, step balance) -> verify -> 3 training steps on CPU -> DPO pairs packed with a
-# shared prompt and 3 DPO steps -> audit of a
-# model config, then the same pipeline again from one config file (`packtool run`).
+# shared prompt and 3 DPO steps -> image records (LLaMA-Factory's mllm demo) tokenized with the shipped tiny
+# Qwen2-VL folder, packed under a patch budget, verified, 2 training steps -> audit of a model config, then the
+# same pipeline again from one config file (`packtool run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -55,6 +56,21 @@ $PT pack "$OUT/tokens/pairs" --size 2048 --share-prompt --output "$OUT/packs/pai
 $PT verify "$OUT/packs/pairs" --source "$OUT/tokens/pairs"
 $PT export "$OUT/packs/pairs" --to trl --output "$OUT/export/trl-dpo"
 $PY scripts/train_dpo.py "$OUT/packs/pairs" --steps 3
+
+step "images: LLaMA-Factory's mllm demo with the shipped tiny Qwen2-VL folder (processor rules, M-RoPE, no torch)"
+VLM=data/sample/vision_model/qwen2_vl_tiny
+$PT tokenize data/sample/vision/mllm_demo.json --format auto --tokenizer "$VLM" --output "$OUT/tokens/vision"
+$PT pack "$OUT/tokens/vision" --size 512 --vision-budget 256 --output "$OUT/packs/vision"
+$PT stats "$OUT/packs/vision"
+$PT verify "$OUT/packs/vision" --source "$OUT/tokens/vision"
+if $PY -c "import accelerate" 2>/dev/null; then
+    # a tiny Qwen2VLForConditionalGeneration built from the folder's config.json (seed 0), packs through
+    # PackedCollator(flatten=True, keys=HF_KEYS), attn_implementation="packtool"
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} $PY scripts/train_vision.py "$OUT/packs/vision" --model-dir "$VLM" \
+        --steps 2 --batch-size 1 --output-dir "$OUT/vision_train"
+else
+    echo "(skipped the 2 training steps: scripts/train_vision.py needs accelerate, pip install \"packtool[hf]\")"
+fi
 
 step "audit: is packing exact on a Llama-shaped model? (config only, tiny random weights, CPU)"
 $PY -c "from transformers import LlamaConfig; LlamaConfig().save_pretrained('$OUT/llama')"

@@ -68,6 +68,35 @@ def test_a_store_repacked_with_as_many_packs_under_an_open_blend_is_refused(tmp_
     assert fresh.fingerprint != ds.fingerprint and not torch.equal(fresh[key_a]["input_ids"], old)
 
 
+def test_pack_seed_7_under_an_open_blend_through_the_cli(tmp_path: Path, bpe_tokenizer_dir: Path) -> None:
+    """The issue's case as a user meets it: a blend opened, a sampler state taken, `pack --seed 7` re-packs a
+    store into as many packs; reading it is refused by name, and the state does not resume on the re-opened blend."""
+    from support import write_jsonl, zipf_texts
+
+    for name, seed in (("a", 0), ("b", 1)):
+        write_jsonl(tmp_path / f"{name}.jsonl", [{"text": x} for x in zipf_texts(60, seed=seed, max_words=80)])
+        tokenize = ("tokenize", str(tmp_path / f"{name}.jsonl"), "--tokenizer", str(bpe_tokenizer_dir))
+        assert cli(*tokenize, "--output", str(tmp_path / f"t{name}"), "-q")[0] == 0
+        assert (
+            cli("pack", str(tmp_path / f"t{name}"), "--size", "256", "--output", str(tmp_path / f"p{name}"), "-q")[0]
+            == 0
+        )
+    ds = BlendedDataset([tmp_path / "pa", tmp_path / "pb"])
+    sampler = PackedSampler(ds, num_replicas=2, rank=0)
+    sampler.advance(1)
+    state = sampler.state_dict()
+    assert (
+        cli("pack", str(tmp_path / "ta"), "--size", "256", "--output", str(tmp_path / "pa"), "--seed", "7", "-q")[0]
+        == 0
+    )
+    again = BlendedDataset([tmp_path / "pa", tmp_path / "pb"])
+    assert again.n_packs.tolist() == ds.n_packs.tolist() and again.builds[0] != ds.builds[0]
+    with pytest.raises(FormatError, match="re-packed since the blend opened"):
+        ds.__getitems__(np.flatnonzero(ds.index(0, len(ds))[0] == 0)[:2])
+    with pytest.raises(ConfigError, match="sampler state is of blend"):
+        PackedSampler(again, num_replicas=2, rank=0).load_state_dict(state)
+
+
 # ---- defects 6, 7: sampler states and epochs out of range, keys that are no integers ----------------------
 
 

@@ -157,3 +157,15 @@ def test_the_padded_view_counts_tokens_as_trl_does() -> None:
     del no_key["cu_seqlens_unpadded"]
     with pytest.raises(ConfigError, match="cu_seqlens_unpadded"):
         PaddedView(no_key)
+
+
+def test_a_subclass_made_by_a_wrapper_finds_the_familys_function() -> None:
+    """FSDP2's `fully_shard` swaps the model's class for `FSDP<Name>` defined in torch: the family's
+    `load_balancing_loss_func` is found through the class's bases."""
+    model = tiny_moe("mixtral")
+    model.set_attn_implementation("packtool")
+    b = packed_batch(make_pairs(0, 2, model.config.vocab_size), True)
+    out = model(**{k: b[k] for k in MODEL_KEYS if k in b}, output_router_logits=True, use_cache=False)
+    want = router_aux_loss(model, out, PaddedView(b).token_weight)
+    model.__class__ = type(f"FSDP{type(model).__name__}", (type(model),), {"__module__": "torch.nn"})
+    assert torch.equal(router_aux_loss(model, out, PaddedView(b).token_weight), want)

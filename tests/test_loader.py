@@ -436,3 +436,27 @@ def test_round_trip_through_the_real_pipeline(tmp_path, bpe_tokenizer_dir):
         parts = sorted(pieces.get(doc, []), key=lambda p: p[0])
         token_ids = np.concatenate([p[1] for p in parts]).tolist() if parts else []
         assert tok.decode(token_ids, skip_special_tokens=True) == text, f"document {doc}"
+
+
+def test_keys_and_sizes_that_are_not_integers_are_refused(store):
+    """Issue 38 (7, 12): `ds[1.5]` read `ds[1]`, `ds[True]` read `ds[1]`, an index past the end wrapped or read
+    garbage, and `size=0` told the user to `pack --size 0`."""
+    root, _, _ = store
+    ds = PackedDataset(root)
+    want = ds[1]["input_ids"]
+    assert ds[np.int64(1)]["input_ids"].equal(want)
+    assert ds[-len(ds)]["input_ids"].equal(ds[0]["input_ids"])
+    for key in (1.5, True, "1", np.float64(1.0)):
+        with pytest.raises(ConfigError, match="is not an integer"):
+            ds[key]
+    with pytest.raises(ConfigError, match="are not integers"):
+        ds.__getitems__([0, 1.5])
+    for key in (len(ds), -len(ds) - 1):
+        with pytest.raises(IndexError, match="out of range"):
+            ds[key]
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, len(ds)])
+    for size in (0, -4, 2.5, True):
+        with pytest.raises(ConfigError, match="is not a pack size") as err:
+            PackedDataset(root, size=size)
+        assert "--size 0" not in str(err.value)

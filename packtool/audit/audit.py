@@ -86,6 +86,8 @@ class AuditReport:
     padded_check: dict[str, Any] | None = None
     #: whose code was audited when config.json's `auto_map` names the model's own (None: no auto_map)
     code: str | None = None
+    #: the probe's document lengths when they are not probe.DOC_LENGTHS (a vision-language audit's documents)
+    lengths: list[int] | None = None
 
     @property
     def exact(self) -> bool:
@@ -94,7 +96,8 @@ class AuditReport:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["results"] = [asdict(r) for r in self.results]
-        out["documents"] = list(probe.DOC_LENGTHS)
+        out["documents"] = list(self.lengths or probe.DOC_LENGTHS)
+        out.pop("lengths")
         return out
 
 
@@ -108,6 +111,8 @@ def audit_model(config: AuditConfig) -> AuditReport:
 def _measure(config: AuditConfig) -> AuditReport:
     transformers = require_transformers()
     source = load_model(config.model, config.trust_remote_code)
+    if source.vision:
+        return _measure_vision(transformers, source, config)
     text_config = source.config
     tiny, tiny_dict, kept = _tiny(transformers, text_config, source, config)
     docs = probe.documents(int(tiny.vocab_size), config.seed)
@@ -141,6 +146,31 @@ def _measure(config: AuditConfig) -> AuditReport:
         use_cache_check=cache,
         padded_check=padded,
         code=code_note(source, type(next(iter(models.values()))) if models else None),
+    )
+
+
+def _measure_vision(transformers: Any, source: Any, config: AuditConfig) -> AuditReport:
+    """A vision-language model (`vision.py`): its documents hold images; packed vs alone per implementation."""
+    from packtool.audit import vision
+
+    impls = tuple(dict.fromkeys(config.implementations)) or tuple(probe.IMPLEMENTATIONS)
+    got = vision.measure(transformers, source.config, impls, config.seed, _flex_mask_reference)
+    results, text = got["results"], got["text"]
+    kinds = sorted({str(k) for k in text.get("layer_types") or []})
+    recommended = _recommend(results)
+    summary = {k: text.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in text}
+    return AuditReport(
+        model=config.model,
+        model_type=str(source.config.model_type),
+        architecture=got["architecture"],
+        layer_kinds=kinds,
+        tiny={**summary, "kept_layers": got["kept"], "images": got["images"]},
+        results=results,
+        recommended=recommended,
+        needs_seq_idx=False,
+        advice=vision.advice(recommended, results, vision.batch_keys(source.config)),
+        keys=[*probe.STYLES[recommended["style"]][1], *vision.batch_keys(source.config)] if recommended else [],
+        lengths=got["lengths"],
     )
 
 

@@ -31,6 +31,10 @@ MISSING = "packtool audit needs torch and transformers, pip install 'packtool[au
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 #: the `auto_map` entries whose code the audit would run (a config class and a causal-LM class)
 CODE_KEYS = ("AutoConfig", "AutoModelForCausalLM")
+#: vision-language model_type -> family kind: a config.json of one of these with a `vision_config` is audited
+#: with images (`vision.py`: its `AutoModelForImageTextToText`, tiny, documents holding images)
+VISION_FAMILIES = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen", "qwen3_vl_moe": "qwen",
+                   "gemma3": "gemma3"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,13 @@ class ModelSource:
     raw: dict[str, Any]
     config: Any
     trust_remote_code: bool
+    #: a vision-language family (VISION_FAMILIES): `config` is then the whole config, not its text part
+    vision: bool = False
+
+
+def is_vision(raw: dict[str, Any]) -> bool:
+    """A config.json audited with images: a family of VISION_FAMILIES that has a vision tower."""
+    return raw.get("model_type") in VISION_FAMILIES and isinstance(raw.get("vision_config"), dict)
 
 
 def require_transformers() -> Any:
@@ -154,6 +165,8 @@ def load_model(spec: str, trust_remote_code: bool = False) -> ModelSource:
         raise InputError(
             f"model_type {raw['model_type']!r} is not buildable ({first[:300]})", str(path), hint=hint
         ) from None
+    if is_vision(raw):
+        return ModelSource(path, raw, config, trust_remote_code, vision=True)
     text = config.get_text_config(decoder=True)
     _require_causal_lm(transformers, text, raw, path, trust_remote_code)
     return ModelSource(path, raw, text, trust_remote_code)

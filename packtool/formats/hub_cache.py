@@ -79,10 +79,19 @@ def record_ref(repo_type: str, name: str, revision: str, commit: str) -> None:
     ref = repo_dir(repo_type, name) / "refs" / revision
     if ref.is_file() and ref.read_text(encoding="utf-8", errors="replace").strip() == commit:
         return
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
-    tmp.write_text(commit, encoding="utf-8")
-    os.replace(tmp, ref)
+    _write_whole(ref, commit)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`text` into `path` through a temporary file renamed; best effort: a cache that cannot be written (read
+    only, shared) keeps what it has, and the caller reads on without it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 #: beside `snapshots/` in a repo's cache directory (huggingface_hub reads only refs/, snapshots/ and blobs/)
@@ -94,12 +103,8 @@ def record_listing(repo_type: str, name: str, commit: str, files: list[str] | tu
     exactly later (offline too): a snapshot holds only the files fetched."""
     import json
 
-    folder = repo_dir(repo_type, name) / LISTINGS
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"files-{commit}.json"
-    tmp = folder / f".files-{commit}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(sorted(files)), encoding="utf-8")
-    os.replace(tmp, target)
+    if is_revision(commit) and "/" not in commit:
+        _write_whole(repo_dir(repo_type, name) / LISTINGS / f"files-{commit}.json", json.dumps(sorted(files)))
 
 
 def cached_listing(repo_type: str, name: str, commit: str) -> tuple[str, ...] | None:

@@ -19,6 +19,7 @@ the snapshot is never fetched again, so a run that was stopped fetches only what
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import sys
@@ -97,16 +98,13 @@ def fetch_files(
     cache = hub_cache_dir()
     bar = _Bytes(progress)
     snapshot = None
+    bars: dict[str, Any] = {}
+    if "tqdm_class" in inspect.signature(hf_hub_download).parameters:  # not in older huggingface_hub releases
+        bars["tqdm_class"] = bar.bar_class()
     with hub_session():
         for file in files:
             got = hf_hub_download(
-                name,
-                file,
-                repo_type=repo_type,
-                revision=commit,
-                cache_dir=str(cache),
-                endpoint=endpoint(),
-                tqdm_class=bar.bar_class(),  # type: ignore[arg-type]
+                name, file, repo_type=repo_type, revision=commit, cache_dir=str(cache), endpoint=endpoint(), **bars
             )
             bar.file_done()
             snapshot = Path(got).parents[len(Path(file).parts) - 1]

@@ -53,8 +53,9 @@ def router_aux_loss(model: Any, out: Any, weights: torch.Tensor) -> torch.Tensor
     logits = getattr(out, "router_logits", None)
     if not isinstance(logits, tuple) or not logits:
         raise _refuse(core, "the forward returned no router_logits (a tuple per layer)")
-    module = sys.modules.get(type(core).__module__)
-    balance = getattr(module, "load_balancing_loss_func", None)
+    # the model's own class, or the one a wrapper subclassed (FSDP2's fully_shard makes `FSDP<Name>`)
+    found = (getattr(sys.modules.get(cls.__module__), "load_balancing_loss_func", None) for cls in type(core).__mro__)
+    balance = next((f for f in found if f is not None), None)
     experts = getattr(core, "num_experts", None)
     top_k = getattr(core, "num_experts_per_tok", None)
     if not callable(balance) or not isinstance(experts, int) or not isinstance(top_k, int):

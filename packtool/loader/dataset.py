@@ -85,6 +85,8 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         size: int | None = None,
         sources: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
+        if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1):
+            raise ConfigError(f"size={size!r} is not a pack size, PackedDataset, pass a positive int N or leave it out")
         p = Path(path)
         if p.is_file():
             named = parse_data_name(p.name)
@@ -165,7 +167,11 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.n_packs
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):  # ds[1.5] read ds[1]
+            raise ConfigError(f"pack index {index!r} is not an integer, PackedDataset.__getitem__, pass an int")
         i = int(index)
+        if not -self.n_packs <= i < self.n_packs:
+            raise IndexError(f"pack {i} is out of range, the split holds {self.n_packs} packs")
         if i < 0:
             i += self.n_packs
         return self.__getitems__([i])[0]
@@ -173,7 +179,12 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __getitems__(self, indices: list[int]) -> PackedBatchItems:
         """Build several packs at once (vectorised over the batch); DataLoader calls this."""
         store = self._open()
-        stacked = build_batch(store, np.asarray(indices, dtype=np.int64), self._views, self._pool, self._pairs)
+        raw = np.asarray(indices)
+        if raw.size and raw.dtype.kind not in "iu":  # [1.5] read pack 1, [True] pack 1
+            raise ConfigError(f"pack indices {list(indices)[:4]!r} are not integers, PackedDataset.__getitems__, pass ints")
+        if raw.size and (int(raw.min()) < 0 or int(raw.max()) >= self.n_packs):
+            raise IndexError(f"pack indices out of range [0, {self.n_packs}): {list(indices)[:4]!r}")
+        stacked = build_batch(store, raw.astype(np.int64, copy=False), self._views, self._pool, self._pairs)
         stacked["has_segment_padding"] = self.has_segment_padding
         if self._vis is not None:  # decoded and processed here: in the DataLoader worker
             idx = np.asarray(indices, np.int64)

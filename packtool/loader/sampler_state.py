@@ -103,9 +103,10 @@ def load_state(s: WindowedLayout, state: dict[str, Any]) -> None:
             f"sampler state has base={base}, past the {s.n} samples of an epoch, PackedSampler.load_state_dict, "
             "pass a state_dict() this packtool wrote for this dataset"
         )
-    pre = None if head is None else int(taken) - consumed * world
-    if head is None and base == s.n and consumed == 0 and taken > s.n:  # that epoch, moved by this one (reported only)
-        pre = int(taken)
+    # samples consumed before this layout began, when not `base`: its head's, or padding past the epoch's end
+    pre: int | None = int(taken) - consumed * world
+    if pre is not None and (pre < 0 or (head is None and pre == base)):
+        pre = None
     known = None
     if head is not None:  # the interrupted window, recomputed here, must be the one the state was taken in
         known = s._layout(head)._cut(epoch)[:2]
@@ -125,6 +126,7 @@ def load_state(s: WindowedLayout, state: dict[str, Any]) -> None:
     if world == s.num_replicas or consumed == 0:  # where it was (consumed 0: its head re-dealt at this size)
         pass
     elif s.balance is None:  # elastic: the same global sample, dealt to the new ranks
+        pre = None if pre is None else pre + consumed * world
         base, consumed = base + consumed * world, 0
     else:  # elastic mid-window: the interrupted window's packs not consumed yet become this layout's head
         prev = s._layout({"num_replicas": world, "base": base, "consumed": consumed, "head": head})
@@ -141,10 +143,14 @@ def load_state(s: WindowedLayout, state: dict[str, Any]) -> None:
             head = {"num_replicas": world, "base": rb, "consumed": consumed - hp, "head": None}
         if head is not None:
             head["digest"] = digest(rest, rest_costs)
-        pre, known = (None, None) if head is None else (int(taken), (rest, rest_costs))
+        # every layout before, with this one (was: none but `end` at a window boundary after a head: 60, not 58)
+        pre = (base if pre is None else pre) + consumed * world
+        known = None if head is None else (rest, rest_costs)
         base, consumed = end, 0
     if base > s.n:  # past the epoch's samples: only padding was left (a base past n is refused at load)
-        pre, base = (base if head is None else pre), s.n  # global_sample still counts the padding consumed
+        pre, base = (base if pre is None else pre), s.n  # global_sample still counts the padding consumed
+    if head is None and pre == base:
+        pre = None
     s.epoch, s.base, s.consumed, s.head, s.pre = epoch, base, consumed, head, pre
     s._cache = None
     s._head_cache = None if known is None else (epoch, *known)

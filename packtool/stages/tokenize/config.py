@@ -59,7 +59,7 @@ class TokenizeConfig:
     """Split .txt files into documents at this string (default: one document per file)."""
     media_dir: str | None = None
     """Records with images: the folder relative image paths resolve against (before the input file's own
-    folder), and the only place an absolute image path, or a link, may lead (docs/VISION_INPUTS.md)."""
+    folder), and the only place an absolute image path, or a link, may lead (docs/VISION.md)."""
     bos: bool | None = None
     """None follows the tokenizer (its post-processor decides); True/False force BOS on/off."""
     eos: bool | None = None
