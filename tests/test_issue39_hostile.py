@@ -60,3 +60,94 @@ def test_a_cache_that_hf_filled_in_part_is_completed_not_read_as_the_split(tmp_p
     assert hub.fetched() == ["data/train/b.jsonl"]
     hub.requests.clear()  # now packtool knows the listing: the cache alone, offline or not
     assert run.ok("hf://datasets/acme/two", "p2") == run.local(TRAIN[:9], "ref2") and hub.requests == []
+
+
+# ---- pair_scores on real packs ----
+
+
+def _pref_packs(tmp_path: Path, pad_multiple: int, shared: bool = False):
+    import numpy as np
+    from preference_support import write_pref_store
+
+    from packtool.loader import PackedCollator, PackedDataset
+    from packtool.stages.pack import PackConfig, pack_store
+
+    rng = np.random.default_rng(0)
+    pairs = [tuple(rng.integers(5, 60, int(rng.integers(lo, hi))) for lo, hi in ((3, 7), (1, 5), (1, 5)))
+             for _ in range(7)]  # fmt: skip
+    store = write_pref_store(tmp_path / "store", pairs, vocab=64)
+    out = tmp_path / f"packs{pad_multiple}{shared}"
+    pack_store(PackConfig(store, 40, out, share_prompt=shared, pad_multiple=pad_multiple, shuffle=False))
+    ds = PackedDataset(out)
+    return pairs, PackedCollator()([ds[i] for i in range(len(ds))])
+
+
+@pytest.mark.parametrize("pad_multiple", [1, 8])
+def test_pair_scores_read_each_sequences_last_real_token_under_pad_multiple(tmp_path: Path, pad_multiple: int) -> None:
+    """--pad-multiple pads every segment: the sequence's last token is before its padding (cu_seqlens_q holds the
+    real offsets), and its length (TRL's attention_mask count) leaves the padding out. Several packs, [B, N] rows."""
+    import torch
+
+    from packtool.loss import pair_scores
+
+    pairs, b = _pref_packs(tmp_path, pad_multiple)
+    assert b["input_ids"].shape[0] > 1  # several packs in one batch, rows unflattened
+    flat_ids = b["input_ids"].reshape(-1)
+    scores = torch.arange(flat_ids.numel(), dtype=torch.float64).reshape(*b["input_ids"].shape, 1)
+    got = pair_scores(scores, b)
+    order = got.pair_ids.tolist()
+    assert flat_ids[got.chosen_position].tolist() == [int(pairs[i][1][-1]) for i in order]
+    assert flat_ids[got.rejected_position].tolist() == [int(pairs[i][2][-1]) for i in order]
+    assert got.chosen_tokens.tolist() == [pairs[i][0].size + pairs[i][1].size for i in order]
+    assert got.rejected_tokens.tolist() == [pairs[i][0].size + pairs[i][2].size for i in order]
+    assert torch.equal(got.chosen, got.chosen_position.double())
+
+
+# ---- DevicePrefetcher ----
+
+
+def test_a_batchencoding_or_batchfeature_batch_is_copied_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' collators (DataCollatorWithPadding, processors) return BatchEncoding / BatchFeature, which are
+    UserDicts, not dicts: their tensors must be copied and record_stream-ed too, never handed on left on the host."""
+    import torch
+    from test_prefetch import FakeOps
+    from transformers import BatchEncoding, BatchFeature
+
+    from packtool.loader import DevicePrefetcher
+    from packtool.loader import prefetch as prefetch_module
+
+    ops = FakeOps()
+    monkeypatch.setattr(prefetch_module, "_device_ops", lambda device: None if device.type == "cpu" else ops)
+    batches = [BatchEncoding({"input_ids": torch.arange(6).reshape(2, 3), "attention_mask": torch.ones(2, 3)}),
+               BatchFeature({"pixel_values": torch.rand(1, 3, 4, 4), "image_sizes": [(4, 4)]})]  # fmt: skip
+    got = list(DevicePrefetcher(batches, "cuda"))
+    assert [type(b) for b in got] == [BatchEncoding, BatchFeature]
+    for src, out in zip(batches, got, strict=True):
+        for key, value in src.items():
+            if isinstance(value, torch.Tensor):
+                assert id(out[key]) in ops.copied and ops.copied[id(out[key])] is value, key
+                assert torch.equal(out[key], value)
+        assert out is not src and src["image_sizes" if "image_sizes" in src else "input_ids"] is not None
+    assert len(ops.recorded) == 3  # every copied tensor is recorded on the consumer's stream
+    assert got[1]["image_sizes"] == [(4, 4)]
+
+
+def test_pair_scores_refuse_padding_whose_offsets_were_left_out(tmp_path: Path) -> None:
+    """`PackedCollator(keys=HF_KEYS)` drops cu_seqlens_q / cu_seqlens_q_padded: a --pad-multiple batch then looks
+    unpadded, and without pad_token_id the padding would be read as each sequence's last token. Refused by name;
+    with pad_token_id (the pack's pad id) the rightmost non-pad token is read, as the model pools."""
+    import torch
+
+    from packtool.errors import FormatError
+    from packtool.loader import HF_KEYS, PackedCollator, PackedDataset
+    from packtool.loss import pair_scores
+
+    pairs, _ = _pref_packs(tmp_path, 8)
+    ds = PackedDataset(tmp_path / "packs8False")
+    b = PackedCollator(flatten=True, keys=HF_KEYS)([ds[i] for i in range(len(ds))])
+    scores = torch.arange(b["input_ids"].numel(), dtype=torch.float64)[None]
+    with pytest.raises(FormatError, match=r"ends on an unlabelled token.*cu_seqlens_q_padded.*pad_token_id"):
+        pair_scores(scores, b)
+    got = pair_scores(scores, b, pad_token_id=ds.pad_id)
+    ids = b["input_ids"].reshape(-1)
+    assert ids[got.chosen_position].tolist() == [int(pairs[i][1][-1]) for i in got.pair_ids.tolist()]

@@ -15,8 +15,8 @@ numba kernels release the GIL) and the copy overlap the step: with a slow loader
 about max(load, compute) instead of their sum (scripts/bench_loader.py, tests/test_prefetch_gpu.py).
 
 On CPU it passes through: iterating it iterates `loader`, the same batch objects. Any structure
-works (dicts, lists, tuples, named tuples, nested: every collator's output with its pair and vision
-keys): each tensor is copied once (a tensor that appears twice stays one tensor), everything else
+works (mappings: dicts and UserDicts such as BatchEncoding; lists, tuples, named tuples, nested: every
+collator's output with its pair and vision keys): each tensor is copied once (a tensor that appears twice stays one tensor), everything else
 is handed through untouched.
 
 Resume: `state_dict()` is `loader.state_dict()` as of the last batch handed out (the thread has
@@ -31,7 +31,7 @@ import contextlib
 import copy
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -98,20 +98,25 @@ def _device_ops(device: torch.device) -> _CudaOps | None:
 def map_tensors(
     obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], memo: dict[int, torch.Tensor] | None = None
 ) -> Any:
-    """`obj` with `fn` applied to every tensor inside dicts, lists and tuples (named tuples and dict subclasses
-    keep their type); one result per tensor object (`memo`); anything else is returned as it is."""
+    """`obj` with `fn` applied to every tensor inside mappings, lists and tuples (named tuples, dict subclasses and
+    UserDicts such as BatchEncoding / BatchFeature keep their type); one result per tensor object (`memo`);
+    anything else is returned as it is."""
     memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
         if id(obj) not in memo:
             memo[id(obj)] = fn(obj)
         return memo[id(obj)]
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):
         items = {k: map_tensors(v, fn, memo) for k, v in obj.items()}
         if type(obj) is dict:
             return items
-        out = copy.copy(obj)  # e.g. transformers' BatchEncoding: keep the class and its other attributes
-        out.update(items)
-        return out
+        if isinstance(obj, MutableMapping):
+            # a dict subclass, or a UserDict such as transformers' BatchEncoding / BatchFeature: keep the class
+            # and its other attributes
+            out = copy.copy(obj)
+            out.update(items)
+            return out
+        return items  # a read-only mapping: its tensors moved, as a dict
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(map_tensors(v, fn, memo) for v in obj))
     if isinstance(obj, (list, tuple)):
@@ -123,7 +128,7 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     """Every tensor inside `obj` (the structures `map_tensors` walks)."""
     if isinstance(obj, torch.Tensor):
         yield obj
-    elif isinstance(obj, dict):
+    elif isinstance(obj, Mapping):
         for v in obj.values():
             yield from _tensors(v)
     elif isinstance(obj, (list, tuple)):
