@@ -271,12 +271,12 @@ def test_packed_documents_equal_the_processor_and_the_model_alone(world: dict[st
 
 
 BAD = {
-    "missing": (["mllm_demo_data/nope.jpg"], "is missing"),
-    "corrupt": (["corrupt.jpg"], "corrupt.jpg"),
-    "escaping ..": (["../outside.jpg"], "outside"),
-    "escaping symlink": (["link.jpg"], "link.jpg"),
-    "escaping absolute": (["ABS"], "absolute"),
-    "remote": (["http://example.com/1.jpg"], "http://"),
+    "missing": (["mllm_demo_data/nope.jpg"], "'mllm_demo_data/nope.jpg' is missing"),
+    "corrupt": (["corrupt.jpg"], "'corrupt.jpg' is not a readable image"),
+    "escaping ..": (["../outside.jpg"], "leads outside its folder"),
+    "escaping symlink": (["link.jpg"], "'link.jpg' leads outside its folder"),
+    "escaping absolute": (["ABS"], "is an absolute path"),
+    "remote": (["http://example.com/1.jpg"], "remote http:// URL"),
     "more placeholders than images": ([], "miscounted"),
     "fewer placeholders than images": (["mllm_demo_data/1.jpg", "mllm_demo_data/2.jpg"], "miscounted"),
 }

@@ -11,6 +11,7 @@ document with images; `verify` of a store with one image byte flipped.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -167,10 +168,11 @@ def test_workers_and_shards_give_the_same_bytes(world: dict[str, Any], store: Pa
     assert store_bytes(tmp_path / "merged") == store_bytes(store)
 
 
+@pytest.mark.slow
 def test_a_sigkilled_run_resumes_to_the_same_bytes(world: dict[str, Any], store: Path, tmp_path: Path) -> None:
     """A real SIGKILL of the CLI process once some chunks are journaled; the rerun reuses them."""
     src = tmp_path / "big.jsonl"
-    rows = world["rows"] * 30
+    rows = world["rows"] * 15
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for name in world["names"]:
         shutil.copy(world["data"] / name, tmp_path / name)
@@ -338,3 +340,53 @@ def test_an_image_in_an_assistant_turn_is_never_a_target(world: dict[str, Any], 
     assert ids.tolist() == list(ref["input_ids"][0])
     image = ids == json.loads((tmp_path / "o" / "manifest.json").read_text())["vision"]["image_token_id"]
     assert image.sum() > 0 and not loss[image].any() and loss[~image].any()  # the text around it is a target
+
+
+def more_formats() -> dict[str, bytes]:
+    rng = np.random.default_rng(1)
+
+    def enc(img: Image.Image, fmt: str, **kw: Any) -> bytes:
+        buf = io.BytesIO()
+        img.save(buf, fmt, **kw)
+        return buf.getvalue()
+
+    base = Image.fromarray(rng.integers(0, 256, (70, 90, 3), dtype=np.uint8))
+    frames = [Image.fromarray(rng.integers(0, 256, (70, 90, 3), dtype=np.uint8)).convert("P") for _ in range(3)]
+    return {
+        "1-bit PNG": enc(base.convert("1"), "PNG"),
+        "32-bit integer TIFF": enc(Image.fromarray(rng.integers(-(2**20), 2**20, (50, 60), dtype=np.int32)), "TIFF"),
+        "float TIFF": enc(Image.fromarray(rng.random((50, 60)).astype(np.float32) * 300), "TIFF"),
+        "animated GIF": enc(frames[0], "GIF", save_all=True, append_images=frames[1:]),
+        "WebP": enc(base, "WEBP"),
+        "lossless RGBA WebP": enc(base.convert("RGBA"), "WEBP", lossless=True),
+        "BMP": enc(base, "BMP"),
+        "multi-page TIFF": enc(base, "TIFF", save_all=True, append_images=[base.rotate(90, expand=True)]),
+        "progressive JPEG": enc(base, "JPEG", progressive=True),
+    }
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
+def test_more_formats_and_modes_equal_the_processor(tmp_path: Path, family: str) -> None:
+    """Pixels of each format and mode equal transformers' processor on the image as `apply_chat_template` loads
+    a path (`load_image`: EXIF transpose, then RGB), bit for bit."""
+    from test_vision_families import vocab_of
+    from test_vision_families_gemma3 import build_gemma_folder
+    from test_vision_families_gemma3 import reference_processor as gemma_processor
+    from transformers.image_utils import load_image
+
+    from packtool.vision import VisionProcessor
+
+    if family == "qwen2_vl":
+        folder = build_qwen_folder(tmp_path / "m", family)
+        processor = reference_processor(folder, family)
+    else:
+        folder = build_gemma_folder(tmp_path / "m")
+        processor = gemma_processor(folder)
+    adapter = VisionProcessor.from_dir(folder, vocab_of(folder))
+    assert adapter is not None
+    for name, data in more_formats().items():
+        path = tmp_path / "image"
+        path.write_bytes(data)
+        pixels, _ = adapter.pixel_rows([data], [name])
+        want = processor.image_processor(images=[load_image(str(path))], return_tensors="np")["pixel_values"]
+        assert pixels.shape == want.shape and float(np.abs(pixels - want).max()) == 0.0, name
