@@ -61,7 +61,7 @@ def _flat_scores(scores: torch.Tensor, total: int) -> torch.Tensor:
 UNPADDED_KEYS = ("cu_seqlens_unpadded", "cu_seqlens_q")
 
 
-def _real_lengths(batch: dict[str, Any], cu: torch.Tensor, seqs: torch.Tensor, by_pad_id: bool = False) -> torch.Tensor:
+def _real_lengths(batch: dict[str, Any], cu: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
     """Each segment's length without its `--pad-multiple` padding. Without a key that says it, a batch is taken
     as unpadded unless a sequence ends on an unlabelled token (padding then cannot be told from the sequence)."""
     lens = torch.diff(cu)
@@ -77,15 +77,14 @@ def _real_lengths(batch: dict[str, Any], cu: torch.Tensor, seqs: torch.Tensor, b
             )
         return real
     labels = batch.get("labels")
-    if labels is not None and seqs.numel() and not by_pad_id:  # with pad_token_id the pad tokens are never read
+    if labels is not None and seqs.numel():
         flat = torch.as_tensor(labels).reshape(-1).to(cu.device)
         last = (cu.index_select(0, seqs + 1) - 1).clamp(min=0)
         if bool(((flat.index_select(0, last) == IGNORE_INDEX) & (lens.index_select(0, seqs) > 0)).any()):
             raise FormatError(
                 f"a pair's sequence ends on an unlabelled token and the batch has no {' or '.join(UNPADDED_KEYS)}, "
                 f"{WHERE}, the --pad-multiple padding inside a segment cannot be told from the sequence: keep the "
-                "collator's cu_seqlens_unpadded (PackedDataset items) or cu_seqlens_q and cu_seqlens_q_padded "
-                "(PackedCollator without keys=), or pass pad_token_id"
+                "collator's cu_seqlens_unpadded (PackedDataset items) or cu_seqlens_q (PackedCollator without keys=)"
             )
     return lens
 
@@ -139,7 +138,7 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
         if ids.numel() != total:
             raise FormatError(f"input_ids hold {ids.numel()} tokens, cu_seqlens {total}, {WHERE}, pass one batch")
         candidate = torch.where(ids != pad_token_id, pos, -1)
-    real = _real_lengths(batch, cu, slots.segment, by_pad_id=pad_token_id is not None)
+    real = _real_lengths(batch, cu, slots.segment)
     seg_of = torch.repeat_interleave(torch.arange(n, device=dev), lens)
     candidate = torch.where(pos < (cu[:-1] + real).index_select(0, seg_of), candidate, -1)  # padding: never read
     rightmost = torch.full((n,), -1, dtype=torch.int64, device=dev).scatter_reduce(0, seg_of, candidate, "amax")
