@@ -146,8 +146,11 @@ def test_pair_scores_refuse_padding_whose_offsets_were_left_out(tmp_path: Path) 
     ds = PackedDataset(tmp_path / "packs8False")
     b = PackedCollator(flatten=True, keys=HF_KEYS)([ds[i] for i in range(len(ds))])
     scores = torch.arange(b["input_ids"].numel(), dtype=torch.float64)[None]
-    with pytest.raises(FormatError, match=r"ends on an unlabelled token.*cu_seqlens_q_padded.*pad_token_id"):
-        pair_scores(scores, b)
-    got = pair_scores(scores, b, pad_token_id=ds.pad_id)
-    ids = b["input_ids"].reshape(-1)
+    # refused with or without pad_token_id: a pad id that is not the pack store's would read its padding silently
+    for pad in (None, ds.pad_id):
+        with pytest.raises(FormatError, match=r"ends on an unlabelled token.*cu_seqlens_unpadded.*cu_seqlens_q"):
+            pair_scores(scores, b, pad_token_id=pad)
+    full = PackedCollator(flatten=True)([ds[i] for i in range(len(ds))])  # its offsets kept: read exactly
+    got = pair_scores(scores, full)
+    ids = full["input_ids"].reshape(-1)
     assert ids[got.chosen_position].tolist() == [int(pairs[i][1][-1]) for i in got.pair_ids.tolist()]
