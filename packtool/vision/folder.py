@@ -188,3 +188,19 @@ def bool_setting(raw: Mapping[str, Any], key: str, default: bool, where: Path) -
     if not isinstance(value, bool):
         raise ConfigError(f"{key!r} must be true or false, got {value!r}, {where}")
     return value
+
+
+def pixel_settings(
+    raw: Mapping[str, Any], where: Path, resample: int, mean: list[float], std: list[float]
+) -> dict[str, Any]:
+    """The settings every image processor shares, read as transformers reads them: the resample filter,
+    rescale (None when `do_rescale` is off), normalisation (None when `do_normalize` is off), RGB conversion."""
+    do_rescale = bool_setting(raw, "do_rescale", True, where)
+    do_normalize = bool_setting(raw, "do_normalize", True, where)
+    return {
+        "resample": int_setting(raw, "resample", resample, where, low=0, high=5),
+        "rescale_factor": float_setting(raw, "rescale_factor", 1 / 255, where) if do_rescale else None,
+        "image_mean": float_list(raw, "image_mean", mean, where) if do_normalize else None,
+        "image_std": float_list(raw, "image_std", std, where) if do_normalize else None,
+        "do_convert_rgb": bool_setting(raw, "do_convert_rgb", True, where),
+    }

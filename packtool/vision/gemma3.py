@@ -29,9 +29,8 @@ from packtool.vision.base import ImageInfo, VisionProcessor, register
 from packtool.vision.folder import (
     ModelFolder,
     bool_setting,
-    float_list,
-    float_setting,
     int_setting,
+    pixel_settings,
     square_setting,
     token_id,
 )
@@ -95,8 +94,6 @@ class Gemma3(VisionProcessor):
                 f"{folder.path}, the folder mixes two models' files"
             )
         vision = folder.vision_config
-        do_rescale = bool_setting(raw, "do_rescale", True, where)
-        do_normalize = bool_setting(raw, "do_normalize", True, where)
         return cls(
             {
                 "family": "gemma3",
@@ -110,11 +107,7 @@ class Gemma3(VisionProcessor):
                 "height": int_setting(size, "height", 224, where, high=1 << 15),
                 "width": int_setting(size, "width", 224, where, high=1 << 15),
                 "vision_patch_size": int_setting(vision, "patch_size", 14, folder.path / "config.json", high=1024),
-                "resample": int_setting(raw, "resample", 2, where, low=0, high=5),
-                "rescale_factor": float_setting(raw, "rescale_factor", 1 / 255, where) if do_rescale else None,
-                "image_mean": float_list(raw, "image_mean", IMAGENET_STANDARD, where) if do_normalize else None,
-                "image_std": float_list(raw, "image_std", IMAGENET_STANDARD, where) if do_normalize else None,
-                "do_convert_rgb": bool_setting(raw, "do_convert_rgb", True, where),
+                **pixel_settings(raw, where, 2, IMAGENET_STANDARD, IMAGENET_STANDARD),
             }
         )
 

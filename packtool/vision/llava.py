@@ -27,9 +27,8 @@ from packtool.vision.base import ImageInfo, VisionProcessor, register
 from packtool.vision.folder import (
     ModelFolder,
     bool_setting,
-    float_list,
-    float_setting,
     int_setting,
+    pixel_settings,
     square_setting,
     token_id,
 )
@@ -117,8 +116,6 @@ class Llava(VisionProcessor):
                 f"config.json image_token_index {model_id} is not the tokenizer's {token!r} ({image_id}), "
                 f"{folder.path}, the folder mixes two models' files"
             )
-        do_rescale = bool_setting(raw, "do_rescale", True, where)
-        do_normalize = bool_setting(raw, "do_normalize", True, where)
         return cls(
             {
                 "family": "llava",
@@ -133,11 +130,7 @@ class Llava(VisionProcessor):
                 "patch_size": patch,
                 "num_additional_image_tokens": extra,
                 "vision_feature_select_strategy": strategy,
-                "resample": int_setting(raw, "resample", 3, where, low=0, high=5),
-                "rescale_factor": float_setting(raw, "rescale_factor", 1 / 255, where) if do_rescale else None,
-                "image_mean": float_list(raw, "image_mean", OPENAI_CLIP_MEAN, where) if do_normalize else None,
-                "image_std": float_list(raw, "image_std", OPENAI_CLIP_STD, where) if do_normalize else None,
-                "do_convert_rgb": bool_setting(raw, "do_convert_rgb", True, where),
+                **pixel_settings(raw, where, 3, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
             }
         )
 

@@ -31,7 +31,13 @@ import numpy as np
 from packtool.errors import ConfigError, InputError
 from packtool.vision import images
 from packtool.vision.base import ImageInfo, VisionProcessor, register
-from packtool.vision.folder import ModelFolder, bool_setting, float_list, float_setting, int_setting, token_id
+from packtool.vision.folder import (
+    ModelFolder,
+    bool_setting,
+    int_setting,
+    pixel_settings,
+    token_id,
+)
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -145,8 +151,6 @@ class QwenVL(VisionProcessor):
                 f"config.json image_token_id {model_id} is not the tokenizer's {image_token!r} ({image_id}), "
                 f"{folder.path}, the folder mixes two models' files"
             )
-        do_rescale = bool_setting(raw, "do_rescale", True, where)
-        do_normalize = bool_setting(raw, "do_normalize", True, where)
         config: dict[str, Any] = {
             "family": family,
             "placeholder": image_token,
@@ -159,11 +163,7 @@ class QwenVL(VisionProcessor):
             "spatial_merge_size": spatial,
             "min_pixels": min_pixels,
             "max_pixels": max_pixels,
-            "resample": int_setting(raw, "resample", 3, where, low=0, high=5),
-            "rescale_factor": float_setting(raw, "rescale_factor", 1 / 255, where) if do_rescale else None,
-            "image_mean": float_list(raw, "image_mean", OPENAI_CLIP_MEAN, where) if do_normalize else None,
-            "image_std": float_list(raw, "image_std", OPENAI_CLIP_STD, where) if do_normalize else None,
-            "do_convert_rgb": bool_setting(raw, "do_convert_rgb", True, where),
+            **pixel_settings(raw, where, 3, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
         }
         return cls(config)
 
