@@ -182,8 +182,9 @@ def image_pool(seed: int) -> list[bytes]:
     ]
 
 
-WORDS = ("the picture shows a red cat on a chair near the window while rain falls outside and two people "
-         "talk about football, astronauts, trains and 东京 的 天气 très bien").split()  # noqa: SIM905
+PROSE = ("the picture shows a red cat on a chair near the window while rain falls outside and two people "
+         "talk about football, astronauts, trains and 东京 的 天气 très bien")
+WORDS = PROSE.split()
 
 
 def sentence(rng: np.random.Generator, lo: int = 3, hi: int = 25) -> str:
