@@ -407,7 +407,7 @@ class Folder:
             assert mm.tolist() == (ids == self.image_token).astype(int).tolist()  # the processor's own marks
             inside = [k for k, r in enumerate(image_runs(np.asarray(ref["ids"]), self.image_token)) if at <= r < at + n]
             grids = torch.tensor(ref["grids"][inside]) if inside else None
-            pos, _ = self.model.get_rope_index(torch.tensor([ids]), mm_token_type_ids=torch.tensor([mm]),
+            pos, _ = self.model.get_rope_index(torch.from_numpy(ids)[None], mm_token_type_ids=torch.from_numpy(mm)[None],
                                                image_grid_thw=grids)
             self.ropes[(key, at, n)] = pos[:, 0].numpy()
         return self.ropes[(key, at, n)]
@@ -487,6 +487,9 @@ def check_store(folder: Folder, label: str, src: Path, records: list[dict[str, A
             problems.append(f"record {i + 1}: images differ (count {len(occ)} vs {len(want_images)}, offsets "
                             f"{got_offsets[:4]} vs {runs[:4]}, tokens {got_tokens[:4]} vs {want_tokens[:4]}, "
                             f"grids equal {same_grids}, bytes equal {same_bytes})")
+    if rejects:
+        problems_or_note = f"line {rejects[0].get('line')}: {str(rejects[0].get('reason'))[:200]}"
+        print(f"    packtool's first reject: {problems_or_note}")
     checked = sum(r is not None for r in refs)
     return {"ok": not problems, "out": out, "kept": kept, "refs": refs, "keys": keys, "problems": problems,
             "line": f"{len(records)} records ({n_images} images): ids {equal['ids']}/{checked}, targets "
