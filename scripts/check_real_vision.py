@@ -23,6 +23,8 @@ Records: LLaMA-Factory's mllm demo in its four shapes (data/sample/vision: LLaMA
 jsonl, OpenAI jsonl, `datasets` Parquet) and GENERATED multi-turn records (images of many sizes and modes,
 several per record, duplicates, an image in a system turn, text-only records mixed in) written in three
 shapes (LLaMA-Factory `<image>`, transformers parts + `images`, OpenAI data: URIs). Per folder and file:
+0. Missing, corrupt, escaping (`..`), remote (`https://`) and miscounted images: each refused in one line,
+   exit 1, nothing written.
 1. `packtool tokenize FILE --format auto` (CLI). Every document against `processor.apply_chat_template(messages,
    tokenize=True, return_dict=True)` of its record alone (`Qwen2VLProcessor` around `Qwen2VLImageProcessorPil`,
    `Gemma3Processor` around `Gemma3ImageProcessorPil`, built from the same folder): ids equal; targets equal
@@ -578,6 +580,37 @@ def check_packs(folder: Folder, label: str, result: dict[str, Any], records: lis
     return not problems, text
 
 
+def refusals(folder: Folder, data: Path, work: Path) -> tuple[bool, str]:
+    """Missing, corrupt, escaping, remote and miscounted images: each refused in one line, exit 1, nothing
+    written under --output."""
+    (data / "media" / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    (work / "outside.png").write_bytes((data / image_name(1)).read_bytes())
+    ask = [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": "A cat."}]
+    cases = {
+        "missing": {"messages": ask, "images": ["media/nope.png"]},
+        "corrupt": {"messages": ask, "images": ["media/corrupt.png"]},
+        "escaping": {"messages": ask, "images": ["../outside.png"]},
+        "remote": {"messages": ask, "images": ["https://example.com/cat.png"]},
+        "miscounted": {"messages": [{"role": "user", "content": "<image><image>Two?"}, ask[1]],
+                       "images": [image_name(1)]},
+    }
+    bad = []
+    for name, record in cases.items():
+        src = data / f"refuse_{name}.jsonl"
+        src.write_text(json.dumps(record) + "\n", "utf-8")
+        out = work / f"refused_{folder.kind}_{name}"
+        res = cli("tokenize", str(src), "--tokenizer", str(folder.path), "--output", str(out), "--format", "auto", "-q")
+        lines = res.stderr.strip().splitlines()
+        if not (res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and not out.exists()):
+            bad.append(f"{name}: exit {res.returncode}, {len(lines)} lines, output written {out.exists()}: "
+                       f"{res.stderr.strip()[-200:]}")
+        else:
+            print(f"    {name}: {lines[0][:160]}")
+    for line in bad:
+        print(f"    {line}")
+    return not bad, f"{len(cases) - len(bad)}/{len(cases)} refused in one line, exit 1, nothing written"
+
+
 def hello(folder: Folder) -> tuple[bool, str]:
     ids = folder.processor.tokenizer("Hello world", add_special_tokens=True)["input_ids"]
     want = HELLO[folder.kind]
@@ -628,6 +661,9 @@ def main() -> None:
             good, line = hello(folder)
             ok &= good
             print(f"[{kind}] {folder.path}: {line} -> {'OK' if good else 'MISMATCH'}")
+            good, line = refusals(folder, data, work)
+            ok &= good
+            print(f"  bad images: {line} -> {'OK' if good else 'MISMATCH'}")
             for label, src, records, keys, rpaths, rblobs in sets:
                 result = check_store(folder, label.split(".")[0] + "_" + label.split(".")[-1], src, records, keys,
                                      rpaths, rblobs, work)
