@@ -121,7 +121,9 @@ GEMMA_CONFIG = {
 # image_token <image_soft_token>, in `extra_special_tokens` and at the top level; chat_template.json holds the
 # same template (tests/fixtures/chat_templates/gemma3.json).
 
-HELLO = {"qwen": [9707, 1879], "gemma": [2, 9259, 1902]}  # "Hello world" (Gemma: <bos> first)
+# "Hello world": Qwen's known ids (docs/CHAT.md); Gemma 3's as its tokenizer.json gives them (<bos> first), pinned
+# so that another file in place of the real one is noticed
+HELLO = {"qwen": [9707, 1879], "gemma": [2, 9259, 1902]}
 
 
 def build_folder(kind: str, src: Path, out: Path) -> Path:
