@@ -614,9 +614,17 @@ def refusals(folder: Folder, data: Path, work: Path) -> tuple[bool, str]:
 
 
 def hello(folder: Folder) -> tuple[bool, str]:
+    """'Hello world' gives the real ids, and the tokenizer holds the image tokens at the ids config.json names."""
     ids = folder.processor.tokenizer("Hello world", add_special_tokens=True)["input_ids"]
     want = HELLO[folder.kind]
-    return ids == want, f"'Hello world' -> {ids} (known real ids {want})"
+    if folder.kind == "qwen":
+        named = {"<|image_pad|>": QWEN_CONFIG["image_token_id"], "<|vision_start|>": QWEN_CONFIG["vision_start_token_id"],
+                 "<|vision_end|>": QWEN_CONFIG["vision_end_token_id"]}
+    else:
+        named = {"<image_soft_token>": GEMMA_CONFIG["image_token_index"],
+                 "<start_of_image>": GEMMA_CONFIG["boi_token_index"], "<end_of_image>": GEMMA_CONFIG["eoi_token_index"]}
+    got = {t: folder.processor.tokenizer.convert_tokens_to_ids(t) for t in named}
+    return ids == want and got == named, f"'Hello world' -> {ids} (real ids {want}); image tokens {got}"
 
 
 def main() -> None:
