@@ -23,6 +23,8 @@ Records: LLaMA-Factory's mllm demo in its four shapes (data/sample/vision: LLaMA
 jsonl, OpenAI jsonl, `datasets` Parquet) and GENERATED multi-turn records (images of many sizes and modes,
 several per record, duplicates, an image in a system turn, text-only records mixed in) written in three
 shapes (LLaMA-Factory `<image>`, transformers parts + `images`, OpenAI data: URIs). Per folder and file:
+0. Missing, corrupt, escaping (`..`), remote (`https://`) and miscounted images: each refused in one line,
+   exit 1, nothing written.
 1. `packtool tokenize FILE --format auto` (CLI). Every document against `processor.apply_chat_template(messages,
    tokenize=True, return_dict=True)` of its record alone (`Qwen2VLProcessor` around `Qwen2VLImageProcessorPil`,
    `Gemma3Processor` around `Gemma3ImageProcessorPil`, built from the same folder): ids equal; targets equal
@@ -32,7 +34,9 @@ shapes (LLaMA-Factory `<image>`, transformers parts + `images`, OpenAI data: URI
 3. `PackedDataset`: pixel_values equal the processor's rows for the pack's documents' images, in order;
    image_grid_thw; for Qwen `position_ids[1:]` equal `get_rope_index` of a tiny random `Qwen2VLModel` whose
    config carries the REAL vocab size and image/vision token ids, on each document alone; for Gemma 3
-   `token_type_ids` equal the processor's.
+   `token_type_ids` equal the processor's. A document over 4096 tokens is cut at text between images
+   (`--overlong split`); each fragment is a document of its own (docs/VISION_PACK.md): its rows are checked
+   against `get_rope_index` of the fragment alone.
 
 Run with the dev venv (transformers, torch, datasets): prints one line per check and a summary; exit 1 on
 any mismatch.
@@ -117,7 +121,9 @@ GEMMA_CONFIG = {
 # image_token <image_soft_token>, in `extra_special_tokens` and at the top level; chat_template.json holds the
 # same template (tests/fixtures/chat_templates/gemma3.json).
 
-HELLO = {"qwen": [9707, 1879], "gemma": [2, 9259, 1902]}  # "Hello world" (Gemma: <bos> first)
+# "Hello world": Qwen's known ids (docs/CHAT.md); Gemma 3's as its tokenizer.json gives them (<bos> first), pinned
+# so that another file in place of the real one is noticed
+HELLO = {"qwen": [9707, 1879], "gemma": [2, 9259, 1902]}
 
 
 def build_folder(kind: str, src: Path, out: Path) -> Path:
@@ -180,8 +186,9 @@ def image_pool(seed: int) -> list[bytes]:
     ]
 
 
-WORDS = ("the picture shows a red cat on a chair near the window while rain falls outside and two people "
-         "talk about football, astronauts, trains and 东京 的 天气 très bien").split()
+PROSE = ("the picture shows a red cat on a chair near the window while rain falls outside and two people "
+         "talk about football, astronauts, trains and 东京 的 天气 très bien")
+WORDS = PROSE.split()
 
 
 def sentence(rng: np.random.Generator, lo: int = 3, hi: int = 25) -> str:
@@ -214,6 +221,9 @@ def generated(n: int, n_images: int, seed: int) -> list[dict[str, Any]]:
             messages.append({"role": "user", "parts": parts})
             messages.append({"role": "assistant", "parts": [("text", sentence(rng, 1, 40))]})
         out.append({"messages": messages})
+    if n > 3:  # 50 images in one record (over 4096 tokens under both families: cut at text between images)
+        parts = [p for k in range(50) for p in (("text", f"Image {k}:"), ("image", (0, 9, 11, 13, 5)[k % 5]))]
+        out[3] = {"messages": [{"role": "user", "parts": parts}, {"role": "assistant", "parts": [("text", "Fifty.")]}]}
     return out
 
 
@@ -376,7 +386,7 @@ class Folder:
         self.end_token = vocab["<|im_end|>" if kind == "qwen" else "<end_of_turn>"]
         self.refs: dict[tuple[str, int], dict[str, Any] | None] = {}
         self.model = rope_model() if kind == "qwen" else None
-        self.ropes: dict[tuple[str, int], np.ndarray] = {}
+        self.ropes: dict[tuple[tuple[str, int], int, int], np.ndarray] = {}
 
     def ref(self, key: tuple[str, int], record: dict[str, Any], paths: list[Path]) -> dict[str, Any] | None:
         if key not in self.refs:
@@ -389,15 +399,22 @@ class Folder:
                 print(f"    transformers refuses {key}: {type(exc).__name__}: {str(exc)[:150]}")
         return self.refs[key]
 
-    def rope(self, key: tuple[str, int], ref: dict[str, Any]) -> np.ndarray:
+    def rope(self, key: tuple[str, int], ref: dict[str, Any], at: int, n: int) -> np.ndarray:
+        """get_rope_index of tokens at..at+n of the record alone: the whole document, or a fragment of a document
+        that `--overlong split` cut (at text, between images), which is a document of its own
+        (docs/VISION_PACK.md), with the grids of the images inside it."""
         import torch
 
-        if key not in self.ropes:
-            grids = torch.tensor(ref["grids"]) if ref["grids"] is not None else None
-            pos, _ = self.model.get_rope_index(torch.tensor([ref["ids"]]), mm_token_type_ids=torch.tensor([ref["mm"]]),
+        if (key, at, n) not in self.ropes:
+            ids = np.asarray(ref["ids"][at: at + n])
+            mm = np.asarray(ref["mm"][at: at + n])
+            assert mm.tolist() == (ids == self.image_token).astype(int).tolist()  # the processor's own marks
+            inside = [k for k, r in enumerate(image_runs(np.asarray(ref["ids"]), self.image_token)) if at <= r < at + n]
+            grids = torch.tensor(ref["grids"][inside]) if inside else None
+            pos, _ = self.model.get_rope_index(torch.from_numpy(ids)[None], mm_token_type_ids=torch.from_numpy(mm)[None],
                                                image_grid_thw=grids)
-            self.ropes[key] = pos[:, 0].numpy()
-        return self.ropes[key]
+            self.ropes[(key, at, n)] = pos[:, 0].numpy()
+        return self.ropes[(key, at, n)]
 
     def image_pixels(self, ref: dict[str, Any]) -> list[np.ndarray]:
         """The reference pixel rows of each image of the record, in order."""
@@ -474,6 +491,9 @@ def check_store(folder: Folder, label: str, src: Path, records: list[dict[str, A
             problems.append(f"record {i + 1}: images differ (count {len(occ)} vs {len(want_images)}, offsets "
                             f"{got_offsets[:4]} vs {runs[:4]}, tokens {got_tokens[:4]} vs {want_tokens[:4]}, "
                             f"grids equal {same_grids}, bytes equal {same_bytes})")
+    if rejects:
+        problems_or_note = f"line {rejects[0].get('line')}: {str(rejects[0].get('reason'))[:200]}"
+        print(f"    packtool's first reject: {problems_or_note}")
     checked = sum(r is not None for r in refs)
     return {"ok": not problems, "out": out, "kept": kept, "refs": refs, "keys": keys, "problems": problems,
             "line": f"{len(records)} records ({n_images} images): ids {equal['ids']}/{checked}, targets "
@@ -504,7 +524,7 @@ def check_packs(folder: Folder, label: str, result: dict[str, Any], records: lis
     ps = ds._open()
     offsets = np.asarray(ps.pack_offsets)
     problems: list[str] = []
-    patches_max = 0
+    patches_max = fragments = 0
     for p in range(len(ds)):
         item = ds[p]
         want_pixels: list[np.ndarray] = []
@@ -515,6 +535,7 @@ def check_packs(folder: Folder, label: str, result: dict[str, Any], records: lis
             i = result["kept"][d]
             ref, key = result["refs"][i], result["keys"][i]
             at = src - int(store.starts[d])
+            fragments += n != len(ref["ids"])
             got_ids = item["input_ids"][col: col + n].tolist()
             if got_ids != ref["ids"][at: at + n]:
                 problems.append(f"pack {p}: segment {j} ids differ")
@@ -528,7 +549,7 @@ def check_packs(folder: Folder, label: str, result: dict[str, Any], records: lis
                 pos = item["position_ids"]
                 if pos[0, col: col + n].tolist() != list(range(n)):
                     problems.append(f"pack {p}: segment {j} text positions do not restart")
-                if pos[1:, col: col + n].tolist() != folder.rope(key, ref)[:, at: at + n].tolist():
+                if pos[1:, col: col + n].tolist() != folder.rope(key, ref, at, n).tolist():
                     problems.append(f"pack {p}: segment {j} M-RoPE rows differ from get_rope_index")
             elif item["token_type_ids"][col: col + n].tolist() != ref["types"][at: at + n]:
                 problems.append(f"pack {p}: segment {j} token_type_ids differ")
@@ -547,18 +568,63 @@ def check_packs(folder: Folder, label: str, result: dict[str, Any], records: lis
     if budget and patches_max > budget:
         problems.append(f"a pack holds {patches_max} patches > --vision-budget {budget}")
     bound = math.ceil(int(store.n_tokens) / size)
+    if budget:  # the second capacity: patches
+        from packtool.formats.media import MediaTable
+
+        media = MediaTable.open(result["out"])
+        bound = max(bound, math.ceil(int(np.asarray(media.n_patches).sum()) / budget) if media is not None else 0)
     over = 100.0 * (len(ds) - bound) / bound
     for line in problems[:5]:
         print(f"      {line}")
     text = (f"{len(ds)} packs (lower bound {bound}, +{over:.1f}%), most patches in a pack {patches_max}, "
+            f"{fragments} fragments of split documents, "
             f"verify OK, loader {'equal' if not problems else f'{len(problems)} MISMATCHES'}")
     return not problems, text
 
 
+def refusals(folder: Folder, data: Path, work: Path) -> tuple[bool, str]:
+    """Missing, corrupt, escaping, remote and miscounted images: each refused in one line, exit 1, nothing
+    written under --output."""
+    (data / "media" / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    (work / "outside.png").write_bytes((data / image_name(1)).read_bytes())
+    ask = [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": "A cat."}]
+    cases = {
+        "missing": {"messages": ask, "images": ["media/nope.png"]},
+        "corrupt": {"messages": ask, "images": ["media/corrupt.png"]},
+        "escaping": {"messages": ask, "images": ["../outside.png"]},
+        "remote": {"messages": ask, "images": ["https://example.com/cat.png"]},
+        "miscounted": {"messages": [{"role": "user", "content": "<image><image>Two?"}, ask[1]],
+                       "images": [image_name(1)]},
+    }
+    bad = []
+    for name, record in cases.items():
+        src = data / f"refuse_{name}.jsonl"
+        src.write_text(json.dumps(record) + "\n", "utf-8")
+        out = work / f"refused_{folder.kind}_{name}"
+        res = cli("tokenize", str(src), "--tokenizer", str(folder.path), "--output", str(out), "--format", "auto", "-q")
+        lines = res.stderr.strip().splitlines()
+        if not (res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and not out.exists()):
+            bad.append(f"{name}: exit {res.returncode}, {len(lines)} lines, output written {out.exists()}: "
+                       f"{res.stderr.strip()[-200:]}")
+        else:
+            print(f"    {name}: {lines[0][:160]}")
+    for line in bad:
+        print(f"    {line}")
+    return not bad, f"{len(cases) - len(bad)}/{len(cases)} refused in one line, exit 1, nothing written"
+
+
 def hello(folder: Folder) -> tuple[bool, str]:
+    """'Hello world' gives the real ids, and the tokenizer holds the image tokens at the ids config.json names."""
     ids = folder.processor.tokenizer("Hello world", add_special_tokens=True)["input_ids"]
     want = HELLO[folder.kind]
-    return ids == want, f"'Hello world' -> {ids} (known real ids {want})"
+    if folder.kind == "qwen":
+        named = {"<|image_pad|>": QWEN_CONFIG["image_token_id"], "<|vision_start|>": QWEN_CONFIG["vision_start_token_id"],
+                 "<|vision_end|>": QWEN_CONFIG["vision_end_token_id"]}
+    else:
+        named = {"<image_soft_token>": GEMMA_CONFIG["image_token_index"],
+                 "<start_of_image>": GEMMA_CONFIG["boi_token_index"], "<end_of_image>": GEMMA_CONFIG["eoi_token_index"]}
+    got = {t: folder.processor.tokenizer.convert_tokens_to_ids(t) for t in named}
+    return ids == want and got == named, f"'Hello world' -> {ids} (real ids {want}); image tokens {got}"
 
 
 def main() -> None:
@@ -567,6 +633,7 @@ def main() -> None:
     ap.add_argument("--gemma", type=Path, help="real Gemma 3 tokenizer files (or a gemma-3 snapshot)")
     ap.add_argument("--records", type=int, default=300, help="generated records per shape")
     ap.add_argument("--seed", type=int, default=37)
+    ap.add_argument("--vision-budget", type=int, default=16384, help="patches per pack for the second packing")
     args = ap.parse_args()
     try:
         import torch  # noqa: F401
@@ -604,6 +671,9 @@ def main() -> None:
             good, line = hello(folder)
             ok &= good
             print(f"[{kind}] {folder.path}: {line} -> {'OK' if good else 'MISMATCH'}")
+            good, line = refusals(folder, data, work)
+            ok &= good
+            print(f"  bad images: {line} -> {'OK' if good else 'MISMATCH'}")
             for label, src, records, keys, rpaths, rblobs in sets:
                 result = check_store(folder, label.split(".")[0] + "_" + label.split(".")[-1], src, records, keys,
                                      rpaths, rblobs, work)
@@ -613,7 +683,7 @@ def main() -> None:
                     print(f"      {line}")
                 if "out" not in result:
                     continue
-                for budget in (None, 8192):
+                for budget in (None, args.vision_budget):
                     good, line = check_packs(folder, label.replace(".", "_"), result, records, budget, work)
                     ok &= good
                     print(f"    pack --size 4096{f' --vision-budget {budget}' if budget else ''}: {line}")

@@ -200,3 +200,27 @@ def test_demo_through_the_cli_equals_transformers(folders: dict[str, Path], kind
     for budget in (None, 8192):
         good, line = check.check_packs(folder, "demo", result, demo, budget, tmp_path)
         assert good, line
+
+
+@pytest.mark.slow
+def test_generated_records_and_a_split_document_equal_transformers(folders: dict[str, Path], tmp_path: Path) -> None:
+    """Generated multi-turn records (images of many sizes and modes, duplicates, text-only ones) in the
+    LLaMA-Factory shape under the Qwen2-VL folder, one of them with 50 images (17,394 tokens): it is cut at text
+    between images into fragments, each a document of its own whose M-RoPE rows equal get_rope_index of the
+    fragment alone; packs at the lower bound."""
+    check = script()
+    folder = check.Folder("qwen", folders["qwen"])
+    (tmp_path / "media").mkdir()
+    blobs = check.image_pool(37)
+    for k, blob in enumerate(blobs):
+        (tmp_path / check.image_name(k)).write_bytes(blob)
+    paths = [tmp_path / check.image_name(k) for k in range(len(blobs))]
+    records = check.generated(12, len(blobs), 37)
+    src = tmp_path / "generated.jsonl"
+    src.write_text("".join(json.dumps(check.as_shape(r, "llamafactory", blobs)) + "\n" for r in records), "utf-8")
+    keys = [("gen", i) for i in range(len(records))]
+    result = check.check_store(folder, "gen", src, records, keys, paths, blobs, tmp_path)
+    assert result["ok"], (result["line"], result.get("problems"))
+    good, line = check.check_packs(folder, "gen", result, records, None, tmp_path)
+    assert good, line
+    assert "(lower bound" in line and "+0.0%" in line and " 0 fragments" not in line, line
