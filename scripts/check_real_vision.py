@@ -35,7 +35,7 @@ shapes (LLaMA-Factory `<image>`, transformers parts + `images`, OpenAI data: URI
    image_grid_thw; for Qwen `position_ids[1:]` equal `get_rope_index` of a tiny random `Qwen2VLModel` whose
    config carries the REAL vocab size and image/vision token ids, on each document alone; for Gemma 3
    `token_type_ids` equal the processor's. A document over 4096 tokens is cut at text between images
-   (`--overlong split`); each fragment is a document of its own (docs/VISION_PACK.md): its rows are checked
+   (`--overlong split`); each fragment is a document of its own (docs/VISION.md, "Pack"): its rows are checked
    against `get_rope_index` of the fragment alone.
 
 Run with the dev venv (transformers, torch, datasets): prints one line per check and a summary; exit 1 on
@@ -402,7 +402,7 @@ class Folder:
     def rope(self, key: tuple[str, int], ref: dict[str, Any], at: int, n: int) -> np.ndarray:
         """get_rope_index of tokens at..at+n of the record alone: the whole document, or a fragment of a document
         that `--overlong split` cut (at text, between images), which is a document of its own
-        (docs/VISION_PACK.md), with the grids of the images inside it."""
+        (docs/VISION.md, "Pack"), with the grids of the images inside it."""
         import torch
 
         if (key, at, n) not in self.ropes:

@@ -1,5 +1,5 @@
 """Model folders of the shape the hub ships (Qwen/Qwen2-VL-2B-Instruct, google/gemma-3-4b-it), without the real
-tokenizer files: scripts/check_real_vision.py runs the same checks on the real ones (docs/VISION_REAL.md).
+tokenizer files: scripts/check_real_vision.py runs the same checks on the real ones (docs/VISION.md, "Checked on real folders").
 
 Each folder holds the checkpoint's own `preprocessor_config.json`, `config.json`, `chat_template.json` (and
 Gemma 3's `processor_config.json`), as scripts/check_real_vision.py writes them, beside a TINY tokenizer with the
