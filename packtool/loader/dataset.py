@@ -181,7 +181,9 @@ class PackedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         store = self._open()
         raw = np.asarray(indices)
         if raw.size and raw.dtype.kind not in "iu":  # [1.5] read pack 1, [True] pack 1
-            raise ConfigError(f"pack indices {list(indices)[:4]!r} are not integers, PackedDataset.__getitems__, pass ints")
+            raise ConfigError(
+                f"pack indices {list(indices)[:4]!r} are not integers, PackedDataset.__getitems__, pass ints"
+            )
         if raw.size and (int(raw.min()) < 0 or int(raw.max()) >= self.n_packs):
             raise IndexError(f"pack indices out of range [0, {self.n_packs}): {list(indices)[:4]!r}")
         stacked = build_batch(store, raw.astype(np.int64, copy=False), self._views, self._pool, self._pairs)
