@@ -51,7 +51,7 @@ def main() -> None:
                          num_labels=1, pad_token_id=ds.pad_id)  # fmt: skip
     model = AutoModelForSequenceClassification.from_config(config, attn_implementation="packtool")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    collate = PackedCollator(flatten=True, keys=HF_KEYS)
+    collate = PackedCollator(flatten=True, keys=(*HF_KEYS, "cu_seqlens_q"))  # real lengths: --pad-multiple
     layout = "shared prompt" if ds.shared_prompt else "pairs"
     print(f"{len(ds)} packs of {ds.size} tokens ({layout}), tiny random Llama reward model, vocab {vocab} "
           f"(the largest id in the packs + 1), scored at each sequence's last token that is not pad id {ds.pad_id}")
@@ -59,7 +59,7 @@ def main() -> None:
         rows = [(step * args.batch_size + i) % len(ds) for i in range(args.batch_size)]
         batch = collate(ds.__getitems__(rows))
         # labels stay out of the model (a num_labels=1 head would add a regression loss on them)
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        inputs = {k: v for k, v in batch.items() if k not in ("labels", "cu_seqlens_q")}
         per_token = model.score(model.model(**inputs, use_cache=False).last_hidden_state)  # [1, T, 1]
         scores = pair_scores(per_token, batch, pad_token_id=model.config.pad_token_id)
         loss = reward_loss(scores, center_rewards_coefficient=args.center)

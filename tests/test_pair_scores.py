@@ -180,3 +180,51 @@ def test_an_unflattened_batch_and_an_empty_one() -> None:
     assert empty.pair_ids.numel() == 0
     with pytest.raises(ConfigError, match="no pairs to score"):
         reward_loss(empty)
+
+
+def padded_to(b: dict, multiple: int) -> dict:
+    """`b` as a `--pad-multiple` store lays it out: each segment padded to a multiple with pad tokens (id 0,
+    labels -100, positions running on), and `cu_seqlens_unpadded` holding the real lengths."""
+    cu = b["cu_seq_lens_q"].tolist()
+    ids, labels, pos, new_cu = [], [], [], [0]
+    for a, z in zip(cu[:-1], cu[1:], strict=True):
+        extra = -(z - a) % multiple
+        ids += b["input_ids"][0, a:z].tolist() + [0] * extra
+        labels += b["labels"][0, a:z].tolist() + [-100] * extra
+        start = int(b["position_ids"][0, a]) if z > a else 0
+        pos += list(range(start, start + z - a + extra))
+        new_cu.append(new_cu[-1] + z - a + extra)
+    out = dict(b, input_ids=torch.tensor([ids]), labels=torch.tensor([labels]), position_ids=torch.tensor([pos]))
+    out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = torch.tensor(new_cu, dtype=torch.int32)
+    out["cu_seqlens_unpadded"] = b["cu_seq_lens_q"]
+    return out
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["pairs", "shared_prompt"])
+def test_pad_multiple_padding_inside_segments_is_never_read(shared: bool) -> None:
+    """A `--pad-multiple` store pads each segment with pad tokens: the last token of the segment is padding, and
+    the sequence's score (and its token count, TRL's num_tokens) must come from its real tokens."""
+    pairs = [([5, 6, 7], [8, 9], [10]), ([11], [12, 13, 14], [15, 16])]
+    b = batch(pairs, shared, pad=2)
+    p = padded_to(b, 4)
+    assert p["input_ids"].shape[1] > b["input_ids"].shape[1]
+    # scores: a token's position in the UNPADDED row, -1 on padding: the picked values must be the unpadded ones
+    mapping = torch.full((p["input_ids"].shape[1],), -1.0, dtype=torch.float64)
+    cu, cu_real = p["cu_seq_lens_q"].tolist(), b["cu_seq_lens_q"].tolist()
+    for s in range(len(cu) - 1):
+        n_real = cu_real[s + 1] - cu_real[s]
+        mapping[cu[s] : cu[s] + n_real] = torch.arange(cu_real[s], cu_real[s] + n_real, dtype=torch.float64)
+    want = pair_scores(torch.arange(b["input_ids"].shape[1], dtype=torch.float64), b)
+    for key in ("cu_seqlens_unpadded", "cu_seqlens_q"):
+        q = {k: v for k, v in p.items() if k != "cu_seqlens_unpadded"}
+        q[key] = p["cu_seqlens_unpadded"]
+        got = pair_scores(mapping[None], q)
+        assert torch.equal(got.chosen, want.chosen) and torch.equal(got.rejected, want.rejected), key
+        assert torch.equal(got.chosen_tokens, want.chosen_tokens) and torch.equal(got.rejected_tokens, want.rejected_tokens)
+        with_pad = pair_scores(mapping[None], q, pad_token_id=0)
+        assert torch.equal(with_pad.chosen, want.chosen)
+    bare = {k: v for k, v in p.items() if k != "cu_seqlens_unpadded"}
+    with pytest.raises(FormatError, match="ends on an unlabelled token and the batch has no cu_seqlens_unpadded"):
+        pair_scores(mapping[None], bare)
+    with pytest.raises(FormatError, match="does not fit cu_seqlens"):
+        pair_scores(mapping[None], dict(p, cu_seqlens_unpadded=p["cu_seq_lens_q"][:-1]))

@@ -1,7 +1,7 @@
 """docs/HF.md's reward-model plain loop, run as written, and scripts/train_reward.py on the sample pairs.
 
 The packs are the DPO pack store of the docs (`data/sample/preference.jsonl`, the sample tokenizer,
-`pack --size 4096`, with and without `--share-prompt`), made in tmp_path with `data/` linked beside them
+`pack --size 4096`, with `--share-prompt`, and without it but with `--pad-multiple 8`), made in tmp_path with `data/` linked beside them
 so the recipe's relative paths resolve as they do in a checkout.
 """
 
@@ -34,7 +34,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code, _, err = cli("tokenize", str(ROOT / "data/sample/preference.jsonl"), "--format", "preference",
                        "--tokenizer", str(ROOT / "data/sample/tokenizer"), "--output", str(work / "tokens"), "-q")  # fmt: skip
     assert code == 0, err
-    for name, extra in (("packs", ("--share-prompt",)), ("packs_pairs", ())):
+    for name, extra in (("packs", ("--share-prompt",)), ("packs_pairs", ("--pad-multiple", "8"))):
         code, _, err = cli("pack", str(work / "tokens"), "--size", "4096", *extra, "--output", str(work / name), "-q")
         assert code == 0, err
     return work

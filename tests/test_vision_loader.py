@@ -112,3 +112,22 @@ def test_moved_or_replaced_source_is_refused(packed, tmp_path: Path) -> None:  #
     with pytest.raises(FormatError, match="cannot be read .*PackedDataset\\(sources="):
         PackedDataset(directory, size=SIZE, sources=[tmp_path / "nowhere"])
     assert PackedDataset(directory, size=SIZE, sources=[store]).vision
+
+
+def test_document_dataset_refuses_a_store_with_images(packed) -> None:  # type: ignore[no-untyped-def]
+    from packtool.loader import DocumentDataset
+
+    store, _, _ = packed
+    with pytest.raises(ConfigError, match="holds images, DocumentDataset"):
+        DocumentDataset(store)
+
+
+def test_a_batch_without_images_has_no_pixel_keys(tmp_path: Path) -> None:
+    """transformers' Qwen2-VL fails on pixel_values of 0 rows: a batch of packs without images leaves them out
+    (positions stay [4, 1, T])."""
+    store = make_vision_store(tmp_path / "s", random_docs(10, seed=1, p_image=0.0))
+    res = pack_store(PackConfig(store, 64, tmp_path / "p"))
+    ds = PackedDataset(res.directory, size=64)
+    assert ds[0]["pixel_values"].shape[0] == 0
+    batch = PackedCollator(flatten=True, keys=HF_KEYS)(ds.__getitems__([0, 1]))
+    assert "pixel_values" not in batch and "image_grid_thw" not in batch and batch["position_ids"].shape == (4, 1, 128)

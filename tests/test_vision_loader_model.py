@@ -140,3 +140,43 @@ def test_gemma3_packed_store_equals_each_record_alone(tmp_path: Path) -> None:
         worst = max(worst, float((alone - logits[a:e]).abs().max()))
         r += k
     assert r == pixels.shape[0] > 0 and worst < 1e-9
+
+
+def test_llava_packed_store_equals_each_record_alone(tmp_path: Path) -> None:
+    """LLaVA-1.5 (no image markers, 1 pixel row per image) through the store, the packer and the loader."""
+    from vision_support import LLAVA_CONFIG, llava_docs, make_family_store
+
+    torch.manual_seed(0)
+    store = make_family_store(tmp_path / "s", llava_docs(10, seed=6), LLAVA_CONFIG)
+    res = pack_store(PackConfig(store, 128, tmp_path / "p"))
+    ds = PackedDataset(res.directory, size=128)
+    batch = PackedCollator(flatten=True, keys=HF_KEYS)(ds.__getitems__([0, 1]))
+    assert set(batch) == {*HF_KEYS, "pixel_values"} and batch["pixel_values"].shape[1:] == (3, 16, 16)
+    text = transformers.LlamaConfig(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=16, patch_size=4)  # fmt: skip
+    config = transformers.LlavaConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_index=IMG,
+                                      vision_feature_select_strategy="default", vision_feature_layer=-1)  # fmt: skip
+    model = transformers.LlavaForConditionalGeneration(copy.deepcopy(config)).double().eval()
+    model.set_attn_implementation("packtool")
+    ref = transformers.LlavaForConditionalGeneration(copy.deepcopy(config)).double().eval()
+    ref.load_state_dict(model.state_dict())
+    ref.set_attn_implementation("sdpa")
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    with torch.no_grad():
+        logits = model(**inputs).logits[0]
+    ids, pixels = batch["input_ids"][0], inputs["pixel_values"]
+    cu, r, worst = batch["cu_seq_lens_q"].tolist(), 0, 0.0
+    for a, e in zip(cu[:-1], cu[1:], strict=True):
+        seg = ids[a:e]
+        if not bool((seg != ds.pad_id).any()):
+            continue
+        k = int((seg == IMG).sum()) // 16
+        extra = {"pixel_values": pixels[r : r + k]} if k else {}
+        with torch.no_grad():
+            alone = ref(input_ids=seg[None], **extra).logits[0]
+        worst = max(worst, float((alone - logits[a:e]).abs().max()))
+        r += k
+    assert r == pixels.shape[0] > 0 and worst < 1e-9

@@ -212,3 +212,10 @@ def test_run_config_vision_budget(tmp_path: Path) -> None:
     assert code == 0, err
     line = open_pack_split(next((tmp_path / "p" / "packed").iterdir()), "training", 128).metadata["vision"]
     assert line["budget"] == 40 and line["max_pack_patches"] <= 40
+
+
+def test_export_of_an_image_split_is_refused(tmp_path: Path) -> None:
+    store = make_vision_store(tmp_path / "s", random_docs(20, seed=42))
+    pack_store(PackConfig(store, 128, tmp_path / "p"))
+    err = cli_error("export", str(tmp_path / "p"), "--to", "trl", "--output", str(tmp_path / "e"), code=1)
+    assert "holds images" in err and not (tmp_path / "e").exists()

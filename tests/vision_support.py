@@ -174,3 +174,59 @@ def make_gemma_store(path: Path, docs: list[Doc]) -> Path:
     vision = {"family": "gemma3", "processor": dict(GEMMA_CONFIG), "image_token_id": IMG}
     writer.finish({"packtool_version": "test", "tokenizer": dict(TOKENIZER), "vision": vision})
     return path
+
+
+# -- LLaVA-1.5: fixed counts (16 tokens: a 16x16 crop in 4-pixel patches, CLS dropped), no markers ------------------
+LLAVA_CONFIG: dict[str, Any] = {
+    "family": "llava",
+    "placeholder": "<image>",
+    "image_token": "<image>",
+    "image_token_id": IMG,
+    "shortest_edge": 16,
+    "height": None,
+    "width": None,
+    "crop_height": 16,
+    "crop_width": 16,
+    "patch_size": 4,
+    "num_additional_image_tokens": 1,
+    "vision_feature_select_strategy": "default",
+    "resample": 3,
+    "rescale_factor": 1 / 255,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "do_convert_rgb": True,
+}
+
+
+def llava_docs(n: int, seed: int = 0, max_text: int = 30) -> list[Doc]:
+    """Documents `[text] (IMG*16 [text])*k`, k in 0..2, of a pool of 3 images."""
+    rng = np.random.default_rng(seed)
+    images = [png(20 + 8 * i, 28, seed * 10 + i) for i in range(3)]
+    docs = []
+    for _ in range(n):
+        parts: list[np.ndarray] = [rng.integers(8, 590, size=int(rng.integers(1, max_text)))]
+        at: list[tuple[int, bytes]] = []
+        for _ in range(int(rng.integers(0, 3))):
+            at.append((sum(p.size for p in parts), images[int(rng.integers(0, 3))]))
+            parts += [np.full(16, IMG), rng.integers(8, 590, 3)]
+        docs.append(Doc(np.concatenate(parts).astype(np.int64), at))
+    return docs
+
+
+def make_family_store(path: Path, docs: list[Doc], config: dict[str, Any]) -> Path:
+    """A store of `docs` whose images are measured by the family adapter rebuilt from `config`."""
+    from packtool.vision import VisionProcessor
+
+    proc = VisionProcessor.from_config(config)
+    path.mkdir(parents=True, exist_ok=True)
+    writer = TokenStoreWriter(path, np.dtype("<u2"), with_media=True)
+    assert writer.media is not None
+    for doc in docs:
+        d = writer.n_documents
+        writer.append(doc.ids, np.array([doc.ids.size]))
+        for offset, data in doc.images:
+            m = proc.measure(data)
+            writer.media.add(d, offset, m.n_tokens, m.grid, m.n_patches, data)
+    vision = {"family": config["family"], "processor": dict(config), "image_token_id": IMG}
+    writer.finish({"packtool_version": "test", "tokenizer": dict(TOKENIZER), "vision": vision})
+    return path

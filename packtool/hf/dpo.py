@@ -8,8 +8,8 @@
                                train_dataset=packs, data_collator=PreferencePackCollator(), processing_class=tok)
 
 `packs` is a `datasets.Dataset` with one row per pack (`PackedDataset` items of a preference pack
-store: input_ids, labels, position_ids, cu_seqlens, pair_ids, chosen, and prefix_segment when the
-store holds each prompt once). `PreferencePackCollator` flattens a batch of packs into one
+store: input_ids, labels, position_ids, cu_seqlens, cu_seqlens_unpadded, pair_ids, chosen, first_target,
+and prefix_segment when the store holds each prompt once). `PreferencePackCollator` flattens a batch of packs into one
 `[1, T]` row (the `PackedCollator(keys=HF_KEYS)` layout plus the pair keys). The trainer runs the
 policy and the reference model ONCE on that row under attn_implementation="packtool" (the
 shared-prompt layout included), scores only the target rows (`logits_to_keep`), and lays the
@@ -50,28 +50,36 @@ from packtool.hf.dpo_ref import (
     pack_pairs,
     with_columns,
 )
-from packtool.hf.dpo_view import MODEL_KEYS, UNPADDED, PaddedView, Scorer
+from packtool.hf.dpo_view import FIRST, MODEL_KEYS, UNPADDED, PaddedView, Scorer
 
 __all__ = ["MODEL_KEYS", "PACK_KEYS", "REF_KEYS", "PackedDPOTrainer", "PreferencePackCollator", "packs_dataset"]
 
 #: the keys a pack row carries (prefix_segment only in a shared-prompt store; cu_seqlens_unpadded: the segments
-#: without their --pad-multiple padding)
-PACK_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", UNPADDED, "pair_ids", "chosen", "prefix_segment")
+#: without their --pad-multiple padding; first_target: a segment's first token is a completion token)
+PACK_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", UNPADDED, "pair_ids", "chosen", "prefix_segment",
+             FIRST)  # fmt: skip
 WHERE = "packtool.hf.dpo"
 
 
 def packs_dataset(packs: Any, **kwargs: Any) -> Any:
     """A `datasets.Dataset`, one row per pack, of a preference pack store: `packs` is its directory (opened as
-    `PackedDataset(packs, **kwargs)`) or any sequence of `PackedDataset` items. Keeps `PACK_KEYS` as lists."""
+    `PackedDataset(packs, **kwargs)`) or any sequence of `PackedDataset` items. Keeps `PACK_KEYS` as lists, and
+    from a `PackedDataset` each segment's `first_target` (the store's target flag of its first token, which the
+    loader's labels drop: TRL's completion_mask holds it when a pair's prompt is empty)."""
     import datasets
 
-    if isinstance(packs, (str, Path)):
-        from packtool.loader import PackedDataset
+    from packtool.loader import PackedDataset
 
+    if isinstance(packs, (str, Path)):
         packs = PackedDataset(packs, **kwargs)
+    first = _first_targets(packs) if isinstance(packs, PackedDataset) else None
     rows = []
     for i in range(len(packs)):
         item = packs[i]
+        if first is not None:
+            flags = first(i)
+            tail = len(item["cu_seqlens"]) - 1 - len(flags)
+            item = {**item, FIRST: flags + [False] * tail}
         if item.get("pair_ids") is None:
             raise ConfigError(
                 f"pack {i} has no pair_ids (not a preference pack store), {WHERE}, pack a preference token store "
@@ -79,6 +87,32 @@ def packs_dataset(packs: Any, **kwargs: Any) -> Any:
             )
         rows.append({k: _plain(item[k]) for k in PACK_KEYS if item.get(k) is not None})
     return datasets.Dataset.from_list(rows)
+
+
+def _first_targets(ds: Any) -> Any:
+    """`pack -> [bool per stored segment]`: the pack store's target flag of each segment's first token."""
+    import numpy as np
+
+    from packtool.formats.pack_store import open_pack_split
+
+    store = open_pack_split(ds.directory, ds.split, ds.size)
+    offsets = np.asarray(store.pack_offsets, np.int64)
+    lens = np.asarray(store.seg_lens, np.int64)
+    counts = np.diff(offsets)
+    pack = np.repeat(np.arange(counts.size), counts)
+    ends = np.cumsum(lens)
+    col = ends - lens - np.repeat(np.concatenate(([0], ends))[offsets[:-1]], counts)
+    ok = (lens > 0) & (col < store.size)
+    flags = np.zeros(lens.size, bool)
+    if store.loss is None:
+        flags[ok] = True
+    else:
+        flags[ok] = np.asarray(store.loss)[pack[ok], col[ok]] != 0
+
+    def of(i: int) -> list[bool]:
+        return flags[offsets[i] : offsets[i + 1]].tolist()
+
+    return of
 
 
 def _plain(value: Any) -> Any:
@@ -139,6 +173,8 @@ class PreferencePackCollator:
         }
         if unpadded:
             batch[UNPADDED] = torch.cat(real_parts).to(torch.int32)
+        if all(p.get(FIRST) is not None for p in packs):
+            batch[FIRST] = cat(FIRST, torch.bool)
         if shared[0]:
             batch["prefix_segment"] = torch.cat(pre_parts)
         if all(p.get(key) is not None for p in packs for key in REF_KEYS):
@@ -177,7 +213,10 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
         # TRL builds a reference from the policy's checkpoint when none is given (and under FSDP even with
         # precompute): only one the user passed may replace saved reference log-probs
         self._ref_given = given.get("ref_model") is not None
-        super().__init__(*args, **kwargs)
+        arguments = {k: v for k, v in given.items() if k != "self"}
+        if arguments.get("data_collator") is None:  # TRL's own would look for prompt_ids
+            arguments["data_collator"] = PreferencePackCollator()
+        super().__init__(**arguments)
         if self.ref_model is None and not self.precompute_ref_logps:  # type: ignore[has-type]
             raise ConfigError(
                 f"no reference model (PEFT without ref_model), {WHERE}, pass ref_model= (a frozen copy of the model) "
@@ -263,6 +302,14 @@ class PackedDPOTrainer(DPOTrainer):  # type: ignore[misc]
                 f"a sequence of the batch holds {view.longest} tokens (prompt + completion), more than DPOConfig "
                 f"max_length={limit}: TRL would cut it ({self.args.truncation_mode}), the packs hold it whole, "
                 f"{WHERE}, pass max_length=None (the pack store decides the lengths)"
+            )
+        counting = sorted({"ipo", "sigmoid_norm"} & set(self.loss_types))
+        if counting and view.unsure_first:
+            raise ConfigError(
+                f"loss_type {counting[0]} divides by TRL's completion lengths, which count a sequence's first token "
+                "when its prompt is empty, and this batch has sequences whose targets start at their second token "
+                f"without first_target to say whether the first one is a target, {WHERE}, make the dataset with "
+                "packs_dataset(PACK_DIR, size=N) (it reads first_target from the pack store)"
             )
         padded = _trl_inputs(view)
         if self.precompute_ref_logps:

@@ -29,6 +29,7 @@ WHERE = "packtool.hf.dpo"
 MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
               "prefix_segment")  # fmt: skip
 UNPADDED = "cu_seqlens_unpadded"
+FIRST = "first_target"
 
 
 def real_lengths(batch: dict[str, Any], cu: torch.Tensor, labels: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
@@ -104,6 +105,19 @@ class PaddedView:
         labelled = (labels != IGNORE_INDEX) & (row_of_seg.index_select(0, seg) >= 0)
         completion = torch.zeros(2 * b, length, dtype=torch.int64, device=dev)
         completion[row_of_seg.index_select(0, seg)[labelled], pos[labelled]] = 1
+        # a sequence's first token is never predicted (no label), but TRL's completion_mask holds it when the
+        # pair's prompt is empty (ipo and sigmoid_norm count it): the pack store's flag says so
+        opens = idx[(pre_len.index_select(0, idx) == 0) & (real.index_select(0, idx) > 0)]
+        flags = batch.get(FIRST)
+        if flags is not None:
+            opens = opens[torch.as_tensor(flags).reshape(-1).to(dev, torch.bool).index_select(0, opens)]
+            completion[row_of_seg.index_select(0, opens), 0] = 1
+            self.unsure_first = False
+        else:  # labels from offset 1: a 1-token prompt, or an empty one whose first token the loader unlabelled
+            second = (cu.index_select(0, opens) + 1).clamp(max=max(labels.numel() - 1, 0))
+            self.unsure_first = bool(
+                ((real.index_select(0, opens) > 1) & (labels.index_select(0, second) != IGNORE_INDEX)).any()
+            )
         self.completion_mask = completion
         self.attention_mask = (torch.arange(length, device=dev)[None] < seq_len[:, None]).to(torch.int64)
         self.longest = length if b else 0  # the longest sequence (prompt + completion), TRL's `max_length` measure

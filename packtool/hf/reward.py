@@ -45,6 +45,8 @@ from packtool.loss.reward import PairScores, pair_scores
 
 #: the per-segment margin column `with_margins` adds (TRL's per-record `margin`)
 MARGIN = "margin"
+#: each segment's real length (without `--pad-multiple` padding), as offsets: `PackedDataset` items carry it
+UNPADDED = "cu_seqlens_unpadded"
 WHERE = "packtool.hf.reward"
 
 
@@ -68,10 +70,15 @@ def with_margins(packs: Any, margins: Sequence[float] | torch.Tensor) -> Any:
 
 class RewardPackCollator(PreferencePackCollator):
     """`PreferencePackCollator`'s flattened `[1, T]` batch, plus `margin` (float32 per segment, as TRL's
-    collator makes it float32) when the packs carry one (`with_margins`)."""
+    collator makes it float32) when the packs carry one (`with_margins`), and `cu_seqlens_unpadded` when they
+    carry it (`pair_scores` then never reads nor counts `--pad-multiple` padding)."""
 
     def __call__(self, packs: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super().__call__(packs)
+        if batch.get(UNPADDED) is None and all(p.get(UNPADDED) is not None for p in packs):
+            # each segment's real length (a --pad-multiple store): offsets over the batch, as cu_seqlens
+            real = [torch.diff(torch.as_tensor(p[UNPADDED], dtype=torch.int64).reshape(-1)) for p in packs]
+            batch[UNPADDED] = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cat(real).cumsum(0)]).to(torch.int32)
         has = [p.get(MARGIN) is not None for p in packs]
         if any(has) and not all(has):
             raise ConfigError(f"packs with and without a margin in one batch, {WHERE}, add margins to every pack")
@@ -144,7 +151,7 @@ class PackedRewardTrainer(RewardTrainer):  # type: ignore[misc]
 
     def _set_signature_columns_if_needed(self) -> None:
         if self._signature_columns is None:  # type: ignore[has-type]
-            self._signature_columns = [*PACK_KEYS, MARGIN]
+            self._signature_columns = list(dict.fromkeys([*PACK_KEYS, UNPADDED, MARGIN]))
 
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None

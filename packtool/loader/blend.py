@@ -88,6 +88,10 @@ class BlendedDataset(BlendPlan):
         handle = _Store.reopen(layout) if layout is not None else None
         if handle is None:
             ds = PackedDataset(self.directories[s], self.split, self.size)
+            if ds.vision:  # its batches are built below without pixels: refused, never images dropped
+                raise ConfigError(
+                    f"store {self.paths[s]} holds images, BlendedDataset does not load them yet, use PackedDataset"
+                )
             if ds.n_packs != int(self.n_packs[s]):
                 raise FormatError(
                     f"store {self.paths[s]} now holds {ds.n_packs} packs, the blend was opened with {int(self.n_packs[s])}, BlendedDataset, re-open the blend"

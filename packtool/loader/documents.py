@@ -130,6 +130,11 @@ class DocumentDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         self._views: tuple[np.ndarray, ...] | None = None
         self._pool: BufferPool | None = None
         store = self._open()  # validate now, in the parent, so errors surface before workers start
+        if "vision" in store.manifest:  # its items would carry image tokens without their pixels
+            raise ConfigError(
+                f"{self.path} holds images, DocumentDataset, which yields no pixels, image grids or M-RoPE positions: "
+                "pack it (`packtool pack`) and load it with PackedDataset + PackedCollator (docs/VISION.md)"
+            )
         self.lengths: np.ndarray = np.asarray(store.lengths, dtype=np.int64)
         pad = store.manifest.get("tokenizer", {}).get("pad_id")
         self.pad_id = int(pad) if isinstance(pad, int) else 0

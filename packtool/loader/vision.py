@@ -166,7 +166,8 @@ def _tables(store: PackSplit, sources: Sequence[str | os.PathLike[str]] | None) 
 def vision_outputs(
     stacked: dict[str, Any] | None, items: Sequence[dict[str, Any]], pos: Any, refuse: str | None
 ) -> dict[str, Any]:
-    """The collated vision keys of a batch ({} for a text batch): pixel rows and grids concatenated in order,
+    """The collated vision keys of a batch ({} for a text batch): pixel rows and grids concatenated in order
+    (left out when the batch holds no image),
     `position_ids` [4, 1, T] (flattened) or [4, B, N] for M-RoPE families, `token_type_ids` shaped like the ids.
 
     `refuse`: the collator option that cannot apply to images (context parallelism, `pad_to_length`)."""
@@ -180,9 +181,11 @@ def vision_outputs(
             f"{refuse} is not supported for a batch with images (M-RoPE positions and pixels), PackedCollator, leave it out"
         )
     pixels, grids, mrope, types = per
-    out: dict[str, Any] = {"pixel_values": torch.from_numpy(np.ascontiguousarray(pixels))}
-    if grids is not None:
-        out["image_grid_thw"] = torch.from_numpy(np.ascontiguousarray(grids, np.int64).reshape(-1, 3))
+    out: dict[str, Any] = {}
+    if len(pixels):  # a batch without images has no pixel keys (the models' vision path fails on 0 images)
+        out["pixel_values"] = torch.from_numpy(np.ascontiguousarray(pixels))
+        if grids is not None:
+            out["image_grid_thw"] = torch.from_numpy(np.ascontiguousarray(grids, np.int64).reshape(-1, 3))
     shape = tuple(pos.shape)
     if mrope is not None:
         rows = torch.from_numpy(np.ascontiguousarray(mrope)).reshape(3, *shape)

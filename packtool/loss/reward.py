@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from packtool.errors import ConfigError, FormatError
 from packtool.loss.pairs import _pair_slots
-from packtool.loss.targets import _batch_cu, _segments
+from packtool.loss.targets import IGNORE_INDEX, _batch_cu, _segments
 
 WHERE = "pair_scores"
 
@@ -56,6 +56,39 @@ def _flat_scores(scores: torch.Tensor, total: int) -> torch.Tensor:
     return scores.reshape(-1)
 
 
+#: keys that hold each segment's REAL length (without `--pad-multiple` padding) as offsets like `cu_seqlens`:
+#: a `PackedDataset` item's / `PreferencePackCollator`'s, and `PackedCollator`'s (Megatron's name)
+UNPADDED_KEYS = ("cu_seqlens_unpadded", "cu_seqlens_q")
+
+
+def _real_lengths(batch: dict[str, Any], cu: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
+    """Each segment's length without its `--pad-multiple` padding. Without a key that says it, a batch is taken
+    as unpadded unless a sequence ends on an unlabelled token (padding then cannot be told from the sequence)."""
+    lens = torch.diff(cu)
+    for key in UNPADDED_KEYS:
+        if batch.get(key) is None:
+            continue
+        cu_real = torch.as_tensor(batch[key]).reshape(-1).to(device=cu.device, dtype=torch.int64)
+        real = torch.diff(cu_real) if cu_real.shape == cu.shape else lens.new_full(lens.shape, -1)
+        if bool(((real < 0) | (real > lens)).any()):
+            raise FormatError(
+                f"{key} {cu_real.tolist()[:8]} does not fit cu_seqlens {cu.tolist()[:8]}, {WHERE}, pass the "
+                "collator's batch (each segment's real length at most its length)"
+            )
+        return real
+    labels = batch.get("labels")
+    if labels is not None and seqs.numel():
+        flat = torch.as_tensor(labels).reshape(-1).to(cu.device)
+        last = (cu.index_select(0, seqs + 1) - 1).clamp(min=0)
+        if bool(((flat.index_select(0, last) == IGNORE_INDEX) & (lens.index_select(0, seqs) > 0)).any()):
+            raise FormatError(
+                f"a pair's sequence ends on an unlabelled token and the batch has no {' or '.join(UNPADDED_KEYS)}, "
+                f"{WHERE}, the --pad-multiple padding inside a segment cannot be told from the sequence: keep the "
+                "collator's cu_seqlens_unpadded (PackedDataset items) or cu_seqlens_q (PackedCollator without keys=)"
+            )
+    return lens
+
+
 def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: int | None = None) -> PairScores:
     """Each pair's chosen and rejected reward from the per-token scores of a packed preference batch.
 
@@ -66,8 +99,11 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
     `pad_token_id`, at its rightmost token that is not `pad_token_id` (its first token when every
     one is), which is what `*ForSequenceClassification` reads of that sequence alone: TRL sets
     `pad_token_id` to the EOS id when the tokenizer has no pad token, so a sequence ending with EOS
-    is then scored at the token before it. Refuses an empty sequence (nothing to score) and a pair
-    without exactly one chosen and one rejected sequence. Gradients flow to the picked scores.
+    is then scored at the token before it. `--pad-multiple` padding inside a segment is never read
+    (nor counted in `*_tokens`): the segments' real lengths come from `cu_seqlens_unpadded` or
+    `cu_seqlens_q`, and a batch with neither whose sequence ends on an unlabelled token is refused.
+    Refuses an empty sequence (nothing to score) and a pair without exactly one chosen and one
+    rejected sequence. Gradients flow to the picked scores.
     """
     cu = _batch_cu(batch, WHERE)
     total = int(cu[-1]) if cu.numel() else 0
@@ -102,7 +138,9 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
         if ids.numel() != total:
             raise FormatError(f"input_ids hold {ids.numel()} tokens, cu_seqlens {total}, {WHERE}, pass one batch")
         candidate = torch.where(ids != pad_token_id, pos, -1)
+    real = _real_lengths(batch, cu, slots.segment)
     seg_of = torch.repeat_interleave(torch.arange(n, device=dev), lens)
+    candidate = torch.where(pos < (cu[:-1] + real).index_select(0, seg_of), candidate, -1)  # padding: never read
     rightmost = torch.full((n,), -1, dtype=torch.int64, device=dev).scatter_reduce(0, seg_of, candidate, "amax")
     s = slots.segment
     own_prompt = pre.index_select(0, s)
@@ -110,8 +148,8 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
     p = own_prompt.clamp(min=0)
     picked = torch.where(rightmost.index_select(0, s) >= 0, rightmost.index_select(0, s),
                          torch.where(shared, rightmost.index_select(0, p), -1))  # fmt: skip
-    prompt_len = torch.where(shared, lens.index_select(0, p), 0)
-    first = torch.where(prompt_len > 0, cu.index_select(0, p), torch.where(lens.index_select(0, s) > 0, cu[s], -1))
+    prompt_len = torch.where(shared, real.index_select(0, p), 0)
+    first = torch.where(prompt_len > 0, cu.index_select(0, p), torch.where(real.index_select(0, s) > 0, cu[s], -1))
     picked = torch.where(picked >= 0, picked, first)
     if bool((picked < 0).any()):
         which = slots.pair_ids.index_select(0, slots.slot[picked < 0])[:4].tolist()
@@ -119,7 +157,7 @@ def pair_scores(scores: torch.Tensor, batch: dict[str, Any], *, pad_token_id: in
             f"pairs {which} hold an empty sequence (no token to score), {WHERE}, drop empty sequences before packing"
         )
     values = flat.index_select(0, picked)
-    length = lens.index_select(0, s) + prompt_len
+    length = real.index_select(0, s) + prompt_len
     m = slots.pair_ids.numel()
     c, r = slots.chosen, ~slots.chosen
     out_pos = torch.zeros(m, dtype=torch.int64, device=dev)

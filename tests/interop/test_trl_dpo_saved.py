@@ -210,3 +210,54 @@ def test_an_empty_packs_dataset_is_refused_by_name(setup) -> None:  # noqa: F811
     empty = datasets.Dataset.from_list([recipe.item([([5, 6], [7], [8])], False, 0)]).select([])
     with pytest.raises(ConfigError, match="the train dataset has no packs"):
         packed(tmp / "empty", tok, policy, ref, empty)
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["pairs", "shared_prompt"])
+def test_pairs_with_an_empty_prompt_count_their_first_token_as_trl_does(setup, share: bool) -> None:  # noqa: F811
+    """FIXED: TRL's ipo and sigmoid_norm divide by completion lengths that count a sequence's first token when its
+    prompt is empty; the loader drops that token's label, so the packed loss was off (ipo 6.4605 for 6.4317).
+    `packs_dataset` now reads the store's flag (`first_target`); a dataset without it is refused for them."""
+    from packtool.stages.pack import PackConfig, pack_store
+    from tests.preference_support import write_pref_store
+
+    tmp, tok, policy, ref, _want, _prepared, _padded = setup
+    rows = recipe.records(4, seed=3)
+    for row in rows[:2]:
+        row["prompt"] = ""
+    want = trl.DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref), processing_class=tok,
+                          args=recipe.config(tmp / f"cut0{share}", 4), train_dataset=datasets.Dataset.from_list(rows))  # fmt: skip
+    pairs = [(r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]) for r in want.train_dataset]
+    assert [len(p[0]) for p in pairs[:2]] == [0, 0]
+    padded = next(iter(want.get_train_dataloader()))
+    store = write_pref_store(tmp / f"cut0_tok{share}", [tuple(np.asarray(x, np.int64) for x in p) for p in pairs],
+                             vocab=recipe.VOCAB)  # fmt: skip
+    pack_store(PackConfig(store, 64, tmp / f"cut0_packs{share}", share_prompt=share, overlong="drop"))
+    packs = packs_dataset(tmp / f"cut0_packs{share}", size=64)
+    got, inputs = packed(tmp / f"cut0_b{share}", tok, policy, ref, packs, n=len(packs))
+    for loss_type in ("ipo", "sigmoid_norm", "sigmoid"):
+        for trainer in (want, got):
+            trainer.loss_types, trainer.loss_weights = [loss_type], [1.0]
+        close(recipe.step(got, inputs), recipe.step(want, padded))
+    bare, inputs = packed(tmp / f"cut0_c{share}", tok, policy, ref, packs.remove_columns("first_target"), n=len(packs))
+    assert float(bare.compute_loss(bare.model, inputs)) > 0  # sigmoid: no completion length
+    bare.loss_types = ["ipo"]
+    with pytest.raises(ConfigError, match="loss_type ipo divides by TRL's completion lengths"):
+        bare.compute_loss(bare.model, inputs)
+
+
+def test_the_pack_collator_is_the_default_and_unused_columns_may_be_removed(setup) -> None:  # noqa: F811
+    """FIXED: without data_collator= TRL's DataCollatorForPreference got the packs and failed on a KeyError
+    ('prompt_ids'); PreferencePackCollator is now the default."""
+    tmp, tok, policy, ref, _want, prepared, _padded = setup
+    packs = datasets.Dataset.from_list([recipe.item(prepared[:3], True, 0), recipe.item(prepared[3:], True, 3)])
+    want, inputs = packed(tmp / "coll_a", tok, policy, ref, packs)
+    pol, ref_p = copy.deepcopy(policy), copy.deepcopy(ref)
+    pol.set_attn_implementation("packtool")
+    ref_p.set_attn_implementation("packtool")
+    got = PackedDPOTrainer(pol, ref_p, recipe.config(tmp / "coll_b", 2), train_dataset=packs.add_column("x", [1, 2]),
+                           processing_class=tok)  # fmt: skip
+    batch = next(iter(got.get_train_dataloader()))
+    assert "x" not in batch and "pair_ids" in batch
+    for trainer in (want, got):
+        trainer.loss_types, trainer.loss_weights = ["sigmoid"], [1.0]
+    assert recipe.step(got, batch)[0] == pytest.approx(recipe.step(want, inputs)[0], rel=1e-12)

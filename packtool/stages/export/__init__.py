@@ -63,6 +63,12 @@ def export_store(config: ExportConfig, progress: Progress | None = None) -> Expo
         lines = spec.preference_recipe(directory, size)
         return ExportResult(target, output, (), store.n_packs, size, tuple(lines), {"preference": True})
     check_preference(store, spec)  # a pair store read as plain SFT packs is a silent wrong answer
+    if store.images is not None:  # the trainers' packed formats carry no pixels: the images would be lost
+        raise ConfigError(
+            f"{store.split}_{store.size} in {store.directory} holds images, --to {spec.target.value}, whose files carry "
+            "no pixels or image grids (the image tokens would train on nothing); train on the packs with packtool's "
+            "loader (PackedDataset + PackedCollator, docs/VISION.md)"
+        )
     ids = _tokenizer_ids(store, config.eos_id)
     spec.check(store, ids)  # refuse what the trainer cannot represent before writing anything
     names, shared = spec.file_names(split, size)

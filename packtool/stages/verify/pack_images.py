@@ -17,6 +17,7 @@ from packtool.formats.pack_checks import vision_of
 from packtool.formats.pack_store import PackSplit
 from packtool.formats.store_set import StoreSet
 from packtool.stages.pack.vision import image_spans
+from packtool.stages.verify.media import BLOCK_IMAGES
 from packtool.stages.verify.tokens import BLOCK_TOKENS
 
 _REPACK = "re-run `packtool pack`"
@@ -48,8 +49,9 @@ def verify_pack_images(ps: PackSplit, lens: np.ndarray, dst: np.ndarray, store: 
             ps, "img_pos", f"image {k} of pack {int(pack[k])} (position {int(pos[k])}) is not inside one segment"
         )
     rows = np.asarray(ps.tokens).reshape(-1)
-    if n and bool(np.any(rows[runs(flat, ntok)] != tid)):
-        raise _fail(ps, "img_pos", f"an image span of the packs is not all image tokens ({tid})")
+    for a in range(0, n, BLOCK_IMAGES):  # bounded memory: the spans of a block of images at a time
+        if bool(np.any(rows[runs(flat[a : a + BLOCK_IMAGES], ntok[a : a + BLOCK_IMAGES])] != tid)):
+            raise _fail(ps, "img_pos", f"an image span of the packs is not all image tokens ({tid})")
     per_pack = np.bincount(pack, weights=ntok, minlength=ps.n_packs).astype(np.int64)
     step = max(1, BLOCK_TOKENS // size)
     held = np.concatenate(

@@ -128,9 +128,12 @@ class HubLocator:
     def _found(self, ref: HubRef, snapshot: Path, chosen: Selected, revision: str) -> Found:
         within = repo_dir("datasets", ref.name).resolve()
         out: Found = {}
-        for rel in chosen.files:
+        for i, rel in enumerate(chosen.files):
             path = contained(snapshot.resolve(), rel, f"a file of {ref.name}", hint=_HINT, links_within=within)
-            out.update(dataset(path.parent, str(path.parent), within) if is_saved_dataset(path.parent) else plain(path))
+            if is_saved_dataset(path.parent):
+                out.update(dataset(path.parent, str(path.parent), within))
+            else:  # in the selection's order (datasets'), at the snapshot's place among the other inputs
+                out.update({file: (str(snapshot.resolve()), i) for file in plain(path)})
         self.options.resolved.append(
             {
                 "dataset": ref.name,

@@ -15,7 +15,8 @@ As `datasets` 5.2 resolves it (`datasets/load.py`, `datasets/data_files.py`), on
    NNNNN].parquet`. A `partial-SPLIT` directory (an export cut at 5 GB) is refused by name.
 
 A split left out is `train`, as a store is one split; one that is not there is an error listing those that
-are. Of the split's files, the most common readable family is read (as `datasets` infers its builder from the
+are. A split's files are read in datasets' order: pattern by pattern, each pattern's matches sorted (a card's
+`path: [b.jsonl, a.jsonl]` reads b first). Of the split's files, the most common readable family is read (as `datasets` infers its builder from the
 most common extension, Parquet winning a tie); a split whose files are mostly of a kind packtool does not read
 is refused by name, never read as another kind.
 """
@@ -172,7 +173,7 @@ def default_splits(files: Sequence[str], base: str = "") -> dict[str, list[str]]
     if sharded:
         return _ordered(sharded)
     for patterns in _DEFAULT_PATTERNS:
-        found = {split: [prefix + f for f in pool if any(p.match(f) for p in regexes)] for split, regexes in patterns}
+        found = {split: [prefix + f for f in _in_pattern_order(sorted(pool), regexes)] for split, regexes in patterns}
         found = {s: v for s, v in found.items() if v}
         if found:
             return found
@@ -266,7 +267,7 @@ def _config_splits(files: Sequence[str], config: dict[str, Any], name: str, give
     out: dict[str, list[str]] = {}
     for split, patterns in _sanitize(spec, name, given).items():
         regexes = [glob_regex(prefix + p.lstrip("/")) for p in patterns]
-        matched = [f for f in files if _visible(f) and any(r.match(f) for r in regexes)]
+        matched = _in_pattern_order(sorted(f for f in files if _visible(f)), regexes)
         if not matched:
             raise InputError(
                 f"dataset {name}'s subset {config['config_name']!r} names files for its {split} split "
@@ -274,8 +275,18 @@ def _config_splits(files: Sequence[str], config: dict[str, Any], name: str, give
                 given,
                 hint="check the card's `configs:` data_files",
             )
-        out[split] = sorted(matched)
+        out[split] = matched
     return out
+
+
+def _in_pattern_order(files: Sequence[str], regexes: Sequence[re.Pattern[str]]) -> list[str]:
+    """The files matching any of `regexes`, as datasets lists them: pattern by pattern (each pattern's matches in
+    sorted order), so `[b.jsonl, a.jsonl]` reads b first and `test` files come before `eval` ones; a file that
+    two patterns match is read once (datasets would read it twice)."""
+    out: dict[str, None] = {}
+    for rx in regexes:
+        out.update((f, None) for f in files if rx.match(f) and f not in out)
+    return list(out)
 
 
 def _sanitize(spec: Any, name: str, given: str) -> dict[str, list[str]]:
@@ -354,4 +365,4 @@ def _readable(files: Sequence[str], name: str, split: str, given: str) -> list[s
     if best is None:
         raise InputError(f"dataset {name}'s {split} split holds no file packtool reads ({len(files)} files)", given,
                          hint=f"name the files to read: hf://datasets/{name}/PATH")  # fmt: skip
-    return sorted(counts[best])
+    return counts[best]  # in the split's order (datasets': pattern by pattern)
