@@ -44,11 +44,6 @@ def test_a_split_of_several_keywords_is_read_in_datasets_keyword_order(hub: Hub,
     assert run.ok("hf://datasets/acme/kw", "k", "--split", "test") == run.local(TEST[3:] + TEST[:3], "ref")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "design: a snapshot without packtool's listing is trusted online when its -NNNNN-of-NNNNN shards are all there "
-    "(docs/INPUTS.md 'The cache first'); unsharded names give no way to see a missing file without asking the hub, "
-    "and asking it whenever the listing is absent breaks the offline-by-default reads of hand-built caches that "
-    "tests/test_sources_more.py and tests/test_input_paths.py rely on (they set no HF_ENDPOINT): the lead decides"))
 def test_a_cache_that_hf_filled_in_part_is_completed_not_read_as_the_split(tmp_path: Path, hub: Hub, run: Run) -> None:
     """`hf download` (or hf_hub_download) fetched one of the split's two files: packtool has no listing of the
     repo, so online it asks the hub and fetches the other, never tokenizes half the split."""

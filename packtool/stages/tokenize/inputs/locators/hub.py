@@ -6,9 +6,10 @@ Without PATH, `--subset` / `--split` pick the files as `load_dataset(NAME, SUBSE
 exactly what it names is read, and `--subset` / `--split` do not apply.
 
 The cache first: when it holds a snapshot of the revision (`refs/main`, `refs/REVISION`, or a commit) in which
-the selection resolves, with every shard a `-NNNNN-of-NNNNN` name counts, it is read without asking the hub,
-as a tokenizer is; `@REVISION` pins another commit. Otherwise the hub names the revision's commit and its
-files, and only the selection's files (and the card, `README.md`, which its `configs:` need) are fetched, at
+the selection resolves over the file list packtool kept when it fetched it, it is read without asking the hub,
+as a tokenizer is. A snapshot packtool did not fill (`hf download --include` may have fetched part of a split)
+is read as is only offline, with every shard a `-NNNNN-of-NNNNN` name counts, and `cache_trusted` on record.
+`@REVISION` pins another commit. Otherwise the hub names the revision's commit and its files, and only the selection's files (and the card, `README.md`, which its `configs:` need) are fetched, at
 that commit, into `snapshots/<commit>/`, the branch recorded under `refs/` as huggingface_hub does: `hf` and
 `datasets` find them there. `HF_HUB_OFFLINE=1` reads the cache only. A repo that holds a loading script
 (`NAME.py`, which datasets no longer runs) or no data files is read from the hub's Parquet export, the
@@ -134,16 +135,17 @@ class HubLocator:
                 out.update(dataset(path.parent, str(path.parent), within))
             else:  # in the selection's order (datasets'), at the snapshot's place among the other inputs
                 out.update({file: (str(snapshot.resolve()), i) for file in plain(path)})
-        self.options.resolved.append(
-            {
-                "dataset": ref.name,
-                "revision": revision,
-                "commit": snapshot.name,
-                "subset": chosen.subset,
-                "split": chosen.split,
-                "files": len(chosen.files),
-            }  # fmt: skip
-        )
+        entry: dict[str, Any] = {
+            "dataset": ref.name,
+            "revision": revision,
+            "commit": snapshot.name,
+            "subset": chosen.subset,
+            "split": chosen.split,
+            "files": len(chosen.files),
+        }
+        if cached_listing("datasets", ref.name, snapshot.name) is None:  # offline, a cache packtool did not fill
+            entry["cache_trusted"] = True  # its files were taken as the whole selection, unchecked against the hub
+        self.options.resolved.append(entry)
         return out
 
     def _path(self, ref: HubRef) -> Found:
@@ -263,10 +265,14 @@ def _cached(ref: HubRef, opts: HubOptions) -> tuple[Path, Selected, str] | None:
 
 
 def _cached_select(ref: HubRef, opts: HubOptions, snapshot: Path, converted: bool) -> Selected | None:
-    """The selection over the repo's listing kept for the snapshot's commit (else over the files the snapshot
-    holds); None when some of the files it names are not in the snapshot. InputError: it does not resolve."""
-    held = tuple(sorted(_listing(snapshot)))
+    """The selection over the repo's listing kept for the snapshot's commit (else, offline only, over the files
+    the snapshot holds); None when some of the files it names are not in the snapshot, or when packtool kept no
+    listing and the hub can be asked: `hf download --include` may have fetched only some of a split's files,
+    and nothing in the cache says so. InputError: it does not resolve."""
     listing = cached_listing("datasets", ref.name, snapshot.name)
+    if listing is None and not offline():
+        return None
+    held = tuple(sorted(_listing(snapshot)))
     readme = (snapshot / README).read_text(encoding="utf-8", errors="replace") if README in held else None
     if listing is not None and README in listing and readme is None:
         return None
