@@ -57,6 +57,20 @@ def test_a_cache_that_hf_filled_in_part_is_completed_not_read_as_the_split(tmp_p
     assert run.ok("hf://datasets/acme/two", "p2") == run.local(TRAIN[:9], "ref2") and hub.requests == []
 
 
+def test_a_directory_that_hf_filled_in_part_is_completed_not_read_whole(tmp_path: Path, hub: Hub, run: Run) -> None:
+    """`hf://datasets/ORG/NAME/DIR` over a snapshot `hf download --include` filled in part: online the hub's
+    listing is asked and the rest fetched; a snapshot packtool filled (its listing kept) is read as is."""
+    hub.dataset("acme/dir", {"data/train/a.jsonl": jsonl(TRAIN[:5]), "data/train/b.jsonl": jsonl(TRAIN[5:9])}, "main")
+    python(tmp_path, hub, "import huggingface_hub as h\n"
+                          "h.hf_hub_download('acme/dir', 'data/train/a.jsonl', repo_type='dataset')")  # fmt: skip
+    hub.requests.clear()
+    assert run.ok("hf://datasets/acme/dir/data/train", "p") == run.local(TRAIN[:9], "ref")
+    assert hub.fetched() == ["data/train/b.jsonl"]
+    hub.requests.clear()
+    assert run.ok("hf://datasets/acme/dir/data/train/*.jsonl", "p2") == run.local(TRAIN[:9], "ref2")
+    assert hub.requests == []
+
+
 # ---- pair_scores on real packs ----
 
 

@@ -8,7 +8,8 @@ exactly what it names is read, and `--subset` / `--split` do not apply.
 The cache first: when it holds a snapshot of the revision (`refs/main`, `refs/REVISION`, or a commit) in which
 the selection resolves over the file list packtool kept when it fetched it, it is read without asking the hub,
 as a tokenizer is. A snapshot packtool did not fill (`hf download --include` may have fetched part of a split)
-is read as is only offline, with every shard a `-NNNNN-of-NNNNN` name counts, and `cache_trusted` on record.
+is read as is only offline, with every shard a `-NNNNN-of-NNNNN` name counts, and `cache_trusted` on record
+(a PATH: all the files the kept list names under it, else, online, the hub's list).
 `@REVISION` pins another commit. Otherwise the hub names the revision's commit and its files, and only the selection's files (and the card, `README.md`, which its `configs:` need) are fetched, at
 that commit, into `snapshots/<commit>/`, the branch recorded under `refs/` as huggingface_hub does: `hf` and
 `datasets` find them there. `HF_HUB_OFFLINE=1` reads the cache only. A repo that holds a loading script
@@ -149,9 +150,10 @@ class HubLocator:
         return out
 
     def _path(self, ref: HubRef) -> Found:
-        """`hf://datasets/ORG/NAME[@REV]/PATH`: the cached snapshot's files PATH names; fetched when it has none."""
+        """`hf://datasets/ORG/NAME[@REV]/PATH`: the cached snapshot's files PATH names, when it holds all those the
+        repo's listing names there (offline, or with no listing kept, online the hub is asked); else fetched."""
         snapshot = hub_snapshot("datasets", ref.name, Path.is_dir, ref.revision)
-        if snapshot is not None:
+        if snapshot is not None and (offline() or _holds_path(ref, snapshot)):
             found = _in_snapshot(ref, snapshot.resolve(), quiet=not offline())
             if found:
                 return found
@@ -160,10 +162,8 @@ class HubLocator:
                 _in_snapshot(ref, snapshot.resolve(), quiet=False)  # the error naming what the cache holds
             _not_cached(ref)
         remote = _ask(ref, lambda: repo_revision("dataset", ref.name, ref.revision))
-        inner = ref.inner.strip("/")
-        rx = glob_match(inner)
-        wanted = [f for f in remote.files if f == inner or f.startswith(inner + "/") or rx.match(f)]
-        wanted = [f for f in wanted if reader_for(Path(f)) or Path(f).name in (STATE, INFO)]
+        record_listing("datasets", ref.name, remote.commit, remote.files)
+        inner, wanted = ref.inner.strip("/"), _path_files(ref, remote.files)
         if not wanted:
             raise InputError(
                 f"dataset {ref.name} holds no {kinds_text()} at {inner!r}",
@@ -229,6 +229,24 @@ def _ask(ref: HubRef, call: Any, why: str = "") -> Any:
         if why:
             text = f"dataset {ref.name} is read from the hub's Parquet export because {why}{text}"
         raise InputError(text, ref.given) from exc
+
+
+def _path_files(ref: HubRef, files: tuple[str, ...]) -> list[str]:
+    """The files of the repo's listing that PATH names (a file, a directory's files, a glob's matches)."""
+    inner = ref.inner.strip("/")
+    rx = glob_match(inner)
+    wanted = [f for f in files if f == inner or f.startswith(inner + "/") or rx.match(f)]
+    return [f for f in wanted if reader_for(Path(f)) or Path(f).name in (STATE, INFO)]
+
+
+def _holds_path(ref: HubRef, snapshot: Path) -> bool:
+    """The snapshot holds every file PATH names in the listing packtool kept for it (False: no listing kept,
+    the snapshot may hold part of a directory `hf download --include` fetched in part)."""
+    listing = cached_listing("datasets", ref.name, snapshot.name)
+    if listing is None:
+        return False
+    held = set(_listing(snapshot))
+    return all(f in held for f in _path_files(ref, listing))
 
 
 def _has_data(files: tuple[str, ...], readme: str | None, ref: HubRef) -> bool:
