@@ -44,11 +44,6 @@ def test_a_split_of_several_keywords_is_read_in_datasets_keyword_order(hub: Hub,
     assert run.ok("hf://datasets/acme/kw", "k", "--split", "test") == run.local(TEST[3:] + TEST[:3], "ref")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "design: a snapshot without packtool's listing is trusted online when its -NNNNN-of-NNNNN shards are all there "
-    "(docs/INPUTS.md 'The cache first'); unsharded names give no way to see a missing file without asking the hub, "
-    "and asking it whenever the listing is absent breaks the offline-by-default reads of hand-built caches that "
-    "tests/test_sources_more.py and tests/test_input_paths.py rely on (they set no HF_ENDPOINT): the lead decides"))
 def test_a_cache_that_hf_filled_in_part_is_completed_not_read_as_the_split(tmp_path: Path, hub: Hub, run: Run) -> None:
     """`hf download` (or hf_hub_download) fetched one of the split's two files: packtool has no listing of the
     repo, so online it asks the hub and fetches the other, never tokenizes half the split."""
@@ -60,6 +55,20 @@ def test_a_cache_that_hf_filled_in_part_is_completed_not_read_as_the_split(tmp_p
     assert hub.fetched() == ["data/train/b.jsonl"]
     hub.requests.clear()  # now packtool knows the listing: the cache alone, offline or not
     assert run.ok("hf://datasets/acme/two", "p2") == run.local(TRAIN[:9], "ref2") and hub.requests == []
+
+
+def test_a_directory_that_hf_filled_in_part_is_completed_not_read_whole(tmp_path: Path, hub: Hub, run: Run) -> None:
+    """`hf://datasets/ORG/NAME/DIR` over a snapshot `hf download --include` filled in part: online the hub's
+    listing is asked and the rest fetched; a snapshot packtool filled (its listing kept) is read as is."""
+    hub.dataset("acme/dir", {"data/train/a.jsonl": jsonl(TRAIN[:5]), "data/train/b.jsonl": jsonl(TRAIN[5:9])}, "main")
+    python(tmp_path, hub, "import huggingface_hub as h\n"
+                          "h.hf_hub_download('acme/dir', 'data/train/a.jsonl', repo_type='dataset')")  # fmt: skip
+    hub.requests.clear()
+    assert run.ok("hf://datasets/acme/dir/data/train", "p") == run.local(TRAIN[:9], "ref")
+    assert hub.fetched() == ["data/train/b.jsonl"]
+    hub.requests.clear()
+    assert run.ok("hf://datasets/acme/dir/data/train/*.jsonl", "p2") == run.local(TRAIN[:9], "ref2")
+    assert hub.requests == []
 
 
 # ---- pair_scores on real packs ----

@@ -125,6 +125,7 @@ def test_every_source_gives_the_same_bytes(tmp_path: Path, bpe_tokenizer_dir: Pa
                                                  "data/test-00000-of-00001.json": b'[{"text": "held out"}]',
                                                  "README.md": b"# talks"})
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a cache built by hand: read offline (online, the hub is asked for the file list)
     reference = _tokenize([sources["jsonl"]], bpe_tokenizer_dir, tmp_path / "ref", "--workers", "1", *flags)
     for kind, path in sources.items():
         for workers in ("1", "2"):
@@ -133,6 +134,8 @@ def test_every_source_gives_the_same_bytes(tmp_path: Path, bpe_tokenizer_dir: Pa
             _same_bytes(reference, out)
     hub = _tokenize(["hf://datasets/acme/talks"], bpe_tokenizer_dir, tmp_path / "hub-store", "--chunk-bytes", "700", *flags)
     _same_bytes(reference, hub)
+    entry = packtool.formats.token_store.open_token_store(hub).manifest["hub"][0]  # offline, a hand-built cache:
+    assert entry["commit"] == snapshot.name and entry["cache_trusted"] is True  # read as is, and said so
     manifest = packtool.formats.token_store.open_token_store(hub).manifest
     assert [s["path"] for s in manifest["sources"]] == [str(snapshot / "data" / "train-00000-of-00001.json")]
     assert manifest["sources"][0]["records"] == len(rows)
@@ -333,6 +336,7 @@ def test_hub_dataset_paths_globs_and_missing(tmp_path: Path, bpe_tokenizer_dir: 
                                  ".gitattributes": b"*.parquet filter=lfs"})
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))  # HF_HOME/hub, as huggingface_hub does
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a cache built by hand: read offline (online, the hub is asked for the file list)
     reference = _tokenize([write_jsonl(tmp_path / "r.jsonl", rows)], bpe_tokenizer_dir, tmp_path / "ref")
     for spec in ("hf://datasets/org/ds", "hf://datasets/org/ds/data", "hf://datasets/org/ds/data/train-*.parquet"):
         out = _tokenize([spec], bpe_tokenizer_dir, tmp_path / "s", "--overwrite", "--workers", "2", "--chunk-bytes", "1")
@@ -340,7 +344,6 @@ def test_hub_dataset_paths_globs_and_missing(tmp_path: Path, bpe_tokenizer_dir: 
     notes = _tokenize(["hf://datasets/org/ds/extra/notes.jsonl"], bpe_tokenizer_dir, tmp_path / "n")
     assert packtool.formats.token_store.open_token_store(notes).manifest["n_documents"] == 1
     base = ("--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "x"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what the cache lacks is otherwise fetched (test_hub_datasets.py)
     err = cli_error("tokenize", "hf://datasets/org/absent", *base)
     assert "org/absent is not in the local Hugging Face cache" in err and "hf download org/absent --repo-type dataset" in err
     assert str(cache) in err
@@ -355,6 +358,7 @@ def test_hub_dataset_saved_to_disk_in_the_snapshot(tmp_path: Path, bpe_tokenizer
     files = {f"saved/{p.name}": p.read_bytes() for p in (tmp_path / "saved").iterdir()}
     _hub_cache(tmp_path / "cache", "org/chat", files)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a cache built by hand: read offline (online, the hub is asked for the file list)
     reference = _tokenize([write_jsonl(tmp_path / "r.jsonl", rows)], bpe_tokenizer_dir, tmp_path / "ref", "--format", "chat")
     out = _tokenize(["hf://datasets/org/chat"], bpe_tokenizer_dir, tmp_path / "s", "--format", "chat")
     _same_bytes(reference, out)
@@ -482,13 +486,13 @@ def test_hub_dataset_at_a_revision(tmp_path: Path, bpe_tokenizer_dir: Path, monk
     write_jsonl(v1 / "data.jsonl", old)
     (repo / "refs" / "v1.0").write_text("a" * 40)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a cache built by hand: read offline (online, the hub is asked for the file list)
     want_old = _tokenize([write_jsonl(tmp_path / "old.jsonl", old)], bpe_tokenizer_dir, tmp_path / "ro")
     want_new = _tokenize([write_jsonl(tmp_path / "new.jsonl", new)], bpe_tokenizer_dir, tmp_path / "rn")
     for spec, want in (("hf://datasets/org/ds", want_new), ("hf://datasets/org/ds@main", want_new),
                        ("hf://datasets/org/ds@v1.0", want_old), (f"hf://datasets/org/ds@{'a' * 40}/data.jsonl", want_old)):
         _same_bytes(want, _tokenize([spec], bpe_tokenizer_dir, tmp_path / "s", "--overwrite"))
     base = ("--tokenizer", str(bpe_tokenizer_dir), "--output", str(tmp_path / "x"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what the cache lacks is otherwise fetched (test_hub_datasets.py)
     err = cli_error("tokenize", "hf://datasets/org/ds@v2.0", *base)
     assert "org/ds at revision 'v2.0' is not in the local Hugging Face cache" in err
     assert "hf download org/ds --repo-type dataset --revision v2.0" in err

@@ -6,9 +6,11 @@ Without PATH, `--subset` / `--split` pick the files as `load_dataset(NAME, SUBSE
 exactly what it names is read, and `--subset` / `--split` do not apply.
 
 The cache first: when it holds a snapshot of the revision (`refs/main`, `refs/REVISION`, or a commit) in which
-the selection resolves, with every shard a `-NNNNN-of-NNNNN` name counts, it is read without asking the hub,
-as a tokenizer is; `@REVISION` pins another commit. Otherwise the hub names the revision's commit and its
-files, and only the selection's files (and the card, `README.md`, which its `configs:` need) are fetched, at
+the selection resolves over the file list packtool kept when it fetched it, it is read without asking the hub,
+as a tokenizer is. A snapshot packtool did not fill (`hf download --include` may have fetched part of a split)
+is read as is only offline, with every shard a `-NNNNN-of-NNNNN` name counts, and `cache_trusted` on record
+(a PATH: all the files the kept list names under it, else, online, the hub's list).
+`@REVISION` pins another commit. Otherwise the hub names the revision's commit and its files, and only the selection's files (and the card, `README.md`, which its `configs:` need) are fetched, at
 that commit, into `snapshots/<commit>/`, the branch recorded under `refs/` as huggingface_hub does: `hf` and
 `datasets` find them there. `HF_HUB_OFFLINE=1` reads the cache only. A repo that holds a loading script
 (`NAME.py`, which datasets no longer runs) or no data files is read from the hub's Parquet export, the
@@ -134,22 +136,24 @@ class HubLocator:
                 out.update(dataset(path.parent, str(path.parent), within))
             else:  # in the selection's order (datasets'), at the snapshot's place among the other inputs
                 out.update({file: (str(snapshot.resolve()), i) for file in plain(path)})
-        self.options.resolved.append(
-            {
-                "dataset": ref.name,
-                "revision": revision,
-                "commit": snapshot.name,
-                "subset": chosen.subset,
-                "split": chosen.split,
-                "files": len(chosen.files),
-            }  # fmt: skip
-        )
+        entry: dict[str, Any] = {
+            "dataset": ref.name,
+            "revision": revision,
+            "commit": snapshot.name,
+            "subset": chosen.subset,
+            "split": chosen.split,
+            "files": len(chosen.files),
+        }
+        if cached_listing("datasets", ref.name, snapshot.name) is None:  # offline, a cache packtool did not fill
+            entry["cache_trusted"] = True  # its files were taken as the whole selection, unchecked against the hub
+        self.options.resolved.append(entry)
         return out
 
     def _path(self, ref: HubRef) -> Found:
-        """`hf://datasets/ORG/NAME[@REV]/PATH`: the cached snapshot's files PATH names; fetched when it has none."""
+        """`hf://datasets/ORG/NAME[@REV]/PATH`: the cached snapshot's files PATH names, when it holds all those the
+        repo's listing names there (offline, or with no listing kept, online the hub is asked); else fetched."""
         snapshot = hub_snapshot("datasets", ref.name, Path.is_dir, ref.revision)
-        if snapshot is not None:
+        if snapshot is not None and (offline() or _holds_path(ref, snapshot)):
             found = _in_snapshot(ref, snapshot.resolve(), quiet=not offline())
             if found:
                 return found
@@ -158,10 +162,8 @@ class HubLocator:
                 _in_snapshot(ref, snapshot.resolve(), quiet=False)  # the error naming what the cache holds
             _not_cached(ref)
         remote = _ask(ref, lambda: repo_revision("dataset", ref.name, ref.revision))
-        inner = ref.inner.strip("/")
-        rx = glob_match(inner)
-        wanted = [f for f in remote.files if f == inner or f.startswith(inner + "/") or rx.match(f)]
-        wanted = [f for f in wanted if reader_for(Path(f)) or Path(f).name in (STATE, INFO)]
+        record_listing("datasets", ref.name, remote.commit, remote.files)
+        inner, wanted = ref.inner.strip("/"), _path_files(ref, remote.files)
         if not wanted:
             raise InputError(
                 f"dataset {ref.name} holds no {kinds_text()} at {inner!r}",
@@ -229,6 +231,24 @@ def _ask(ref: HubRef, call: Any, why: str = "") -> Any:
         raise InputError(text, ref.given) from exc
 
 
+def _path_files(ref: HubRef, files: tuple[str, ...]) -> list[str]:
+    """The files of the repo's listing that PATH names (a file, a directory's files, a glob's matches)."""
+    inner = ref.inner.strip("/")
+    rx = glob_match(inner)
+    wanted = [f for f in files if f == inner or f.startswith(inner + "/") or rx.match(f)]
+    return [f for f in wanted if reader_for(Path(f)) or Path(f).name in (STATE, INFO)]
+
+
+def _holds_path(ref: HubRef, snapshot: Path) -> bool:
+    """The snapshot holds every file PATH names in the listing packtool kept for it (False: no listing kept,
+    the snapshot may hold part of a directory `hf download --include` fetched in part)."""
+    listing = cached_listing("datasets", ref.name, snapshot.name)
+    if listing is None:
+        return False
+    held = set(_listing(snapshot))
+    return all(f in held for f in _path_files(ref, listing))
+
+
 def _has_data(files: tuple[str, ...], readme: str | None, ref: HubRef) -> bool:
     from packtool.stages.tokenize.inputs.locators.hub_select import default_splits, read_card_configs
 
@@ -263,10 +283,14 @@ def _cached(ref: HubRef, opts: HubOptions) -> tuple[Path, Selected, str] | None:
 
 
 def _cached_select(ref: HubRef, opts: HubOptions, snapshot: Path, converted: bool) -> Selected | None:
-    """The selection over the repo's listing kept for the snapshot's commit (else over the files the snapshot
-    holds); None when some of the files it names are not in the snapshot. InputError: it does not resolve."""
-    held = tuple(sorted(_listing(snapshot)))
+    """The selection over the repo's listing kept for the snapshot's commit (else, offline only, over the files
+    the snapshot holds); None when some of the files it names are not in the snapshot, or when packtool kept no
+    listing and the hub can be asked: `hf download --include` may have fetched only some of a split's files,
+    and nothing in the cache says so. InputError: it does not resolve."""
     listing = cached_listing("datasets", ref.name, snapshot.name)
+    if listing is None and not offline():
+        return None
+    held = tuple(sorted(_listing(snapshot)))
     readme = (snapshot / README).read_text(encoding="utf-8", errors="replace") if README in held else None
     if listing is not None and README in listing and readme is None:
         return None
