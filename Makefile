@@ -18,7 +18,7 @@ demo: $(STAMP)
 	bash scripts/demo.sh
 
 test: $(STAMP)
-	@echo "make test: the default suite (not gpu, slow or interop) takes ~8 min on 2 cores (7-9 measured);"
+	@echo "make test: the default suite (not gpu, slow or interop) takes ~10 min on 2 cores (9.5 measured on 2026-12-07);"
 	@echo "           one file: $(BIN)/python -m pytest -q tests/test_tokenize.py"
 	$(BIN)/python -m pytest -q -m "not gpu and not slow and not interop" tests
 
