@@ -151,8 +151,12 @@ def test_expand_keeps_targets_off_the_image_block(tmp_path: Path) -> None:
     out, spans = adapter.expand(text, [(start, end)], [adapter.measure(images()[0])])
     assert spans is not None and [out[a:b] for a, b in spans] == ["See ", " here<end_of_turn>\n"]
     assert "\n\n<start_of_image>" + "<image_soft_token>" * N_TOKENS + "<end_of_image>\n\n" in out
-    with pytest.raises(InputError, match="miscounted"):
+    with pytest.raises(InputError, match="miscounted") as more:
         adapter.expand(text + "<start_of_image>", None, [adapter.measure(images()[0])])
+    assert "left some images out" not in str(more.value)
+    # an image in a system turn: Gemma 3's template renders only that turn's first text part, the image is gone
+    with pytest.raises(InputError, match="left some images out.*system turn"):
+        adapter.expand("<start_of_turn>user\nHi<end_of_turn>\n", None, [adapter.measure(images()[0])])
     with pytest.raises(InputError, match="literal special token '<image_soft_token>'"):
         adapter.expand(text + "<image_soft_token>", None, [adapter.measure(images()[0])])
 

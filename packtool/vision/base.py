@@ -140,7 +140,13 @@ class VisionProcessor:
             raise InputError(
                 f"images miscounted: the rendered chat text holds {len(starts)} image placeholder(s) "
                 f"{self.placeholder!r} but the record carries {len(infos)} image(s)",
-                hint="give one image per image part / placeholder (a literal placeholder in the text counts too)",
+                hint="give one image per image part / placeholder (a literal placeholder in the text counts too)"
+                + (
+                    "; fewer placeholders than images: the chat template left some images out (Gemma 3's renders "
+                    "only a system turn's first text part), move them to a user turn"
+                    if len(starts) < len(infos)
+                    else ""
+                ),
             )
         if not starts:
             return text, spans
