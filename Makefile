@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test interop lint typecheck bench check clean
+.PHONY: setup demo test interop llamafactory lint typecheck bench check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,16 @@ interop: $(INTEROP)/.installed
 	$(INTEROP)/bin/python -m pytest -q -m interop -p no:cacheprovider -W ignore::UserWarning tests/interop \
 		tests/test_hf_combinations.py tests/test_hostile_pairs_blend.py
 
+# LLaMA-Factory 0.9.5 in its own venv: the baseline of `scripts/bench_vision.py tokenize` (skipped without it)
+LF := .venv-llamafactory
+$(LF)/.installed:
+	$(PY) -m venv $(LF)
+	$(LF)/bin/pip install --quiet --upgrade pip
+	$(LF)/bin/pip install --quiet torch==2.13.0 llamafactory==0.9.5
+	touch $@
+
+llamafactory: $(LF)/.installed
+
 lint: $(STAMP)
 	$(BIN)/ruff check packtool tests scripts
 	$(BIN)/ruff format --check packtool
@@ -51,4 +61,4 @@ bench: $(STAMP)
 check: lint typecheck test
 
 clean:
-	rm -rf $(VENV) $(INTEROP) build *.egg-info demo_out
+	rm -rf $(VENV) $(INTEROP) $(LF) build *.egg-info demo_out

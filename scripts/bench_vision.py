@@ -17,7 +17,7 @@ the same run; per DataLoader worker (images/s divided by the workers).
 `tokenize`: records/s of `packtool tokenize` (the CLI in a subprocess, `--workers` = cores, its whole
 wall time: interpreter start, imports, model folder, writing and hashing the store) against
 LLaMA-Factory 0.9.5's multimodal preprocessing called directly in its own venv (`--lf-python`,
-default /work/lf-venv/bin/python): its `get_dataset_converter("sharegpt")`, `get_template_and_fix_tokenizer`
+default .venv-llamafactory/bin/python, made by `make llamafactory`): its `get_dataset_converter("sharegpt")`, `get_template_and_fix_tokenizer`
 (template `qwen2_vl`, its `mm_plugin`) and `SupervisedDatasetProcessor.preprocess_dataset`, in batches of
 100 records over a process pool of the same size; timed after its imports and setup. Same records (LLaMA-Factory
 shape, multi-turn, 0-3 images over `--photos` 640x480 JPEGs plus the demo photos), same tiny Qwen2-VL folder
@@ -487,7 +487,8 @@ def bench_step(args: argparse.Namespace, device: str = "cpu") -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("section", choices=["pack", "loader", "tokenize", "padding", "step", "gpu"])
+    names = ["pack", "loader", "tokenize", "padding", "step", "gpu"]
+    parser.add_argument("section", nargs="*", choices=names, help="sections to run (default: all, as `make bench` runs it)")
     parser.add_argument("--docs", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=0)
@@ -497,13 +498,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--photos", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--lf-python", default="/work/lf-venv/bin/python")
+    parser.add_argument("--lf-python", default=".venv-llamafactory/bin/python")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--step-docs", type=int, default=16)
     args: Any = parser.parse_args(argv)
     sections = {"pack": bench_pack, "loader": bench_loader, "tokenize": bench_tokenize, "padding": bench_padding,
                 "step": bench_step, "gpu": lambda a: bench_step(a, "cuda")}
-    sections[args.section](args)
+    for name in args.section or names:
+        print(f"== {name}", flush=True)
+        sections[name](args)
 
 
 if __name__ == "__main__":
